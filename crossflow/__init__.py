@@ -1,0 +1,3 @@
+"""CrossFlow: cross-stack performance model for distributed AI training systems."""
+
+__version__ = "0.1.0"

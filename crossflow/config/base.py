@@ -1,0 +1,278 @@
+"""The config machinery: YAML in, validated immutable spec objects out.
+
+A spec class is a frozen pydantic model whose unit-carrying fields are spelled with their SI
+suffix (``frequency_Hz``).  Before pydantic sees the data, :func:`normalize` walks the input
+alongside the model and rewrites every unit-suffixed key (``frequency_GHz: 1.41``) to the
+canonical SI key (``frequency_Hz: 1.41e9``), rejecting unknown keys and units of the wrong
+dimension.  Validation errors are mapped back to the key path and value *as the user wrote
+them*, and raised as one :class:`~crossflow.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from crossflow import units
+from crossflow.errors import ConfigError
+
+
+class Spec(BaseModel):
+    """Base of all config specs: immutable, strict types, no unknown keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
+
+
+# --- YAML ------------------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen[key] = True
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping from ``path``; any problem is a ConfigError naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(path)) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the file ({exc.__class__.__name__})", file=str(path)) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - safe loader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"malformed YAML{where}: {problem}", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"the file must hold a YAML mapping (key: value lines), but holds {type(data).__name__}",
+            file=str(path),
+        )
+    return data
+
+
+# --- unit-key normalisation -----------------------------------------------------------------
+
+
+def _spec_class(annotation: Any) -> type[Spec] | None:
+    """The Spec subclass inside an annotation like ``Foo``, ``Foo | None`` (else None)."""
+    if isinstance(annotation, type) and issubclass(annotation, Spec):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _spec_class(arg)
+            if found is not None:
+                return found
+    if origin is typing.Annotated:
+        return _spec_class(typing.get_args(annotation)[0])
+    return None
+
+
+def _container_item_spec(annotation: Any) -> tuple[str, type[Spec]] | None:
+    """('seq', Foo) for tuple[Foo, ...] / list[Foo]; ('map', Foo) for dict[str, Foo]."""
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _container_item_spec(arg)
+            if found is not None:
+                return found
+        return None
+    args = typing.get_args(annotation)
+    if origin in (tuple, list) and args:
+        item = _spec_class(args[0])
+        return ("seq", item) if item else None
+    if origin is dict and len(args) == 2:
+        item = _spec_class(args[1])
+        return ("map", item) if item else None
+    return None
+
+
+def _allowed_keys(model: type[Spec]) -> str:
+    shown = []
+    for name in model.model_fields:
+        parts = units.split_unit(name)
+        if parts and parts[1] == units.CANONICAL.get(parts[1], units.DIMENSIONS[0]).canonical:
+            dim = units.CANONICAL[parts[1]]
+            shown.append(f"{parts[0]}_<{'|'.join(dim.factors)}>")
+        else:
+            shown.append(name)
+    return ", ".join(shown)
+
+
+def _path(prefix: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{prefix}[{key}]"
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _convert(value: Any, suffix: str, path: str) -> Any:
+    """Convert a number, or a mapping / list of numbers, from unit ``suffix`` to SI."""
+    if _is_number(value):
+        return units.to_si(value, suffix)
+    if isinstance(value, Mapping):
+        return {k: _convert(v, suffix, _path(path, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_convert(v, suffix, _path(path, i)) for i, v in enumerate(value)]
+    raise ConfigError(f"must be a number in {suffix}", key=path, value=value)
+
+
+def normalize(
+    model: type[Spec], data: Any, prefix: str, keymap: dict[tuple, tuple[str, Any]],
+    loc: tuple = (),
+) -> Any:
+    """Rewrite unit-suffixed keys of ``data`` to ``model``'s SI field names, recursively.
+
+    ``keymap`` collects, for each rewritten pydantic location, the key path and the value as
+    the user wrote them, so validation errors can quote the input.
+    """
+    if not isinstance(data, Mapping):
+        return data  # pydantic reports the type error
+    fields = model.model_fields
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = _path(prefix, key)
+        if not isinstance(key, str):
+            raise ConfigError("keys must be strings", key=path, value=key)
+        name = key
+        if key not in fields:
+            parts = units.split_unit(key)
+            canonical = units.canonical_key(key) if parts else None
+            if canonical is not None and canonical in fields:
+                value = _convert(value, parts[1], path)
+                name = canonical
+            else:
+                # A known base with the wrong kind of unit gets a specific message.
+                base = parts[0] if parts else key
+                for field_name in fields:
+                    field_parts = units.split_unit(field_name)
+                    if field_parts and field_parts[0] == base:
+                        dim = units.CANONICAL[field_parts[1]]
+                        got = (
+                            units.dimension_of(parts[1]).name if parts else "no unit suffix"
+                        )
+                        raise ConfigError(
+                            f"'{base}' is a {dim.name}, but the key's unit is {got}",
+                            key=path,
+                            value=value,
+                            allowed=f"{base}_<{'|'.join(dim.factors)}>",
+                        )
+                raise ConfigError(
+                    f"unknown key '{key}' for {model.__name__}",
+                    key=path,
+                    value=value,
+                    allowed=_allowed_keys(model),
+                )
+        if name in out:
+            raise ConfigError(
+                f"'{name}' is given twice (with different units)", key=path, value=value
+            )
+        keymap[loc + (name,)] = (path, data[key])
+        annotation = fields[name].annotation
+        nested = _spec_class(annotation)
+        container = _container_item_spec(annotation)
+        if nested is not None and isinstance(value, Mapping):
+            value = normalize(nested, value, path, keymap, loc + (name,))
+        elif container is not None:
+            kind, item = container
+            if kind == "seq" and isinstance(value, list | tuple):
+                value = tuple(
+                    normalize(item, v, _path(path, i), keymap, loc + (name, i))
+                    for i, v in enumerate(value)
+                )
+            elif kind == "map" and isinstance(value, Mapping):
+                value = {
+                    k: normalize(item, v, _path(path, k), keymap, loc + (name, k))
+                    for k, v in value.items()
+                }
+        out[name] = _tuples(value)
+    return out
+
+
+def _tuples(value: Any) -> Any:
+    """YAML sequences become tuples: specs are immutable and use tuple fields (strict mode)."""
+    if isinstance(value, list | tuple):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def _error_from_pydantic(
+    exc: ValidationError, keymap: dict[tuple, tuple[str, Any]], file: str | None
+) -> ConfigError:
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(err["loc"])
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if err["type"] == "missing":
+        field = loc[-1] if loc else "?"
+        parent = ".".join(str(p) for p in loc[:-1])
+        parent_path = keymap.get(loc[:-1], (parent, None))[0]
+        shown = str(field)
+        parts = units.split_unit(str(field))
+        if parts and parts[1] in units.CANONICAL:
+            dim = units.CANONICAL[parts[1]]
+            shown = f"{parts[0]}_<{'|'.join(dim.factors)}>"
+        return ConfigError(
+            f"required key '{shown}' is missing",
+            file=file,
+            key=_path(parent_path, shown) if parent_path else shown,
+        )
+    if loc in keymap:
+        path, value = keymap[loc]
+        return ConfigError(msg, file=file, key=path, value=value)
+    # Locations inside a value (e.g. a list element of plain values) or model-level checks.
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in keymap or cut == 0:
+            base_path = keymap[loc[:cut]][0] if cut else ""
+            rest = loc[cut:]
+            path = base_path
+            for part in rest:
+                path = _path(path, part)
+            value = err.get("input", ...)
+            if isinstance(value, dict):
+                value = ...
+            return ConfigError(msg, file=file, key=path or None, value=value)
+    raise AssertionError("unreachable")
+
+
+def build(model: type[Spec], data: Mapping[str, Any], file: str | None = None) -> Spec:
+    """Validate ``data`` (with unit-suffixed keys) into an instance of ``model``."""
+    keymap: dict[tuple, tuple[str, Any]] = {}
+    try:
+        normalized = normalize(model, data, "", keymap)
+        return model.model_validate(normalized)
+    except ConfigError as exc:
+        raise exc.with_file(file) if file else exc from None
+    except ValidationError as exc:
+        raise _error_from_pydantic(exc, keymap, file) from None

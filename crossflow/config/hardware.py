@@ -1,0 +1,129 @@
+"""Micro-architecture presets: a real device described directly from its datasheet.
+
+File shape (``presets/hardware/*.yaml``)::
+
+    kind: microarch
+    name: a100-sxm4-80gb
+    compute: {num_bundles, mcus_per_bundle, mcu_array, frequency_GHz, peak_TFLOPS: {fp16: …},
+              efficiency, dataflow, energy_pJ_per_FLOP: {…}}
+    memory:  [{name, scope, capacity_<bytes unit>, bandwidth_<bandwidth unit>, efficiency,
+               latency_<time unit>, energy_pJ_per_bit}, …]   # innermost first
+    links:   {intra: {count, bandwidth_GBps, latency_us, energy_pJ_per_bit}, inter: {…}}
+    kernel_launch_us: …
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from crossflow.arch.microarch import PRECISIONS, SCOPES, Link, MemoryLevel, MicroArch
+from crossflow.config.base import Spec
+
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Count = Annotated[int, Field(ge=1)]
+PrecisionName = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
+
+
+class ComputeSpec(Spec):
+    num_bundles: Count
+    mcus_per_bundle: Count
+    mcu_array: tuple[Count, Count]
+    frequency_Hz: Positive
+    peak_FLOPS: dict[PrecisionName, Positive]
+    efficiency: Fraction = 1.0
+    dataflow: Literal["ws", "os", "as", "best"] = "best"
+    energy_J_per_FLOP: dict[PrecisionName, NonNegative] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_a_precision(self) -> ComputeSpec:
+        if not self.peak_FLOPS:
+            raise ValueError(f"peak_TFLOPS must name at least one of {', '.join(PRECISIONS)}")
+        return self
+
+
+class MemoryLevelSpec(Spec):
+    name: str
+    scope: Literal["mcu", "bundle", "global"]
+    capacity_B: Positive
+    bandwidth_Bps: Positive
+    efficiency: Fraction = 1.0
+    latency_s: NonNegative = 0.0
+    energy_J_per_bit: NonNegative = 0.0
+
+
+class LinkSpec(Spec):
+    count: Count
+    bandwidth_Bps: Positive  # per direction, all links of this kind together
+    latency_s: NonNegative
+    energy_J_per_bit: NonNegative = 0.0
+    efficiency: Fraction = 1.0
+
+
+class MicroArchSpec(Spec):
+    kind: Literal["microarch"]
+    name: str
+    description: str = ""
+    compute: ComputeSpec
+    memory: tuple[MemoryLevelSpec, ...] = Field(min_length=2)
+    links: dict[Literal["intra", "inter"], LinkSpec] = Field(default_factory=dict)
+    kernel_launch_s: NonNegative = 0.0
+    tdp_W: Positive | None = None
+
+    @model_validator(mode="after")
+    def _scopes_widen_outwards(self) -> MicroArchSpec:
+        order = [SCOPES.index(level.scope) for level in self.memory]
+        if order != sorted(order):
+            raise ValueError(
+                "memory levels must go from the innermost (scope mcu) to the outermost "
+                f"(scope global), but the scopes are {[m.scope for m in self.memory]}"
+            )
+        if self.memory[-1].scope != "global":
+            raise ValueError("the last memory level (main memory) must have scope 'global'")
+        return self
+
+    def to_microarch(self) -> MicroArch:
+        c = self.compute
+        instances = {"mcu": c.num_bundles * c.mcus_per_bundle, "bundle": c.num_bundles, "global": 1}
+        return MicroArch(
+            name=self.name,
+            num_bundles=c.num_bundles,
+            mcus_per_bundle=c.mcus_per_bundle,
+            mcu_rows=c.mcu_array[0],
+            mcu_cols=c.mcu_array[1],
+            frequency_Hz=c.frequency_Hz,
+            peak_flops=dict(c.peak_FLOPS),
+            compute_efficiency=c.efficiency,
+            memory=tuple(
+                MemoryLevel(
+                    name=m.name,
+                    scope=m.scope,
+                    capacity_B=m.capacity_B,
+                    instances=instances[m.scope],
+                    bandwidth_Bps=m.bandwidth_Bps,
+                    efficiency=m.efficiency,
+                    latency_s=m.latency_s,
+                    energy_J_per_B=m.energy_J_per_bit * 8,
+                )
+                for m in self.memory
+            ),
+            links={
+                k: Link(
+                    name=k,
+                    count=v.count,
+                    bandwidth_Bps=v.bandwidth_Bps,
+                    latency_s=v.latency_s,
+                    energy_J_per_B=v.energy_J_per_bit * 8,
+                    efficiency=v.efficiency,
+                )
+                for k, v in self.links.items()
+            },
+            kernel_launch_s=self.kernel_launch_s,
+            energy_J_per_flop=dict(c.energy_J_per_FLOP),
+            dataflow=c.dataflow,
+            tdp_W=self.tdp_W,
+            report={"source": "preset", "description": self.description},
+        )

@@ -1,0 +1,88 @@
+"""Finding and loading configs: preset names, paths or dicts -> validated specs.
+
+Presets live inside the package (``crossflow/presets/<family>/<name>.yaml``) so a name works
+after any kind of install.  Each file names its ``kind``; :data:`KINDS` maps kinds to the spec
+classes that validate them, and :func:`register_kind` lets each layer add its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from crossflow.config.base import Spec, build, read_yaml
+from crossflow.errors import ConfigError
+
+#: kind -> (preset family folder, factory returning the Spec class); filled by register_kind.
+KINDS: dict[str, tuple[str, Callable[[], type[Spec]]]] = {}
+
+
+def register_kind(kind: str, family: str, spec: Callable[[], type[Spec]]) -> None:
+    """Declare that files with ``kind: <kind>`` validate with ``spec()`` (lazily imported)."""
+    KINDS[kind] = (family, spec)
+
+
+def preset_dir(family: str) -> Path:
+    return Path(str(resources.files("crossflow") / "presets" / family))
+
+
+@cache
+def preset_names(family: str) -> tuple[str, ...]:
+    folder = preset_dir(family)
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted(p.stem for p in folder.glob("*.yaml")))
+
+
+def _kind_of(data: Mapping[str, Any], file: str | None, families: tuple[str, ...]) -> str:
+    kind = data.get("kind")
+    allowed = sorted(k for k, (fam, _) in KINDS.items() if not families or fam in families)
+    if kind is None:
+        raise ConfigError("required key 'kind' is missing", file=file, key="kind",
+                          allowed=", ".join(allowed))
+    if kind not in allowed:
+        raise ConfigError(f"unknown kind {kind!r} here", file=file, key="kind", value=kind,
+                          allowed=", ".join(allowed))
+    return kind
+
+
+def load_spec(source: str | Path | Mapping[str, Any], *families: str) -> Spec:
+    """Load a spec from a preset name, a YAML path or a dict.
+
+    ``families`` restricts which kinds are acceptable (e.g. ``"hardware"``); a bare name is
+    looked up among those families' presets.
+    """
+    _ensure_registered()
+    if isinstance(source, Mapping):
+        data, file = dict(source), None
+    else:
+        file = _locate(str(source), families)
+        data = read_yaml(file)
+    kind = _kind_of(data, file, families)
+    return build(KINDS[kind][1](), data, file=file)
+
+
+def _locate(source: str, families: tuple[str, ...]) -> str:
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") or path.exists() or "/" in source:
+        return str(path)
+    for family in families:
+        candidate = preset_dir(family) / f"{source}.yaml"
+        if candidate.is_file():
+            return str(candidate)
+    names = [n for fam in families for n in preset_names(fam)]
+    what = " or ".join(families) or "config"
+    raise ConfigError(
+        f"unknown {what} preset {source!r} (and no such file)",
+        value=source,
+        allowed=", ".join(names) or "a path to a YAML file",
+    )
+
+
+@cache
+def _ensure_registered() -> None:
+    # Importing the spec modules registers their kinds; done lazily to keep import fast.
+    import crossflow.config.specs  # noqa: F401

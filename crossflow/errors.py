@@ -1,0 +1,66 @@
+"""Errors users see.  Every message is one paragraph that says what to change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CrossflowError(Exception):
+    """Base class of all errors CrossFlow raises on purpose."""
+
+
+class ConfigError(CrossflowError):
+    """A configuration input is wrong.
+
+    The message names the file, the key path inside it, the offending value and what is
+    allowed, e.g. ``a100.yaml: key 'compute.frequency_GHz' = -1.4: must be > 0``.
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        key: str | None = None,
+        value: Any = ...,
+        allowed: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.file = file
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        super().__init__(self._compose())
+
+    def _compose(self) -> str:
+        where = self.file or "<input>"
+        parts = [where]
+        if self.key:
+            shown = "" if self.value is ... else f" = {_short(self.value)}"
+            parts.append(f"key '{self.key}'{shown}")
+        elif self.value is not ...:
+            parts.append(f"value {_short(self.value)}")
+        text = ": ".join(parts) + f": {self.problem}"
+        if self.allowed:
+            text += f"; allowed: {self.allowed}"
+        return text if text.endswith(".") else text + "."
+
+    def with_file(self, file: str) -> ConfigError:
+        """Return the same error attributed to ``file`` (when it was raised without one)."""
+        if self.file:
+            return self
+        return ConfigError(
+            self.problem, file=file, key=self.key, value=self.value, allowed=self.allowed
+        )
+
+
+class InfeasibleDesignError(CrossflowError):
+    """A design point cannot run (e.g. memory over capacity, an impossible budget).
+
+    Searches record it as an infeasible trial with this message as the reason.
+    """
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
