@@ -8,7 +8,7 @@ budgets.  The kernel model prices operations against it and never looks at confi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
@@ -37,6 +37,8 @@ class MemoryLevel:
         efficiency: sustained fraction of ``bandwidth_Bps`` (a fitted or datasheet number).
         latency_s: access latency added once to a kernel that is bound by this level.
         energy_J_per_B: dynamic energy per byte read or written.
+        loop_orders: dataflows a tile held in this level may use (``ws``, ``os``, ``as``;
+            paper §4.2.1); hardware that only accumulates output-stationary says so here.
     """
 
     name: str
@@ -47,6 +49,7 @@ class MemoryLevel:
     efficiency: float = 1.0
     latency_s: float = 0.0
     energy_J_per_B: float = 0.0
+    loop_orders: tuple[str, ...] = ("ws", "os", "as")
 
     @property
     def total_capacity_B(self) -> float:
@@ -90,6 +93,8 @@ class MicroArch:
         kernel_launch_s: fixed cost of launching one kernel.
         energy_J_per_flop: dynamic compute energy per FLOP per precision.
         dataflow: MCU dataflow: ``"ws"``, ``"os"``, ``"as"`` or ``"best"`` (paper §6.3).
+        accumulator_fraction: share of the register file an output-stationary tile may fill
+            with accumulators (the rest holds operand fragments).
         report: how the chip was derived (AGE area/power use, datasheet sources) for output.
     """
 
@@ -106,6 +111,7 @@ class MicroArch:
     kernel_launch_s: float = 0.0
     energy_J_per_flop: Mapping[str, float] = field(default_factory=dict)
     dataflow: str = "best"
+    accumulator_fraction: float = 0.5
     tdp_W: float | None = None
     report: Mapping[str, object] = field(default_factory=dict)
 
@@ -116,6 +122,31 @@ class MicroArch:
     @property
     def main_memory(self) -> MemoryLevel:
         return self.memory[-1]
+
+    def with_bundles(self, bundles: int) -> MicroArch:
+        """The same chip using only ``bundles`` of its bundles (e.g. one CPU core).
+
+        Peak FLOP/s and the bandwidth of bundle- and MCU-scope levels scale with the bundles
+        used; chip-global levels keep their bandwidth.
+        """
+        if not 1 <= bundles <= self.num_bundles:
+            raise ValueError(f"1 <= bundles <= {self.num_bundles} must hold, got {bundles}")
+        share = bundles / self.num_bundles
+        memory = tuple(
+            level if level.scope == "global" else replace(
+                level,
+                instances=level.instances * bundles // self.num_bundles,
+                bandwidth_Bps=level.bandwidth_Bps * share,
+            )
+            for level in self.memory
+        )
+        return replace(
+            self,
+            name=f"{self.name}[{bundles} of {self.num_bundles} bundles]",
+            num_bundles=bundles,
+            peak_flops={p: v * share for p, v in self.peak_flops.items()},
+            memory=memory,
+        )
 
     def supports(self, precision: str) -> bool:
         return self.peak_flops.get(precision, 0.0) > 0.0
@@ -141,6 +172,7 @@ class MicroArch:
                     "efficiency": m.efficiency,
                     "latency_s": m.latency_s,
                     "energy_J_per_byte": m.energy_J_per_B,
+                    "loop_orders": list(m.loop_orders),
                 }
                 for m in self.memory
             ],
@@ -156,6 +188,7 @@ class MicroArch:
             "kernel_launch_s": self.kernel_launch_s,
             "energy_J_per_flop": dict(self.energy_J_per_flop),
             "dataflow": self.dataflow,
+            "accumulator_fraction": self.accumulator_fraction,
             "tdp_W": self.tdp_W,
             "report": dict(self.report),
         }

@@ -36,6 +36,7 @@ class ComputeSpec(Spec):
     peak_FLOPS: dict[PrecisionName, Positive]
     efficiency: Fraction = 1.0
     dataflow: Literal["ws", "os", "as", "best"] = "best"
+    accumulator_fraction: Fraction = 0.5
     energy_J_per_FLOP: dict[PrecisionName, NonNegative] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -53,6 +54,9 @@ class MemoryLevelSpec(Spec):
     efficiency: Fraction = 1.0
     latency_s: NonNegative = 0.0
     energy_J_per_bit: NonNegative = 0.0
+    loop_orders: tuple[Literal["ws", "os", "as"], ...] = Field(
+        default=("ws", "os", "as"), min_length=1
+    )
 
 
 class LinkSpec(Spec):
@@ -107,6 +111,7 @@ class MicroArchSpec(Spec):
                     efficiency=m.efficiency,
                     latency_s=m.latency_s,
                     energy_J_per_B=m.energy_J_per_bit * 8,
+                    loop_orders=tuple(m.loop_orders),
                 )
                 for m in self.memory
             ),
@@ -124,6 +129,7 @@ class MicroArchSpec(Spec):
             kernel_launch_s=self.kernel_launch_s,
             energy_J_per_flop=dict(c.energy_J_per_FLOP),
             dataflow=c.dataflow,
+            accumulator_fraction=c.accumulator_fraction,
             tdp_W=self.tdp_W,
             report={"source": "preset", "description": self.description},
         )

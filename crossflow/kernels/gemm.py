@@ -1,0 +1,309 @@
+"""GEMM on one device: a hierarchical roofline with a tiling search (paper §6.1–6.3).
+
+C[m, n] = A[m, k] · B[k, n].  Every on-chip memory level ``i`` holds a tile
+``(tm, tk, tn)`` of the problem and walks it in one of three loop orders (dataflows):
+
+* ``os`` output-stationary: the C tile stays (accumulating in registers), A and B stream;
+* ``ws`` weight-stationary: a B tile stays, A streams, partial C tiles are re-read;
+* ``as`` activation-stationary: an A tile stays, B streams, partial C tiles are re-read.
+
+The tile and order of level ``i`` fix how many bytes cross from level ``i+1`` into it; those
+bytes are timed at level ``i+1``'s sustained bandwidth.  The register level also pays the
+register accesses of the MCU dataflow (paper eq. 5).  The tile of the outermost
+bundle-scope level is the unit of work handed to compute bundles (SMs / cores): the compute
+time counts padded tiles and whole waves over the bundles (tile and wave quantisation).
+
+Kernel time = max(compute, every level's bytes / bandwidth + latency) + launch overhead.
+
+The search is exhaustive over power-of-two tiles at every level, with the constraint that a
+level's tile is no larger than the tile of the level outside it.  It is vectorised: each
+level's cost is an array over the (tm, tk, tn) exponent grid, and the nesting constraint is a
+running minimum along the three axes, so the joint optimum over all levels costs a few array
+passes (min over chains of the max of level costs, by dynamic programming from the inside out).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from crossflow.arch.microarch import ACCUMULATOR_BYTES, BYTES_PER_ELEMENT, MicroArch
+from crossflow.errors import ConfigError, InfeasibleDesignError
+from crossflow.kernels.result import KernelResult
+
+ORDERS = ("ws", "os", "as")
+_TIE = 1e-9
+
+
+def _exponents(dim: int) -> np.ndarray:
+    """Tile exponents 0..ceil(log2 dim): tiles 1, 2, 4, … up to the first power ≥ dim."""
+    return np.arange(max(0, math.ceil(math.log2(dim))) + 1, dtype=np.float64)
+
+
+def _running_min(a: np.ndarray) -> np.ndarray:
+    """out[i,j,l] = min of a over all [≤i, ≤j, ≤l]: best inner tile no larger than (i,j,l)."""
+    out = np.minimum.accumulate(a, axis=0)
+    np.minimum.accumulate(out, axis=1, out=out)
+    np.minimum.accumulate(out, axis=2, out=out)
+    return out
+
+
+def check_precision(arch: MicroArch, precision: str) -> None:
+    if precision not in BYTES_PER_ELEMENT:
+        raise ConfigError(
+            "unknown precision", key="precision", value=precision,
+            allowed=", ".join(BYTES_PER_ELEMENT),
+        )
+    if not arch.supports(precision):
+        raise ConfigError(
+            f"{arch.name} has no {precision} arithmetic",
+            key="precision",
+            value=precision,
+            allowed=", ".join(p for p, v in arch.peak_flops.items() if v > 0),
+        )
+
+
+class _Grid:
+    """Per-problem arrays over the tile-exponent grid, shared by all levels."""
+
+    def __init__(self, m: int, k: int, n: int) -> None:
+        self.m, self.k, self.n = m, k, n
+        tm = 2.0 ** _exponents(m)
+        tk = 2.0 ** _exponents(k)
+        tn = 2.0 ** _exponents(n)
+        self.tm, self.tk, self.tn = tm[:, None, None], tk[None, :, None], tn[None, None, :]
+        # Tiles are clipped to the problem for capacity; counts use the unclipped tile.
+        self.cm = np.minimum(self.tm, m)
+        self.ck = np.minimum(self.tk, k)
+        self.cn = np.minimum(self.tn, n)
+        self.nm = np.ceil(m / self.tm)
+        self.nk = np.ceil(k / self.tk)
+        self.nn = np.ceil(n / self.tn)
+        self.shape = (tm.size, tk.size, tn.size)
+
+
+def _level_traffic(
+    g: _Grid, b: int, acc: int, capacity_B: float, reg_capacity_B: float, acc_fraction: float,
+    allowed: tuple[str, ...],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes crossing into a level for each tile (min over loop orders) and the order index.
+
+    ``reg_capacity_B`` is the register capacity inside one instance of this level's scope,
+    where an output-stationary tile accumulates (None-like 0 means: this *is* the register
+    level, so the output tile must fit in the level itself).
+    """
+    m, k, n = g.m, g.k, g.n
+    a_el, b_el, c_el = m * k, k * n, m * n
+    partial_c = c_el * b + c_el * (2.0 * g.nk - 2.0) * acc  # final write + partial re-reads
+    stream_ab = 2.0 * (g.cm * g.ck + g.ck * g.cn) * b  # double-buffered operand tiles
+    c_tile = g.cm * g.cn * acc
+    inf = np.inf
+
+    if reg_capacity_B > 0:  # accumulators live in the registers under this level
+        os_fits = (stream_ab <= capacity_B) & (c_tile <= acc_fraction * reg_capacity_B)
+    else:  # the register level itself holds accumulators and operand fragments
+        os_fits = (c_tile <= acc_fraction * capacity_B) & (
+            stream_ab <= (1.0 - acc_fraction) * capacity_B
+        )
+    os_bytes = np.where(os_fits, (a_el * g.nn + b_el * g.nm) * b + c_el * b, inf)
+    ws_fits = (g.ck * g.cn * b + 2.0 * g.cm * g.ck * b + c_tile) <= capacity_B
+    ws_bytes = np.where(ws_fits, (a_el * g.nn + b_el) * b + partial_c, inf)
+    as_fits = (g.cm * g.ck * b + 2.0 * g.ck * g.cn * b + c_tile) <= capacity_B
+    as_bytes = np.where(as_fits, (a_el + b_el * g.nm) * b + partial_c, inf)
+
+    by_order = {"ws": ws_bytes, "os": os_bytes, "as": as_bytes}
+    stacked = np.stack(
+        np.broadcast_arrays(*(by_order[o] if o in allowed else inf for o in ORDERS))
+    )
+    order = np.argmin(stacked, axis=0)
+    return np.take_along_axis(stacked, order[None], axis=0)[0], order
+
+
+def _register_accesses(arch: MicroArch, g: _Grid, flops: float) -> tuple[np.ndarray, np.ndarray]:
+    """Register accesses (elements) per MCU tile from paper eq. 5, for the MCU dataflow.
+
+    The reuse factor K is how often an element held in the MCU array is used before the
+    array fetches a new one: the tile extent along the streamed loop over the array extent
+    (ws: rows of A streaming past a stationary B block; os: the k depth accumulated in place;
+    as: columns of B streaming past a stationary A block).
+    """
+    nx, ny = float(arch.mcu_rows), float(arch.mcu_cols)
+    reuse = {
+        "ws": np.maximum(g.cm / nx, 1.0),
+        "os": np.maximum(g.ck / nx, 1.0),
+        "as": np.maximum(g.cn / ny, 1.0),
+    }
+    flows = ORDERS if arch.dataflow == "best" else (arch.dataflow,)
+    per = [flops * (nx * ny + r * nx + r * ny) / (2.0 * r * nx * ny) for r in
+           (reuse[f] for f in flows)]
+    per = np.stack(np.broadcast_arrays(*per))
+    idx = np.argmin(per, axis=0)
+    chosen = np.take_along_axis(per, idx[None], axis=0)[0]
+    names = np.array(flows)
+    return chosen, names[idx]
+
+
+def _compute_time(arch: MicroArch, g: _Grid, per_bundle: float, a=None, c=None, e=None):
+    """Arithmetic time when work tiles (tm, tk, tn) are dealt to the bundles in waves.
+
+    A tile narrower than the MCU array is padded to it; a tile too small to give every MCU
+    of the bundle one array-sized block leaves MCUs idle (occupancy < 1).
+    """
+    sel = (slice(None) if a is None else a, slice(None) if c is None else c,
+           slice(None) if e is None else e)
+    tm, tk, tn = g.tm[sel[0], :, :], g.tk[:, sel[1], :], g.tn[:, :, sel[2]]
+    nm, nk, nn = g.nm[sel[0], :, :], g.nk[:, sel[1], :], g.nn[:, :, sel[2]]
+    pm = np.maximum(tm, arch.mcu_rows)
+    pn = np.maximum(tn, arch.mcu_cols)
+    blocks = (pm / arch.mcu_rows) * (pn / arch.mcu_cols)
+    occupancy = np.minimum(1.0, blocks / arch.mcus_per_bundle)
+    waves = np.ceil(nm * nn / arch.num_bundles)
+    return waves * (2.0 * pm * pn * nk * tk) / (per_bundle * occupancy)
+
+
+def gemm(
+    arch: MicroArch, m: int, k: int, n: int, precision: str = "fp16", count: int = 1
+) -> KernelResult:
+    """Predict one GEMM (repeated ``count`` times) on ``arch``."""
+    check_precision(arch, precision)
+    if min(m, k, n) < 1 or count < 1:
+        raise ConfigError("GEMM dimensions must be ≥ 1", value=(m, k, n))
+    b, acc = BYTES_PER_ELEMENT[precision], ACCUMULATOR_BYTES[precision]
+    levels = arch.memory
+    onchip = levels[:-1]
+    g = _Grid(m, k, n)
+    flops = 2.0 * m * n * k
+
+    # Which on-chip level's tile is the unit of work for a bundle: the outermost level
+    # that is not chip-global (SM shared memory; a CPU core's L2).  Fallback: innermost.
+    dist = max((i for i, lv in enumerate(onchip) if lv.scope != "global"), default=0)
+    reg = levels[0] if levels[0].scope == "mcu" else None
+    regs_in_scope = {
+        "mcu": 0.0,
+        "bundle": reg.capacity_B * arch.mcus_per_bundle if reg else 0.0,
+        "global": reg.capacity_B * arch.num_mcus if reg else 0.0,
+    }
+    acc_fraction = arch.accumulator_fraction
+
+    rate = arch.peak_flops[precision] * arch.compute_efficiency
+    per_bundle = rate / arch.num_bundles
+
+    best_prev: np.ndarray | None = None
+    costs, bests, orders, owns = [], [], [], []
+    reg_flow = None
+    for i, level in enumerate(onchip):
+        outer = levels[i + 1]
+        in_scope = regs_in_scope[level.scope] if reg is not None and i > 0 else 0.0
+        if reg is None and i == 0:
+            in_scope = 0.0
+        traffic, order = _level_traffic(
+            g, b, acc, level.capacity_B, in_scope, acc_fraction, level.loop_orders
+        )
+        own = traffic / outer.effective_bandwidth_Bps + outer.latency_s
+        cost = own
+        if i == 0 and reg is not None:
+            reg_el, reg_flow = _register_accesses(arch, g, flops)
+            cost = np.maximum(cost, reg_el * b / level.effective_bandwidth_Bps + level.latency_s)
+            # An MCU tile narrower than the MCU array only pads it: not a useful tiling
+            # unless the problem itself is that narrow.
+            too_small = (g.tm < min(arch.mcu_rows, g.m)) | (g.tn < min(arch.mcu_cols, g.n))
+            cost = np.where(too_small, np.inf, cost)
+        if i == dist:
+            cost = np.maximum(cost, _compute_time(arch, g, per_bundle))
+        best = cost if best_prev is None else np.maximum(cost, _running_min(best_prev))
+        costs.append(cost)
+        bests.append(best)
+        orders.append(order)
+        owns.append(np.broadcast_to(own, g.shape))
+        best_prev = best
+
+    total = float(np.min(bests[-1]))
+    if not math.isfinite(total):
+        raise InfeasibleDesignError(
+            f"no tiling of a {m}x{k}x{n} {precision} GEMM fits {arch.name}'s on-chip memories "
+            f"({', '.join(f'{lv.name} {lv.capacity_B:.0f} B' for lv in onchip)})"
+        )
+
+    # Walk back out-to-in: choose each level's tile among those within the chosen outer
+    # tile, preferring (among equally fast chains) the one that moves the fewest bytes.
+    chosen: list[tuple[int, int, int]] = [(0, 0, 0)] * len(onchip)
+    limit = tuple(s - 1 for s in g.shape)
+    for i in range(len(onchip) - 1, -1, -1):
+        sub = bests[i][: limit[0] + 1, : limit[1] + 1, : limit[2] + 1]
+        target = float(np.min(sub))
+        own = owns[i][: limit[0] + 1, : limit[1] + 1, : limit[2] + 1]
+        pick = np.where(sub <= target * (1 + _TIE), own, np.inf)
+        idx = np.unravel_index(int(np.argmin(pick)), sub.shape)
+        chosen[i] = (int(idx[0]), int(idx[1]), int(idx[2]))
+        limit = chosen[i]
+
+    return _report(arch, g, precision, count, flops, b, acc, chosen, orders, reg_flow,
+                   dist, per_bundle, regs_in_scope, total)
+
+
+def _report(arch, g, precision, count, flops, b, acc, chosen, orders, reg_flow, dist,
+            per_bundle, regs_in_scope, total) -> KernelResult:
+    levels = arch.memory
+    onchip = levels[:-1]
+    bytes_per_level = {lv.name: 0.0 for lv in levels}
+    tiles, loop_orders = {}, {}
+    for i, (a, c, e) in enumerate(chosen):
+        tm, tk, tn = int(g.tm[a, 0, 0]), int(g.tk[0, c, 0]), int(g.tn[0, 0, e])
+        order = ORDERS[int(orders[i][a, c, e])]
+        nm, nk, nn = math.ceil(g.m / tm), math.ceil(g.k / tk), math.ceil(g.n / tn)
+        a_el, b_el, c_el = g.m * g.k, g.k * g.n, g.m * g.n
+        partial_c = c_el * b + c_el * (2.0 * nk - 2.0) * acc
+        traffic = {
+            "os": (a_el * nn + b_el * nm) * b + c_el * b,
+            "ws": (a_el * nn + b_el) * b + partial_c,
+            "as": (a_el + b_el * nm) * b + partial_c,
+        }[order]
+        bytes_per_level[levels[i + 1].name] += traffic
+        tiles[onchip[i].name] = [min(tm, g.m), min(tk, g.k), min(tn, g.n)]
+        loop_orders[onchip[i].name] = order
+    detail: dict[str, object] = {"tiles_mkn": tiles, "loop_orders": loop_orders}
+    if levels[0].scope == "mcu" and reg_flow is not None:
+        a, c, e = chosen[0]
+        flow = str(reg_flow[a, c, e]) if np.ndim(reg_flow) else str(reg_flow)
+        nx, ny = float(arch.mcu_rows), float(arch.mcu_cols)
+        tm0, tk0, tn0 = (min(g.tm[a, 0, 0], g.m), min(g.tk[0, c, 0], g.k),
+                         min(g.tn[0, 0, e], g.n))
+        r = max({"ws": tm0 / nx, "os": tk0 / nx, "as": tn0 / ny}[flow], 1.0)
+        reg_el = flops * (nx * ny + r * nx + r * ny) / (2.0 * r * nx * ny)
+        bytes_per_level[levels[0].name] += reg_el * b
+        detail["mcu_dataflow"] = flow
+        detail["register_reuse_factor"] = r
+
+    a, c, e = chosen[dist]
+    nm, nn = math.ceil(g.m / g.tm[a, 0, 0]), math.ceil(g.n / g.tn[0, 0, e])
+    waves = math.ceil(nm * nn / arch.num_bundles)
+    compute = float(_compute_time(arch, g, per_bundle, a, c, e).item())
+    detail.update(work_tiles=nm * nn, waves=waves, bundles=arch.num_bundles,
+                  wave_efficiency=nm * nn / (waves * arch.num_bundles))
+
+    time_per_level = {
+        lv.name: (bytes_per_level[lv.name] / lv.effective_bandwidth_Bps + lv.latency_s)
+        if bytes_per_level[lv.name] > 0 else 0.0
+        for lv in levels
+    }
+    candidates = {"compute": compute, **time_per_level}
+    bottleneck = max(candidates, key=candidates.get)
+    launch = arch.kernel_launch_s
+    one = max(total, compute) + launch
+    energy = flops * arch.energy_J_per_flop.get(precision, 0.0) + sum(
+        bytes_per_level[lv.name] * lv.energy_J_per_B for lv in levels
+    )
+    scale = float(count)
+    return KernelResult(
+        name="gemm",
+        time_s=one * scale,
+        flops=flops * scale,
+        compute_time_s=compute * scale,
+        bytes_per_level={k_: v * scale for k_, v in bytes_per_level.items()},
+        time_per_level_s={k_: v * scale for k_, v in time_per_level.items()},
+        bottleneck=bottleneck,
+        launch_s=launch * scale,
+        energy_J=energy * scale,
+        detail={"m": g.m, "k": g.k, "n": g.n, "precision": precision, "count": count, **detail},
+    )
