@@ -111,6 +111,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             spec = load_spec(Path(file))
             print(f"{file}: ok ({spec.kind})")
         except ConfigError as exc:
+            if args.debug:
+                raise
             errors.append(exc)
             print(f"crossflow: error: {exc}", file=sys.stderr)
     return EXIT_BAD_INPUT if errors else EXIT_OK

@@ -90,11 +90,12 @@ def predict(
     (memory over capacity, no tiling fits, an impossible budget) is returned with
     ``feasible=False`` and the reason, so searches can record it and go on.
     """
-    spec = load_spec(workload, "workloads")
     try:
         arch = load_hardware(hardware)
     except InfeasibleDesignError as exc:
+        spec = load_spec(workload, "workloads")
         return _infeasible(spec, str(getattr(hardware, "name", hardware)), str(exc), None)
+    spec = load_spec(workload, "workloads")
     if spec.kind == "gemm":
         if system is not None or parallelism is not None or mapping_order is not None:
             raise ConfigError(

@@ -20,6 +20,16 @@ from crossflow.errors import ConfigError
 KINDS: dict[str, tuple[str, Callable[[], type[Spec]]]] = {}
 
 
+#: How a preset family is named in messages.
+FAMILY_LABELS = {
+    "hardware": "hardware",
+    "templates": "architecture template",
+    "workloads": "workload",
+    "tech": "technology",
+    "systems": "system",
+}
+
+
 def register_kind(kind: str, family: str, spec: Callable[[], type[Spec]]) -> None:
     """Declare that files with ``kind: <kind>`` validate with ``spec()`` (lazily imported)."""
     KINDS[kind] = (family, spec)
@@ -74,11 +84,11 @@ def _locate(source: str, families: tuple[str, ...]) -> str:
         if candidate.is_file():
             return str(candidate)
     names = [n for fam in families for n in preset_names(fam)]
-    what = " or ".join(families) or "config"
+    what = " or ".join(FAMILY_LABELS.get(f, f) for f in families) or "config"
     raise ConfigError(
-        f"unknown {what} preset {source!r} (and no such file)",
+        f"unknown {what} preset {source!r}, and no file of that name",
         value=source,
-        allowed=", ".join(names) or "a path to a YAML file",
+        allowed=", ".join(names) + " (or a path to a YAML file)",
     )
 
 

@@ -1,0 +1,137 @@
+"""Kernel model: roofline sanity, quantisation effects and monotonicity properties."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crossflow.arch.microarch import BYTES_PER_ELEMENT
+from crossflow.errors import ConfigError
+from crossflow.kernels import ops
+from crossflow.kernels.gemm import gemm
+from crossflow.predict import load_hardware
+
+dims = st.integers(min_value=1, max_value=20000)
+PRESETS = ["a100-sxm4-80gb", "v100-sxm2-32gb", "h100-sxm5-80gb", "h200-sxm-141gb"]
+
+
+def _scaled(arch, level_index=None, bandwidth=1.0, flops=1.0):
+    memory = list(arch.memory)
+    if level_index is not None:
+        lv = memory[level_index]
+        memory[level_index] = replace(lv, bandwidth_Bps=lv.bandwidth_Bps * bandwidth)
+    return replace(arch, memory=tuple(memory),
+                   peak_flops={p: v * flops for p, v in arch.peak_flops.items()})
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=dims, k=dims, n=dims, precision=st.sampled_from(["fp16", "fp32", "tf32", "bf16"]))
+def test_roofline_bounds_hold(a100, m, k, n, precision):
+    r = gemm(a100, m, k, n, precision)
+    assert r.time_s >= r.flops / a100.peak_flops[precision]
+    dram = a100.main_memory
+    assert r.time_s >= r.bytes_per_level[dram.name] / dram.bandwidth_Bps
+    b = BYTES_PER_ELEMENT[precision]
+    compulsory = (m * k + k * n + m * n) * b
+    assert r.bytes_per_level[dram.name] >= compulsory * (1 - 1e-12)
+    assert r.time_s >= a100.kernel_launch_s
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fp32_is_slower_than_fp16_on_tensor_core_gpus(preset):
+    arch = load_hardware(preset)
+    fp16 = gemm(arch, 4096, 4096, 4096, "fp16").time_s
+    fp32 = gemm(arch, 4096, 4096, 4096, "fp32").time_s
+    assert fp32 > 4 * fp16  # CUDA-core fp32 is 8-16x below the tensor-core fp16 peak
+
+
+def test_unsupported_precision_is_a_config_error(a100):
+    with pytest.raises(ConfigError, match="has no fp8 arithmetic"):
+        gemm(a100, 128, 128, 128, "fp8")
+
+
+def test_wave_quantisation_makes_one_more_tile_cost_a_wave(a100):
+    # One extra row beyond a whole number of waves costs a partial wave of tiles.
+    exact = gemm(a100, 2048, 12288, 12288, "fp16")
+    plus = gemm(a100, 2049, 12288, 12288, "fp16")
+    assert plus.time_s > exact.time_s * 1.01
+    assert 0 < exact.detail["wave_efficiency"] <= 1
+
+
+def test_small_m_is_memory_bound_large_m_compute_bound(a100):
+    assert gemm(a100, 64, 12288, 12288, "fp16").bottleneck == "DRAM"
+    assert gemm(a100, 16384, 12288, 12288, "fp16").bottleneck == "compute"
+
+
+def test_output_write_back_is_counted(a100):
+    # k = 1: an outer product whose cost is almost all the output write.
+    r = gemm(a100, 8192, 1, 8192, "fp16")
+    assert r.bytes_per_level["DRAM"] >= 8192 * 8192 * 2
+
+
+def test_register_accesses_follow_eq5(a100):
+    r = gemm(a100, 4096, 4096, 4096, "fp16")
+    reuse = r.detail["register_reuse_factor"]
+    nx, ny = a100.mcu_rows, a100.mcu_cols
+    expected = r.flops * (nx * ny + reuse * nx + reuse * ny) / (2 * reuse * nx * ny) * 2
+    assert r.bytes_per_level["registers"] == pytest.approx(expected)
+
+
+def test_count_repeats_the_kernel(a100):
+    one = gemm(a100, 1024, 1024, 1024, "fp16")
+    three = gemm(a100, 1024, 1024, 1024, "fp16", count=3)
+    assert three.time_s == pytest.approx(3 * one.time_s)
+    assert three.flops == pytest.approx(3 * one.flops)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=dims, k=dims, n=dims, level=st.integers(0, 3),
+       factor=st.floats(min_value=1.0, max_value=8.0))
+def test_more_bandwidth_is_never_slower(a100, m, k, n, level, factor):
+    base = gemm(a100, m, k, n, "fp16").time_s
+    faster = gemm(_scaled(a100, level, bandwidth=factor), m, k, n, "fp16").time_s
+    assert faster <= base * (1 + 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=dims, k=dims, n=dims, factor=st.floats(min_value=1.0, max_value=8.0))
+def test_more_flops_is_never_slower(a100, m, k, n, factor):
+    base = gemm(a100, m, k, n, "fp16").time_s
+    assert gemm(_scaled(a100, flops=factor), m, k, n, "fp16").time_s <= base * (1 + 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=dims, k=dims, n=dims, extra=st.integers(1, 4096), axis=st.integers(0, 2))
+def test_a_bigger_gemm_is_never_faster(a100, m, k, n, extra, axis):
+    shape = [m, k, n]
+    bigger = list(shape)
+    bigger[axis] += extra
+    assert gemm(a100, *bigger, "fp16").time_s >= gemm(a100, *shape, "fp16").time_s * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("op", ["elementwise", "softmax", "layernorm", "embedding"])
+def test_memory_bound_ops_run_at_dram_not_register_bandwidth(a100, op):
+    rows, cols = 16384, 12288  # 400 MB in fp16: lives in DRAM
+    r = {
+        "elementwise": lambda: ops.elementwise(a100, rows * cols, "fp16", inputs=2),
+        "softmax": lambda: ops.softmax(a100, rows, cols, "fp16"),
+        "layernorm": lambda: ops.layernorm(a100, rows, cols, "fp16"),
+        "embedding": lambda: ops.embedding(a100, rows, cols, "fp16"),
+    }[op]()
+    assert r.detail["home_level"] == "DRAM"
+    moved = r.bytes_per_level["DRAM"]
+    assert moved >= 2 * rows * cols * 2
+    assert r.time_s >= moved / a100.main_memory.bandwidth_Bps
+
+
+def test_small_working_set_lives_in_l2(a100):
+    r = ops.softmax(a100, 1024, 1024, "fp16")  # 4 MB in and out: fits the 40 MB L2
+    assert r.detail["home_level"] == "L2"
+    big = ops.softmax(a100, 65536, 1024, "fp16")
+    assert big.detail["home_level"] == "DRAM"
+    per_byte_l2 = r.time_per_level_s["L2"] / r.bytes_per_level["L2"]
+    per_byte_dram = big.time_per_level_s["DRAM"] / big.bytes_per_level["DRAM"]
+    assert per_byte_dram > per_byte_l2
