@@ -120,8 +120,10 @@ def _level_traffic(
     return np.take_along_axis(stacked, order[None], axis=0)[0], order
 
 
-def _register_accesses(arch: MicroArch, g: _Grid, flops: float) -> tuple[np.ndarray, np.ndarray]:
-    """Register accesses (elements) per MCU tile from paper eq. 5, for the MCU dataflow.
+def _register_accesses(
+    arch: MicroArch, g: _Grid, flops: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Register accesses (elements), dataflow and reuse factor per MCU tile (paper eq. 5).
 
     The reuse factor K is how often an element held in the MCU array is used before the
     array fetches a new one: the tile extent along the streamed loop over the array extent
@@ -135,31 +137,26 @@ def _register_accesses(arch: MicroArch, g: _Grid, flops: float) -> tuple[np.ndar
         "as": np.maximum(g.cn / ny, 1.0),
     }
     flows = ORDERS if arch.dataflow == "best" else (arch.dataflow,)
-    per = [flops * (nx * ny + r * nx + r * ny) / (2.0 * r * nx * ny) for r in
-           (reuse[f] for f in flows)]
-    per = np.stack(np.broadcast_arrays(*per))
+    factors = np.stack(np.broadcast_arrays(*(reuse[f] for f in flows)))
+    per = flops * (nx * ny + factors * nx + factors * ny) / (2.0 * factors * nx * ny)
     idx = np.argmin(per, axis=0)
-    chosen = np.take_along_axis(per, idx[None], axis=0)[0]
-    names = np.array(flows)
-    return chosen, names[idx]
+    pick = idx[None]
+    return (np.take_along_axis(per, pick, axis=0)[0], np.array(flows)[idx],
+            np.take_along_axis(factors, pick, axis=0)[0])
 
 
-def _compute_time(arch: MicroArch, g: _Grid, per_bundle: float, a=None, c=None, e=None):
+def _compute_time(arch: MicroArch, g: _Grid, per_bundle: float) -> np.ndarray:
     """Arithmetic time when work tiles (tm, tk, tn) are dealt to the bundles in waves.
 
     A tile narrower than the MCU array is padded to it; a tile too small to give every MCU
     of the bundle one array-sized block leaves MCUs idle (occupancy < 1).
     """
-    sel = (slice(None) if a is None else a, slice(None) if c is None else c,
-           slice(None) if e is None else e)
-    tm, tk, tn = g.tm[sel[0], :, :], g.tk[:, sel[1], :], g.tn[:, :, sel[2]]
-    nm, nk, nn = g.nm[sel[0], :, :], g.nk[:, sel[1], :], g.nn[:, :, sel[2]]
-    pm = np.maximum(tm, arch.mcu_rows)
-    pn = np.maximum(tn, arch.mcu_cols)
+    pm = np.maximum(g.tm, arch.mcu_rows)
+    pn = np.maximum(g.tn, arch.mcu_cols)
     blocks = (pm / arch.mcu_rows) * (pn / arch.mcu_cols)
     occupancy = np.minimum(1.0, blocks / arch.mcus_per_bundle)
-    waves = np.ceil(nm * nn / arch.num_bundles)
-    return waves * (2.0 * pm * pn * nk * tk) / (per_bundle * occupancy)
+    waves = np.ceil(g.nm * g.nn / arch.num_bundles)
+    return waves * (2.0 * pm * pn * g.nk * g.tk) / (per_bundle * occupancy)
 
 
 def gemm(
@@ -168,55 +165,51 @@ def gemm(
     """Predict one GEMM (repeated ``count`` times) on ``arch``."""
     check_precision(arch, precision)
     if min(m, k, n) < 1 or count < 1:
-        raise ConfigError("GEMM dimensions must be ≥ 1", value=(m, k, n))
+        raise ConfigError("GEMM dimensions and count must be ≥ 1", value=(m, k, n, count))
     b, acc = BYTES_PER_ELEMENT[precision], ACCUMULATOR_BYTES[precision]
     levels = arch.memory
     onchip = levels[:-1]
     g = _Grid(m, k, n)
     flops = 2.0 * m * n * k
 
-    # Which on-chip level's tile is the unit of work for a bundle: the outermost level
-    # that is not chip-global (SM shared memory; a CPU core's L2).  Fallback: innermost.
+    # The unit of work dealt to bundles is the tile of the outermost on-chip level that is
+    # not chip-global (SM shared memory; a CPU core's L2); without one, the innermost level.
     dist = max((i for i, lv in enumerate(onchip) if lv.scope != "global"), default=0)
     reg = levels[0] if levels[0].scope == "mcu" else None
+    # Register capacity inside one instance of a scope, where output-stationary tiles
+    # accumulate.  0 for the register level itself (it holds its own accumulators).
     regs_in_scope = {
         "mcu": 0.0,
         "bundle": reg.capacity_B * arch.mcus_per_bundle if reg else 0.0,
         "global": reg.capacity_B * arch.num_mcus if reg else 0.0,
     }
-    acc_fraction = arch.accumulator_fraction
+    per_bundle = arch.peak_flops[precision] * arch.compute_efficiency / arch.num_bundles
+    compute = _compute_time(arch, g, per_bundle)
+    reg_bytes = reg_flow = reg_reuse = None
 
-    rate = arch.peak_flops[precision] * arch.compute_efficiency
-    per_bundle = rate / arch.num_bundles
-
-    best_prev: np.ndarray | None = None
-    costs, bests, orders, owns = [], [], [], []
-    reg_flow = None
+    traffics, orders, owns, bests = [], [], [], []
     for i, level in enumerate(onchip):
         outer = levels[i + 1]
-        in_scope = regs_in_scope[level.scope] if reg is not None and i > 0 else 0.0
-        if reg is None and i == 0:
-            in_scope = 0.0
         traffic, order = _level_traffic(
-            g, b, acc, level.capacity_B, in_scope, acc_fraction, level.loop_orders
+            g, b, acc, level.capacity_B, regs_in_scope[level.scope] if i > 0 else 0.0,
+            arch.accumulator_fraction, level.loop_orders,
         )
         own = traffic / outer.effective_bandwidth_Bps + outer.latency_s
         cost = own
         if i == 0 and reg is not None:
-            reg_el, reg_flow = _register_accesses(arch, g, flops)
-            cost = np.maximum(cost, reg_el * b / level.effective_bandwidth_Bps + level.latency_s)
+            reg_el, reg_flow, reg_reuse = _register_accesses(arch, g, flops)
+            reg_bytes = reg_el * b
+            cost = np.maximum(cost, reg_bytes / level.effective_bandwidth_Bps + level.latency_s)
             # An MCU tile narrower than the MCU array only pads it: not a useful tiling
             # unless the problem itself is that narrow.
-            too_small = (g.tm < min(arch.mcu_rows, g.m)) | (g.tn < min(arch.mcu_cols, g.n))
+            too_small = (g.tm < min(arch.mcu_rows, m)) | (g.tn < min(arch.mcu_cols, n))
             cost = np.where(too_small, np.inf, cost)
         if i == dist:
-            cost = np.maximum(cost, _compute_time(arch, g, per_bundle))
-        best = cost if best_prev is None else np.maximum(cost, _running_min(best_prev))
-        costs.append(cost)
-        bests.append(best)
+            cost = np.maximum(cost, compute)
+        bests.append(cost if not bests else np.maximum(cost, _running_min(bests[-1])))
+        traffics.append(np.broadcast_to(traffic, g.shape))
         orders.append(order)
         owns.append(np.broadcast_to(own, g.shape))
-        best_prev = best
 
     total = float(np.min(bests[-1]))
     if not math.isfinite(total):
@@ -230,80 +223,52 @@ def gemm(
     chosen: list[tuple[int, int, int]] = [(0, 0, 0)] * len(onchip)
     limit = tuple(s - 1 for s in g.shape)
     for i in range(len(onchip) - 1, -1, -1):
-        sub = bests[i][: limit[0] + 1, : limit[1] + 1, : limit[2] + 1]
-        target = float(np.min(sub))
-        own = owns[i][: limit[0] + 1, : limit[1] + 1, : limit[2] + 1]
-        pick = np.where(sub <= target * (1 + _TIE), own, np.inf)
-        idx = np.unravel_index(int(np.argmin(pick)), sub.shape)
-        chosen[i] = (int(idx[0]), int(idx[1]), int(idx[2]))
-        limit = chosen[i]
+        box = (slice(limit[0] + 1), slice(limit[1] + 1), slice(limit[2] + 1))
+        sub = bests[i][box]
+        pick = np.where(sub <= float(np.min(sub)) * (1 + _TIE), owns[i][box], np.inf)
+        chosen[i] = limit = tuple(int(x) for x in np.unravel_index(int(np.argmin(pick)), sub.shape))
 
-    return _report(arch, g, precision, count, flops, b, acc, chosen, orders, reg_flow,
-                   dist, per_bundle, regs_in_scope, total)
-
-
-def _report(arch, g, precision, count, flops, b, acc, chosen, orders, reg_flow, dist,
-            per_bundle, regs_in_scope, total) -> KernelResult:
-    levels = arch.memory
-    onchip = levels[:-1]
+    # Report the chosen chain: bytes per level, tiles, orders, waves.
     bytes_per_level = {lv.name: 0.0 for lv in levels}
     tiles, loop_orders = {}, {}
-    for i, (a, c, e) in enumerate(chosen):
-        tm, tk, tn = int(g.tm[a, 0, 0]), int(g.tk[0, c, 0]), int(g.tn[0, 0, e])
-        order = ORDERS[int(orders[i][a, c, e])]
-        nm, nk, nn = math.ceil(g.m / tm), math.ceil(g.k / tk), math.ceil(g.n / tn)
-        a_el, b_el, c_el = g.m * g.k, g.k * g.n, g.m * g.n
-        partial_c = c_el * b + c_el * (2.0 * nk - 2.0) * acc
-        traffic = {
-            "os": (a_el * nn + b_el * nm) * b + c_el * b,
-            "ws": (a_el * nn + b_el) * b + partial_c,
-            "as": (a_el + b_el * nm) * b + partial_c,
-        }[order]
-        bytes_per_level[levels[i + 1].name] += traffic
-        tiles[onchip[i].name] = [min(tm, g.m), min(tk, g.k), min(tn, g.n)]
-        loop_orders[onchip[i].name] = order
+    for i, idx in enumerate(chosen):
+        bytes_per_level[levels[i + 1].name] += float(traffics[i][idx])
+        tiles[onchip[i].name] = [int(min(g.tm[idx[0], 0, 0], m)), int(min(g.tk[0, idx[1], 0], k)),
+                                 int(min(g.tn[0, 0, idx[2]], n))]
+        loop_orders[onchip[i].name] = ORDERS[int(orders[i][idx])]
     detail: dict[str, object] = {"tiles_mkn": tiles, "loop_orders": loop_orders}
-    if levels[0].scope == "mcu" and reg_flow is not None:
-        a, c, e = chosen[0]
-        flow = str(reg_flow[a, c, e]) if np.ndim(reg_flow) else str(reg_flow)
-        nx, ny = float(arch.mcu_rows), float(arch.mcu_cols)
-        tm0, tk0, tn0 = (min(g.tm[a, 0, 0], g.m), min(g.tk[0, c, 0], g.k),
-                         min(g.tn[0, 0, e], g.n))
-        r = max({"ws": tm0 / nx, "os": tk0 / nx, "as": tn0 / ny}[flow], 1.0)
-        reg_el = flops * (nx * ny + r * nx + r * ny) / (2.0 * r * nx * ny)
-        bytes_per_level[levels[0].name] += reg_el * b
-        detail["mcu_dataflow"] = flow
-        detail["register_reuse_factor"] = r
-
-    a, c, e = chosen[dist]
-    nm, nn = math.ceil(g.m / g.tm[a, 0, 0]), math.ceil(g.n / g.tn[0, 0, e])
-    waves = math.ceil(nm * nn / arch.num_bundles)
-    compute = float(_compute_time(arch, g, per_bundle, a, c, e).item())
-    detail.update(work_tiles=nm * nn, waves=waves, bundles=arch.num_bundles,
-                  wave_efficiency=nm * nn / (waves * arch.num_bundles))
+    if reg_bytes is not None:
+        idx = chosen[0]
+        bytes_per_level[levels[0].name] += float(np.broadcast_to(reg_bytes, g.shape)[idx])
+        detail["mcu_dataflow"] = str(np.broadcast_to(reg_flow, g.shape)[idx])
+        detail["register_reuse_factor"] = float(np.broadcast_to(reg_reuse, g.shape)[idx])
+    idx = chosen[dist]
+    work_tiles = int(g.nm[idx[0], 0, 0] * g.nn[0, 0, idx[2]])
+    waves = math.ceil(work_tiles / arch.num_bundles)
+    compute_s = float(compute[idx])
+    detail.update(work_tiles=work_tiles, waves=waves, bundles=arch.num_bundles,
+                  wave_efficiency=work_tiles / (waves * arch.num_bundles))
 
     time_per_level = {
-        lv.name: (bytes_per_level[lv.name] / lv.effective_bandwidth_Bps + lv.latency_s)
+        lv.name: bytes_per_level[lv.name] / lv.effective_bandwidth_Bps + lv.latency_s
         if bytes_per_level[lv.name] > 0 else 0.0
         for lv in levels
     }
-    candidates = {"compute": compute, **time_per_level}
-    bottleneck = max(candidates, key=candidates.get)
+    candidates = {"compute": compute_s, **time_per_level}
     launch = arch.kernel_launch_s
-    one = max(total, compute) + launch
+    one = max(total, compute_s) + launch
     energy = flops * arch.energy_J_per_flop.get(precision, 0.0) + sum(
         bytes_per_level[lv.name] * lv.energy_J_per_B for lv in levels
     )
-    scale = float(count)
     return KernelResult(
         name="gemm",
-        time_s=one * scale,
-        flops=flops * scale,
-        compute_time_s=compute * scale,
-        bytes_per_level={k_: v * scale for k_, v in bytes_per_level.items()},
-        time_per_level_s={k_: v * scale for k_, v in time_per_level.items()},
-        bottleneck=bottleneck,
-        launch_s=launch * scale,
-        energy_J=energy * scale,
-        detail={"m": g.m, "k": g.k, "n": g.n, "precision": precision, "count": count, **detail},
+        time_s=one * count,
+        flops=flops * count,
+        compute_time_s=compute_s * count,
+        bytes_per_level={name: v * count for name, v in bytes_per_level.items()},
+        time_per_level_s={name: v * count for name, v in time_per_level.items()},
+        bottleneck=max(candidates, key=candidates.get),
+        launch_s=launch * count,
+        energy_J=energy * count,
+        detail={"m": m, "k": k, "n": n, "precision": precision, "count": count, **detail},
     )

@@ -1,0 +1,96 @@
+"""Time torch matmuls on a GPU and record them for `crossflow validate gemm`.
+
+    python measure_torch_matmul.py --preset h100-sxm5-80gb [--output FILE] [--repeat 20]
+
+Each row is the best of ``--repeat`` timed runs (CUDA events around one matmul, after
+warm-up), C = A @ B with A [m, k] and B [k, n] in the given precision.  tf32 is fp32 inputs
+with ``torch.backends.cuda.matmul.allow_tf32 = True``; fp32 is the same with it off.  The
+CSV header records the device, driver, torch and CUDA versions, the date and the command,
+and names the hardware preset the rows validate (``# preset: NAME``).  Written to a
+temporary file and renamed at the end, so an interrupted run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+SHAPES = (
+    # square
+    *[(s, s, s) for s in (256, 512, 1024, 2048, 4096, 8192, 16384)],
+    # the published A100 M-sweep shape family (small M: weight streaming)
+    *[(m, 12288, 12288) for m in (64, 128, 256, 512, 1024, 2048, 4096, 8192)],
+    # transformer-like shapes (tokens x hidden x 3*hidden, 4*hidden, …)
+    (8192, 4096, 12288), (8192, 4096, 16384), (8192, 16384, 4096), (2048, 12288, 49152),
+    (4096, 128, 4096), (16384, 16384, 128),
+)
+DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def time_matmul(torch, m: int, k: int, n: int, precision: str, repeat: int) -> float:
+    dtype = getattr(torch, DTYPES[precision])
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    for _ in range(3):
+        torch.matmul(a, b)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeat):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(a, b)
+        stop.record()
+        stop.synchronize()
+        best = min(best, start.elapsed_time(stop) * 1e-3)
+    del a, b
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
+    parser.add_argument("--output", help="CSV to write (default: torch_matmul_<preset>.csv here)")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--precisions", default="fp32,tf32,fp16,bf16")
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing measured", file=sys.stderr)
+        return 2
+    out = Path(args.output or Path(__file__).with_name(f"torch_matmul_{args.preset}.csv"))
+    props = torch.cuda.get_device_properties(0)
+    header = [
+        f"source: measured by crossflow/presets/measurements/gpu/{Path(__file__).name}",
+        f"command: python {' '.join(sys.argv)}",
+        f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
+        f"device: {props.name}, {props.multi_processor_count} SMs, "
+        f"{props.total_memory / 2**30:.1f} GiB",
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuBLAS via torch.matmul",
+        f"timing: best of {args.repeat} CUDA-event-timed runs after 3 warm-up runs",
+        f"preset: {args.preset}",
+    ]
+    rows = []
+    for precision in args.precisions.split(","):
+        for m, k, n in SHAPES:
+            best = time_matmul(torch, m, k, n, precision, args.repeat)
+            rows.append(f"{m},{k},{n},{precision},{best:.9g},{2 * m * k * n / best / 1e12:.2f}")
+            print(rows[-1], flush=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"# {line}\n" for line in header))
+        fh.write("m,k,n,dtype,best_s,tflops\n")
+        fh.write("\n".join(rows) + "\n")
+    os.replace(tmp, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
