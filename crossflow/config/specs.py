@@ -19,3 +19,19 @@ def _gemm():
 
 register_kind("microarch", "hardware", _microarch)
 register_kind("gemm", "workloads", _gemm)
+
+
+def _technology():
+    from crossflow.config.technology import TechnologySpec
+
+    return TechnologySpec
+
+
+def _architecture():
+    from crossflow.config.template import ArchitectureTemplateSpec
+
+    return ArchitectureTemplateSpec
+
+
+register_kind("technology", "tech", _technology)
+register_kind("architecture", "templates", _architecture)
