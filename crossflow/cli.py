@@ -104,12 +104,20 @@ def _print_prediction(p) -> None:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from crossflow.config.loader import load_spec
+    from crossflow.errors import InfeasibleDesignError
+    from crossflow.predict import load_hardware
 
     errors = []
     for file in args.files:
         try:
             spec = load_spec(Path(file))
-            print(f"{file}: ok ({spec.kind})")
+            note = ""
+            if spec.kind == "architecture":  # resolve its technology names too
+                try:
+                    load_hardware(spec)
+                except InfeasibleDesignError as exc:
+                    note = f"; as given the design is infeasible: {exc}"
+            print(f"{file}: ok ({spec.kind}){note}")
         except ConfigError as exc:
             if args.debug:
                 raise

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
+from crossflow.config.base import Spec
 from crossflow.config.loader import load_spec
 from crossflow.errors import ConfigError, InfeasibleDesignError
 
-Source = str | Path | Mapping[str, Any]
+Source = str | Path | Mapping[str, Any] | Spec
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,15 @@ def load_hardware(hardware: Source | MicroArch) -> MicroArch:
     """A MicroArch from a preset name, a path or dict (a preset or an AGE template)."""
     if isinstance(hardware, MicroArch):
         return hardware
-    spec = load_spec(hardware, "hardware", "templates")
+    spec = hardware if isinstance(hardware, Spec) else load_spec(hardware, "hardware", "templates")
     if hasattr(spec, "to_microarch"):
         return spec.to_microarch()
     from crossflow.arch.age import generate  # AGE: template + technology + budgets
 
-    return generate(spec)
+    try:
+        return generate(spec)
+    except ConfigError as exc:  # e.g. a technology name the library does not have
+        raise exc.with_file(spec.source_file) if spec.source_file else exc from None
 
 
 def predict(

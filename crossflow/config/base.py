@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from crossflow import units
 from crossflow.errors import ConfigError
@@ -27,6 +27,12 @@ class Spec(BaseModel):
     """Base of all config specs: immutable, strict types, no unknown keys."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
+    _file: str | None = PrivateAttr(default=None)
+
+    @property
+    def source_file(self) -> str | None:
+        """The YAML file this spec was read from (None for a dict)."""
+        return self._file
 
 
 # --- YAML ------------------------------------------------------------------------------------
@@ -271,7 +277,9 @@ def build(model: type[Spec], data: Mapping[str, Any], file: str | None = None) -
     keymap: dict[tuple, tuple[str, Any]] = {}
     try:
         normalized = normalize(model, data, "", keymap)
-        return model.model_validate(normalized)
+        spec = model.model_validate(normalized)
+        spec._file = file
+        return spec
     except ConfigError as exc:
         raise exc.with_file(file) if file else exc from None
     except ValidationError as exc:
