@@ -7,7 +7,8 @@ classes that validate them, and :func:`register_kind` lets each layer add its ow
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any
 from crossflow.config.base import Spec, build, read_yaml
 from crossflow.errors import ConfigError
 
-#: kind -> (preset family folder, factory returning the Spec class); filled by register_kind.
-KINDS: dict[str, tuple[str, Callable[[], type[Spec]]]] = {}
+#: kind -> (preset family folder, "module:Class" of its Spec); filled by register_kind.
+KINDS: dict[str, tuple[str, str]] = {}
 
 
 #: How a preset family is named in messages.
@@ -30,9 +31,14 @@ FAMILY_LABELS = {
 }
 
 
-def register_kind(kind: str, family: str, spec: Callable[[], type[Spec]]) -> None:
-    """Declare that files with ``kind: <kind>`` validate with ``spec()`` (lazily imported)."""
+def register_kind(kind: str, family: str, spec: str) -> None:
+    """Declare that files with ``kind: <kind>`` validate with ``spec`` ("module:Class")."""
     KINDS[kind] = (family, spec)
+
+
+def spec_class(kind: str) -> type[Spec]:
+    module, _, name = KINDS[kind][1].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def preset_dir(family: str) -> Path:
@@ -72,7 +78,7 @@ def load_spec(source: str | Path | Mapping[str, Any], *families: str) -> Spec:
         file = _locate(str(source), families)
         data = read_yaml(file)
     kind = _kind_of(data, file, families)
-    return build(KINDS[kind][1](), data, file=file)
+    return build(spec_class(kind), data, file=file)
 
 
 def _locate(source: str, families: tuple[str, ...]) -> str:

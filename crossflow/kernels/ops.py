@@ -94,32 +94,31 @@ def elementwise(
     )
 
 
-def softmax(arch: MicroArch, rows: int, cols: int, precision: str = "fp16",
-            count: int = 1) -> KernelResult:
-    """Row-wise softmax, fused (one read, one write of the matrix)."""
+def _rowwise(arch: MicroArch, name: str, rows: int, cols: int, precision: str, count: int,
+             params_per_col: int, flops_per_element: float) -> KernelResult:
+    """A fused row-wise kernel: read the matrix (and per-column parameters), write it."""
     check_precision(arch, precision)
     b = BYTES_PER_ELEMENT[precision]
     elements = rows * cols
     return memory_bound(
-        arch, "softmax",
-        bytes_read=elements * b, bytes_written=elements * b,
-        flops=elements * SOFTMAX_FLOPS_PER_ELEMENT, count=count,
+        arch, name,
+        bytes_read=(elements + params_per_col * cols) * b, bytes_written=elements * b,
+        flops=elements * flops_per_element, count=count,
         detail={"rows": rows, "cols": cols},
     )
+
+
+def softmax(arch: MicroArch, rows: int, cols: int, precision: str = "fp16",
+            count: int = 1) -> KernelResult:
+    """Row-wise softmax, fused (one read, one write of the matrix)."""
+    return _rowwise(arch, "softmax", rows, cols, precision, count, 0, SOFTMAX_FLOPS_PER_ELEMENT)
 
 
 def layernorm(arch: MicroArch, rows: int, cols: int, precision: str = "fp16",
               count: int = 1) -> KernelResult:
     """LayerNorm over the last dimension, fused: read x, gamma, beta; write y."""
-    check_precision(arch, precision)
-    b = BYTES_PER_ELEMENT[precision]
-    elements = rows * cols
-    return memory_bound(
-        arch, "layernorm",
-        bytes_read=(elements + 2 * cols) * b, bytes_written=elements * b,
-        flops=elements * LAYERNORM_FLOPS_PER_ELEMENT, count=count,
-        detail={"rows": rows, "cols": cols},
-    )
+    return _rowwise(arch, "layernorm", rows, cols, precision, count, 2,
+                    LAYERNORM_FLOPS_PER_ELEMENT)
 
 
 def embedding(arch: MicroArch, tokens: int, hidden: int, precision: str = "fp16",
@@ -132,9 +131,8 @@ def embedding(arch: MicroArch, tokens: int, hidden: int, precision: str = "fp16"
     check_precision(arch, precision)
     b = BYTES_PER_ELEMENT[precision]
     moved = tokens * hidden * b
-    result = memory_bound(
+    return memory_bound(
         arch, "embedding",
         bytes_read=moved + tokens * INDEX_BYTES, bytes_written=moved, flops=0.0, count=count,
         detail={"tokens": tokens, "hidden": hidden},
     )
-    return result
