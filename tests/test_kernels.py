@@ -12,6 +12,7 @@ from crossflow.arch.microarch import BYTES_PER_ELEMENT
 from crossflow.errors import ConfigError
 from crossflow.kernels import ops
 from crossflow.kernels.gemm import gemm
+from crossflow.kernels.residency import home_level
 from crossflow.predict import load_hardware
 
 dims = st.integers(min_value=1, max_value=20000)
@@ -36,7 +37,10 @@ def test_roofline_bounds_hold(a100, m, k, n, precision):
     assert r.time_s >= r.bytes_per_level[dram.name] / dram.bandwidth_Bps
     b = BYTES_PER_ELEMENT[precision]
     compulsory = (m * k + k * n + m * n) * b
-    assert r.bytes_per_level[dram.name] >= compulsory * (1 - 1e-12)
+    home = home_level(a100, compulsory)  # operands live in L2 when all of them fit
+    assert r.bytes_per_level[home.name] >= compulsory * (1 - 1e-12)
+    outer = a100.memory[a100.memory.index(home) + 1:]
+    assert all(r.bytes_per_level[lv.name] == 0 for lv in outer)
     assert r.time_s >= a100.kernel_launch_s
 
 
@@ -64,6 +68,12 @@ def test_wave_quantisation_makes_one_more_tile_cost_a_wave(a100):
 def test_small_m_is_memory_bound_large_m_compute_bound(a100):
     assert gemm(a100, 64, 12288, 12288, "fp16").bottleneck == "DRAM"
     assert gemm(a100, 16384, 12288, 12288, "fp16").bottleneck == "compute"
+
+
+def test_cpu_gemv_runs_along_the_vector_units_long_side():
+    cpu = load_hardware("cpu-amd-epyc-zen5-2c")  # MCU = one 1x16-lane FMA pipe
+    assert gemm(cpu, 2048, 2048, 1, "fp32").time_s == pytest.approx(
+        gemm(cpu, 1, 2048, 2048, "fp32").time_s)
 
 
 def test_output_write_back_is_counted(a100):

@@ -30,6 +30,7 @@ import numpy as np
 
 from crossflow.arch.microarch import ACCUMULATOR_BYTES, BYTES_PER_ELEMENT, MicroArch
 from crossflow.errors import ConfigError, InfeasibleDesignError
+from crossflow.kernels.residency import home_level
 from crossflow.kernels.result import KernelResult
 
 ORDERS = ("ws", "os", "as")
@@ -162,12 +163,30 @@ def _compute_time(arch: MicroArch, g: _Grid, per_bundle: float) -> np.ndarray:
 def gemm(
     arch: MicroArch, m: int, k: int, n: int, precision: str = "fp16", count: int = 1
 ) -> KernelResult:
-    """Predict one GEMM (repeated ``count`` times) on ``arch``."""
+    """Predict one GEMM (repeated ``count`` times) on ``arch``.
+
+    C = A·B can equally run as Cᵀ = Bᵀ·Aᵀ (a library swaps the operands; the work and the
+    data are the same).  When the MCU array is not square and a side of C is narrower than
+    the array, the two orientations pad differently (a 16-lane vector unit runs a GEMV along
+    its long side), so both are searched and the faster is kept.
+    """
     check_precision(arch, precision)
     if min(m, k, n) < 1 or count < 1:
         raise ConfigError("GEMM dimensions and count must be ≥ 1", value=(m, k, n, count))
+    result = _gemm(arch, m, k, n, precision, count)
+    if arch.mcu_rows != arch.mcu_cols and (m < arch.mcu_rows or n < arch.mcu_cols):
+        swapped = _gemm(arch, n, k, m, precision, count)
+        if swapped.time_s < result.time_s:
+            return swapped
+    return result
+
+
+def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int) -> KernelResult:
     b, acc = BYTES_PER_ELEMENT[precision], ACCUMULATOR_BYTES[precision]
-    levels = arch.memory
+    # Operands live where the memory-bound ops say data lives between kernels: on chip
+    # when the whole problem fits a chip-global level (warm), else in main memory.
+    home = home_level(arch, (m * k + k * n + m * n) * b)
+    levels = arch.memory[: arch.memory.index(home) + 1]
     onchip = levels[:-1]
     g = _Grid(m, k, n)
     flops = 2.0 * m * n * k
@@ -229,7 +248,7 @@ def gemm(
         chosen[i] = limit = tuple(int(x) for x in np.unravel_index(int(np.argmin(pick)), sub.shape))
 
     # Report the chosen chain: bytes per level, tiles, orders, waves.
-    bytes_per_level = {lv.name: 0.0 for lv in levels}
+    bytes_per_level = {lv.name: 0.0 for lv in arch.memory}
     tiles, loop_orders = {}, {}
     for i, idx in enumerate(chosen):
         bytes_per_level[levels[i + 1].name] += float(traffics[i][idx])
@@ -252,7 +271,7 @@ def gemm(
     time_per_level = {
         lv.name: bytes_per_level[lv.name] / lv.effective_bandwidth_Bps + lv.latency_s
         if bytes_per_level[lv.name] > 0 else 0.0
-        for lv in levels
+        for lv in arch.memory
     }
     candidates = {"compute": compute_s, **time_per_level}
     launch = arch.kernel_launch_s

@@ -10,8 +10,9 @@ register-file bandwidth, BUGS.md).
 
 from __future__ import annotations
 
-from crossflow.arch.microarch import BYTES_PER_ELEMENT, MemoryLevel, MicroArch
+from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
 from crossflow.kernels.gemm import check_precision
+from crossflow.kernels.residency import home_level
 from crossflow.kernels.result import KernelResult
 
 #: Arithmetic per element.  Softmax: max, subtract, exp, sum, divide (5).  LayerNorm: mean,
@@ -20,14 +21,6 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5.0
 LAYERNORM_FLOPS_PER_ELEMENT = 8.0
 #: Token ids are int64 in PyTorch/Megatron embedding lookups.
 INDEX_BYTES = 8
-
-
-def home_level(arch: MicroArch, working_set_B: float) -> MemoryLevel:
-    """The level a working set of this size lives in between kernels."""
-    for level in arch.memory[:-1]:
-        if level.scope == "global" and level.total_capacity_B >= working_set_B:
-            return level
-    return arch.main_memory
 
 
 def vector_rate(arch: MicroArch) -> float:
