@@ -1,0 +1,76 @@
+"""The command line and the Python facade, end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import crossflow
+from crossflow.config.loader import preset_dir
+
+
+def test_predict_json_has_the_public_keys(cli):
+    code, out, _ = cli("predict", "--hardware", "a100-sxm4-80gb", "--workload", "gemm-8192",
+                       "--json")
+    assert code == 0
+    d = json.loads(out)
+    for key in ("time_s", "feasible", "memory_per_device_bytes", "bottleneck", "breakdown",
+                "bytes_per_level", "time_per_level_s", "microarch"):
+        assert key in d
+    assert d["feasible"] is True
+    assert set(d["bytes_per_level"]) == {"registers", "L1", "L2", "DRAM"}
+    # the breakdown's largest term is the time (plus launch)
+    assert d["time_s"] == pytest.approx(
+        max(v for k, v in d["breakdown"].items() if k != "launch_s") + d["breakdown"]["launch_s"])
+
+
+def test_predict_on_a_template_shows_the_generated_microarch(cli):
+    path = preset_dir("templates") / "deepflow-case-study.yaml"
+    code, out, _ = cli("predict", "--hardware", path, "--workload", "gemm-8192", "--json")
+    assert code == 0
+    arch = json.loads(out)["microarch"]
+    assert arch["report"]["source"] == "age"
+    assert arch["peak_flops_per_s"]["fp16"] > 0
+    assert "components" in arch["report"]
+
+
+def test_a_gemm_larger_than_memory_is_infeasible_exit_3(cli):
+    code, out, _ = cli("predict", "--hardware", "deepflow-case-study", "--workload", "gemm-64k")
+    assert code == 3
+    assert "INFEASIBLE" in out and "holds" in out
+
+
+def test_python_facade_matches_the_cli(cli):
+    p = crossflow.predict(workload="gemm-8192", hardware="a100-sxm4-80gb")
+    code, out, _ = cli("predict", "--hardware", "a100-sxm4-80gb", "--workload", "gemm-8192",
+                       "--json")
+    assert json.loads(out)["time_s"] == pytest.approx(p.time_s)
+    assert p.to_dict()["feasible"] is True
+
+
+def test_infeasible_prediction_serialises_without_infinity():
+    p = crossflow.predict(workload="gemm-64k", hardware="deepflow-case-study")
+    assert not p.feasible and math.isinf(p.time_s)
+    assert p.to_dict()["time_s"] is None
+    json.dumps(p.to_dict(), allow_nan=False)
+
+
+def test_distributed_options_on_a_single_gemm_are_rejected(cli):
+    code, _, err = cli("predict", "--hardware", "a100-sxm4-80gb", "--workload", "gemm-8192",
+                       "--mapping-order", "best")
+    assert code == 2 and "distributed" in err
+
+
+def test_every_shipped_yaml_passes_check(cli):
+    files = sorted(p for fam in ("hardware", "templates", "tech", "workloads")
+                   for p in preset_dir(fam).glob("*.yaml"))
+    code, out, err = cli("check", *files)
+    assert code == 0, err
+    assert out.count(": ok (") == len(files)
+
+
+def test_human_output_names_the_bottleneck(cli):
+    code, out, _ = cli("predict", "--hardware", "h100-sxm5-80gb", "--workload", "gemm-8192")
+    assert code == 0 and "bottleneck" in out and "TFLOP/s" in out
