@@ -95,6 +95,9 @@ class MicroArch:
         dataflow: MCU dataflow: ``"ws"``, ``"os"``, ``"as"`` or ``"best"`` (paper §6.3).
         accumulator_fraction: share of the register file an output-stationary tile may fill
             with accumulators (the rest holds operand fragments).
+        memory_bound_efficiency: sustained fraction of a level's peak bandwidth that
+            streaming (elementwise, softmax, …) kernels reach; None: the level's own
+            ``efficiency``.  A software stack's kernels set it (system presets).
         report: how the chip was derived (AGE area/power use, datasheet sources) for output.
     """
 
@@ -112,6 +115,7 @@ class MicroArch:
     energy_J_per_flop: Mapping[str, float] = field(default_factory=dict)
     dataflow: str = "best"
     accumulator_fraction: float = 0.5
+    memory_bound_efficiency: float | None = None
     tdp_W: float | None = None
     report: Mapping[str, object] = field(default_factory=dict)
 
@@ -189,6 +193,7 @@ class MicroArch:
             "energy_J_per_flop": dict(self.energy_J_per_flop),
             "dataflow": self.dataflow,
             "accumulator_fraction": self.accumulator_fraction,
+            "memory_bound_efficiency": self.memory_bound_efficiency,
             "tdp_W": self.tdp_W,
             "report": dict(self.report),
         }

@@ -146,18 +146,20 @@ def _register_accesses(
             np.take_along_axis(factors, pick, axis=0)[0])
 
 
-def _compute_time(arch: MicroArch, g: _Grid, per_bundle: float) -> np.ndarray:
+def _compute_time(arch: MicroArch, g: _Grid, per_bundle: float, fill_s: float) -> np.ndarray:
     """Arithmetic time when work tiles (tm, tk, tn) are dealt to the bundles in waves.
 
     A tile narrower than the MCU array is padded to it; a tile too small to give every MCU
-    of the bundle one array-sized block leaves MCUs idle (occupancy < 1).
+    of the bundle one array-sized block leaves MCUs idle (occupancy < 1).  Each wave also
+    pays ``fill_s``: its tiles' first operands arrive one memory latency after they are
+    asked for, and nothing overlaps that wait (the pipeline prologue of a GEMM kernel).
     """
     pm = np.maximum(g.tm, arch.mcu_rows)
     pn = np.maximum(g.tn, arch.mcu_cols)
     blocks = (pm / arch.mcu_rows) * (pn / arch.mcu_cols)
     occupancy = np.minimum(1.0, blocks / arch.mcus_per_bundle)
     waves = np.ceil(g.nm * g.nn / arch.num_bundles)
-    return waves * (2.0 * pm * pn * g.nk * g.tk) / (per_bundle * occupancy)
+    return waves * ((2.0 * pm * pn * g.nk * g.tk) / (per_bundle * occupancy) + fill_s)
 
 
 def gemm(
@@ -203,7 +205,7 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int) -
         "global": reg.capacity_B * arch.num_mcus if reg else 0.0,
     }
     per_bundle = arch.peak_flops[precision] * arch.compute_efficiency / arch.num_bundles
-    compute = _compute_time(arch, g, per_bundle)
+    compute = _compute_time(arch, g, per_bundle, levels[-1].latency_s)
     reg_bytes = reg_flow = reg_reuse = None
 
     traffics, orders, owns, bests = [], [], [], []

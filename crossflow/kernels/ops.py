@@ -42,7 +42,8 @@ def memory_bound(
     """Roofline of a streaming kernel at the level its data lives in."""
     moved = bytes_read + bytes_written
     level = home_level(arch, moved)
-    memory_time = moved / level.effective_bandwidth_Bps + level.latency_s
+    efficiency = arch.memory_bound_efficiency or level.efficiency
+    memory_time = moved / (level.bandwidth_Bps * efficiency) + level.latency_s
     compute_time = flops / vector_rate(arch)
     launch = arch.kernel_launch_s
     bottleneck = "compute" if compute_time > memory_time else level.name
