@@ -1,7 +1,8 @@
 """Finding and loading configs: preset names, paths or dicts -> validated specs.
 
 Presets live inside the package (``crossflow/presets/<family>/<name>.yaml``) so a name works
-after any kind of install.  Each file names its ``kind``; :data:`KINDS` maps kinds to the spec
+after any kind of install.  Each file names its ``kind`` (parallelism files may leave it
+out, :data:`DEFAULT_KINDS`); :data:`KINDS` maps kinds to the spec
 classes that validate them, and :func:`register_kind` lets each layer add its own.
 """
 
@@ -28,7 +29,11 @@ FAMILY_LABELS = {
     "workloads": "workload",
     "tech": "technology",
     "systems": "system",
+    "parallelism": "parallelism",
 }
+
+#: Families whose files may leave ``kind`` out; it then defaults to this kind.
+DEFAULT_KINDS = {"parallelism": "parallelism"}
 
 
 def register_kind(kind: str, family: str, spec: str) -> None:
@@ -53,8 +58,24 @@ def preset_names(family: str) -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in folder.glob("*.yaml")))
 
 
+def _default_kind(data: Mapping[str, Any], families: tuple[str, ...]) -> str | None:
+    """The kind of a file without ``kind``: its family's default, if it has one.
+
+    With no family given (``crossflow check``), only a file whose keys all belong to the
+    default kind's spec is taken as that kind.
+    """
+    for family in families:
+        if family in DEFAULT_KINDS:
+            return DEFAULT_KINDS[family]
+    if not families:
+        for kind in DEFAULT_KINDS.values():
+            if data and set(data) <= set(spec_class(kind).model_fields):
+                return kind
+    return None
+
+
 def _kind_of(data: Mapping[str, Any], file: str | None, families: tuple[str, ...]) -> str:
-    kind = data.get("kind")
+    kind = data.get("kind") if "kind" in data else _default_kind(data, families)
     allowed = sorted(k for k, (fam, _) in KINDS.items() if not families or fam in families)
     if kind is None:
         raise ConfigError("required key 'kind' is missing", file=file, key="kind",

@@ -1,0 +1,82 @@
+"""The parallelism file (DESIGN.md §7): a paper strategy name or Megatron's degrees.
+
+Either ``strategy: RC-4-2-d3-p2`` (paper §3.3; see :data:`~crossflow.parallel.strategy.GRAMMAR`)
+or the Megatron-LM keys::
+
+    tensor_parallel: 8
+    pipeline_parallel: 8
+    data_parallel: 24
+    virtual_pipeline_stages: 1
+    sequence_parallel: false
+
+``kind: parallelism`` may be left out.  Execution options that are not part of the grid go
+here too: the pipeline ``schedule`` (1F1B, interleaved when virtual stages > 1, or GPipe),
+``zero1`` (optimizer state sharded over the data-parallel group, Rajbhandari et al. 2020,
+stage 1) and a ``micro_batch_size`` that overrides the workload's.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from crossflow.config.base import Spec
+from crossflow.errors import ConfigError
+from crossflow.parallel.strategy import Strategy
+
+Degree = Annotated[int, Field(ge=1)]
+
+#: Megatron key -> Strategy field
+MEGATRON_KEYS = {
+    "tensor_parallel": "kp1",
+    "pipeline_parallel": "lp",
+    "data_parallel": "dp",
+    "virtual_pipeline_stages": "vp",
+    "sequence_parallel": "sp",
+}
+
+
+class ParallelismSpec(Spec):
+    kind: Literal["parallelism"] = "parallelism"
+    name: str = "parallelism"
+    #: a paper strategy name, e.g. "RC-4-2-d3-p2"; excludes the Megatron degree keys
+    strategy: str | None = None
+    tensor_parallel: Degree = 1
+    pipeline_parallel: Degree = 1
+    data_parallel: Degree = 1
+    virtual_pipeline_stages: Degree = 1
+    sequence_parallel: bool = False
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    #: shard optimizer state over the data-parallel group (ZeRO stage 1)
+    zero1: bool = False
+    #: overrides the workload's micro_batch_size (transformers)
+    micro_batch_size: Degree | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ParallelismSpec:
+        if self.strategy is not None:
+            both = sorted(set(MEGATRON_KEYS) & self.model_fields_set)
+            if both:
+                raise ConfigError(
+                    f"give either 'strategy' or the Megatron degrees, not both (also "
+                    f"given: {', '.join(both)})", key="strategy", value=self.strategy)
+        if self.virtual_pipeline_stages > 1 and self.schedule != "1f1b":
+            raise ConfigError("interleaved virtual stages run the 1F1B schedule (SC21 "
+                              "§2.2.2)", key="virtual_pipeline_stages",
+                              value=self.virtual_pipeline_stages, allowed="schedule: 1f1b")
+        self.to_strategy()
+        return self
+
+    def to_strategy(self) -> Strategy:
+        """The :class:`Strategy` this file describes."""
+        if self.strategy is not None:
+            return Strategy.parse(self.strategy)
+        try:
+            return Strategy.megatron(
+                tp=self.tensor_parallel, pp=self.pipeline_parallel, dp=self.data_parallel,
+                vp=self.virtual_pipeline_stages, sp=self.sequence_parallel,
+            )
+        except ConfigError as exc:
+            key = next(k for k, f in MEGATRON_KEYS.items() if f == exc.key)
+            raise ConfigError(exc.problem, key=key, value=getattr(self, key)) from None

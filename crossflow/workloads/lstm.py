@@ -1,0 +1,125 @@
+"""The paper's LSTM language model (§9), unrolled over time (DeepFlow's LSTM mode,
+reference ARCHITECTURE.md §5), with B = global batch, H = hidden, V = vocab, G = gates.
+
+Per time step t: ``emb`` looks up B tokens; per layer l a ``cell`` GEMM
+[x_t, h_{t-1}] (B, 2H) × W (2H, G·H) and one fused point-wise node ``gates`` (the gate
+non-linearities, c_t = f·c_{t-1} + i·g, h_t = o·tanh(c_t): B·H elements, G+1 inputs —
+the G pre-activations and c_{t-1} — 2 outputs, and (G+1) non-linear plus (G+4) add/multiply
+FLOPs per element, which is DeepFlow's 5 + 8 for G = 4); then the vocabulary projection
+``logits`` (B, H) × (H, V) and ``softmax`` (softmax with cross entropy, rows B, cols V).
+
+Backward mirrors it in reverse time: ``gates.bwd`` point-wise, then ``cell.dX`` and
+``cell.dW`` (each as many FLOPs as the forward GEMM), ``softmax.bwd``, ``logits.dX`` /
+``logits.dW`` and the embedding's gradient scatter ``emb.bwd``.  One optimizer node per unit
+(plain SGD: read parameter and gradient, write parameter, at the model's precision, as
+DeepFlow's ``applyGrad``).
+
+Node ids: ``t{step}.L{layer}.cell``, ``t{step}.emb``, ``t{step}.logits``, ... and
+``L{layer}.optimizer``, ``emb.optimizer``, ``head.optimizer``.  Pipeline units (balanced
+policy): 0 embedding, 1..L the layers, L+1 the projection and softmax, all time steps of a
+layer in its unit.  Weights are shared over time: ``params`` is set on step 0's nodes only.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import networkx as nx
+
+from crossflow.arch.microarch import BYTES_PER_ELEMENT
+from crossflow.config.workload import LstmSpec
+from crossflow.workloads.graph import GraphBuilder
+
+
+@lru_cache(maxsize=64)
+def lstm_graph(spec: LstmSpec) -> nx.DiGraph:
+    """The compute graph of one iteration (the whole global batch; data parallelism
+    divides the batch)."""
+    B, H, V = spec.global_batch_size, spec.hidden_size, spec.vocab_size
+    L, S, G = spec.num_layers, spec.seq_length, spec.num_gates
+    nb = BYTES_PER_ELEMENT[spec.precision]
+    pointwise_flops = float((G + 1) + (G + 4))
+    g = GraphBuilder(spec.precision, kind="lstm", name=spec.name, batch=B, microbatches=1,
+                     dp_mode="batch", pipeline_policy="balanced", pipeline_units=L + 2,
+                     kernel_types=("RC", "CR"), num_layers=L)
+    cell_params = 2 * H * G * H + G * H
+    logit_params = H * V + V
+
+    def ctx(phase: str, layer: int, step: int | None = None) -> None:
+        g.context = {"phase": phase, "layer": layer, "unit": layer + 1}
+        if step is not None:
+            g.context["step"] = step
+
+    # forward
+    for t in range(S):
+        first = t == 0
+        ctx("fwd", -1, t)
+        x = g.embedding(f"t{t}.emb", "embedding", B, H, V, params=V * H * first)
+        for layer in range(L):
+            ctx("fwd", layer, t)
+            p = f"t{t}.L{layer}."
+            cell = g.gemm(p + "cell", "cell", B, 2 * H, G * H, params=cell_params * first)
+            g.edge(x, cell, "act")
+            gates = g.elementwise(p + "gates", "gates", B * H, inputs=G + 1, outputs=2,
+                                  flops_per_element=pointwise_flops)
+            g.edge(cell, gates, "act")
+            if t:
+                prev = f"t{t - 1}.L{layer}.gates"
+                g.edge(prev, cell, "act", B * H * nb)  # h_{t-1}
+                g.edge(prev, gates, "act", B * H * nb)  # c_{t-1}
+            x = gates
+        ctx("fwd", L, t)
+        logits = g.gemm(f"t{t}.logits", "logits", B, H, V, params=logit_params * first)
+        g.edge(x, logits, "act", B * H * nb)
+        sm = g.rowwise(f"t{t}.softmax", "softmax", "softmax", B, V)
+        g.edge(logits, sm, "act")
+
+    # backward, in reverse time
+    wgrads: dict[int, list[str]] = {}
+    for t in reversed(range(S)):
+        ctx("bwd", L, t)
+        dsm = g.elementwise(f"t{t}.softmax.bwd", "softmax.bwd", B * V, flops_per_element=2.0)
+        g.edge(f"t{t}.softmax", dsm, "stash")
+        dx = g.gemm(f"t{t}.logits.dX", "logits.dX", B, V, H)
+        dw = g.gemm(f"t{t}.logits.dW", "logits.dW", H, B, V, batch="k", wgrad=H * V + V)
+        for n in (dx, dw):
+            g.edge(dsm, n, "grad")
+        g.edge(f"t{t}.L{L - 1}.gates", dw, "stash", B * H * nb)
+        wgrads.setdefault(L, []).append(dw)
+        dh = dx
+        for layer in reversed(range(L)):
+            ctx("bwd", layer, t)
+            p = f"t{t}.L{layer}."
+            dg = g.elementwise(p + "gates.bwd", "gates.bwd", B * H, inputs=G + 3,
+                               outputs=G + 1, flops_per_element=2 * pointwise_flops)
+            g.edge(dh, dg, "grad", B * H * nb)
+            g.edge(p + "gates", dg, "stash")
+            if t < S - 1:  # dh_t and dc_t from step t + 1
+                nxt = f"t{t + 1}.L{layer}."
+                g.edge(nxt + "cell.dX", dg, "grad", B * H * nb)
+                g.edge(nxt + "gates.bwd", dg, "grad", B * H * nb)
+            cdx = g.gemm(p + "cell.dX", "cell.dX", B, G * H, 2 * H)
+            cdw = g.gemm(p + "cell.dW", "cell.dW", 2 * H, B, G * H, batch="k",
+                         wgrad=cell_params)
+            for n in (cdx, cdw):
+                g.edge(dg, n, "grad")
+            below = f"t{t}.L{layer - 1}.gates" if layer else f"t{t}.emb"
+            g.edge(below, cdw, "stash", B * H * nb)
+            if t:
+                g.edge(f"t{t - 1}.L{layer}.gates", cdw, "stash", B * H * nb)
+            wgrads.setdefault(layer, []).append(cdw)
+            dh = cdx
+        ctx("bwd", -1, t)
+        demb = g.embedding(f"t{t}.emb.bwd", "embedding.bwd", B, H, V, wgrad=B * H)
+        g.edge(dh, demb, "grad", B * H * nb)
+        wgrads.setdefault(-1, []).append(demb)
+
+    # optimizer (SGD), once per unit
+    for layer, params, name in ((-1, V * H, "emb"), *((i, cell_params, f"L{i}")
+                                for i in range(L)), (L, logit_params, "head")):
+        ctx("optimizer", layer)
+        opt = g.elementwise(f"{name}.optimizer", "optimizer", params, inputs=2,
+                            flops_per_element=2.0, batch=None)
+        for n in wgrads[layer]:
+            g.edge(n, opt, "wgrad", g.nodes[n]["wgrad_elements"] * nb)
+    return g.build()
