@@ -1,0 +1,236 @@
+"""One training iteration of a GPT-style transformer (paper §6.5 with Megatron-LM's layout).
+
+Per micro-batch, each pipeline chunk's forward and backward time is the sum of its layers'
+ops on one tensor-parallel rank (:mod:`crossflow.sim.transformer`), plus the embedding on the
+first chunk and the vocabulary projection and loss on the last.  The pipeline schedule runs
+through the event simulator; after the flush come the data-parallel gradient all-reduce (not
+overlapped, as in Megatron-LM of SC21 / Korthikanti et al.), the all-reduce of the tied
+embedding's gradient between the first and last stage, and the optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Protocol
+
+from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
+from crossflow.errors import InfeasibleDesignError
+from crossflow.kernels import ops
+from crossflow.sim.pipeline import simulate_pipeline
+from crossflow.sim.transformer import block_collectives, price_nodes
+
+#: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
+#: fp32 moments per parameter (12 B) beside the fp16 weight (2 B) and gradient (2 B)
+#: (Rajbhandari et al., ZeRO, SC20 §3.1: 16 bytes per parameter).
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+#: One Adam step streams, per parameter, the fp16 gradient (2 B read), the fp32 master weight
+#: and two moments (12 B read + 12 B write) and writes the fp16 weight (2 B) (ZeRO §3.1).
+ADAM_BYTES_READ, ADAM_BYTES_WRITTEN = 14, 14
+ADAM_FLOPS_PER_PARAM = 12
+
+
+class Network(Protocol):
+    """Collective and point-to-point times along the parallel dimensions of a mapping."""
+
+    def collective(self, kind: str, nbytes: float, dim: str) -> float:
+        """``kind`` ∈ all_reduce | all_gather | reduce_scatter over the ``dim`` group."""
+
+    def p2p(self, nbytes: float, dim: str) -> float:
+        """One point-to-point transfer between neighbours of the ``dim`` group."""
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    time_s: float
+    breakdown: dict[str, float]
+    flops_per_iteration: float  # model FLOPs (no recompute), Megatron eq. 3 with 72
+    hardware_flops_per_iteration: float  # including recomputation
+    memory_per_device_bytes: float
+    memory_breakdown: dict[str, float]
+    microbatches: int
+    energy_J: float = 0.0
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: bool) -> float:
+    """Megatron's FLOPs per iteration (SC21 eq. 3, generalised to an MLP of width ``ffn``).
+
+    Forward: per layer and token 2·(4h² + 2·h·ffn) GEMM FLOPs plus 4·s·h for attention, and
+    2·h·V for the logits; backward twice the forward; full recomputation one more forward.
+    With ffn = 4h this is 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)), and 96·… with recompute.
+    """
+    per_token_layer = 2 * (4 * h * h + 2 * h * ffn) + 4 * s * h
+    forward = B * s * (L * per_token_layer + 2 * h * V)
+    layers_forward = B * s * L * per_token_layer
+    return 3 * forward + (layers_forward if recompute else 0)
+
+
+def transformer_iteration(
+    spec,
+    arch: MicroArch,
+    network: Network,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    vp: int = 1,
+    sp: bool = False,
+    schedule: str = "1f1b",
+    zero1: bool = False,
+) -> TrainingResult:
+    """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·pp·dp`` devices."""
+    L, h, s, V = spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size
+    prec, b = spec.precision, spec.micro_batch_size
+    ffn = spec.ffn
+    m = spec.global_batch_size // (dp * b)
+    chunks = pp * vp
+    per_chunk = L // chunks
+    nbytes = BYTES_PER_ELEMENT[prec]
+    if vp > 1 and schedule == "1f1b":
+        schedule = "interleaved"
+
+    def coll(kind: str, size: float) -> float:
+        return network.collective(kind, size, "tp") if tp > 1 else 0.0
+
+    block_f, block_b, emb_f, emb_b, head_f, head_b = _passes(arch, spec, tp, sp, coll)
+    layer_f, layer_b = block_f.total, block_b.total
+    T = b * s
+    act = T * h * nbytes
+
+    fwd_s = [per_chunk * layer_f for _ in range(chunks)]
+    bwd_s = [per_chunk * layer_b for _ in range(chunks)]
+    fwd_s[0] += emb_f
+    bwd_s[0] += emb_b
+    fwd_s[-1] += head_f
+    bwd_s[-1] += head_b
+    # Megatron's send/recv between stages blocks both devices (torch.distributed
+    # batch_isend_irecv followed by a wait, SC21 §4.1), so the transfer occupies the sender:
+    # every chunk but the last sends its activations, every chunk but the first its gradients.
+    p2p = network.p2p(act / tp if tp > 1 else act, "pp") if pp > 1 else 0.0
+    if pp > 1 and tp > 1:
+        p2p += network.collective("all_gather", act, "tp")
+    for g in range(chunks - 1):
+        fwd_s[g] += p2p
+        bwd_s[g + 1] += p2p
+    pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
+                             schedule=schedule, virtual_stages=vp)
+
+    # Parameters per device: the busiest stage (the first, with the embedding table).
+    layer_params = 12 * h * h + 13 * h if ffn == 4 * h else 4 * h * h + 2 * h * ffn + 9 * h + ffn
+    stage_params = (L // pp) * layer_params / tp + V * h / tp
+    grads = stage_params * GRAD_BYTES
+    dp_time = network.collective("all_reduce", grads, "dp") if dp > 1 else 0.0
+    emb_time = network.collective("all_reduce", V * h / tp * GRAD_BYTES, "pp") if pp > 1 else 0.0
+    shard = dp if zero1 else 1
+    opt = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * stage_params / shard,
+                           bytes_written=ADAM_BYTES_WRITTEN * stage_params / shard,
+                           flops=ADAM_FLOPS_PER_PARAM * stage_params / shard).time_s
+    if zero1 and dp > 1:  # gather the updated weight shards
+        opt += network.collective("all_gather", stage_params * WEIGHT_BYTES, "dp")
+
+    total = pipe.makespan_s + dp_time + emb_time + opt
+    micro = m * vp * per_chunk  # layer passes per device per iteration, for the breakdown
+    layers_share = {
+        "compute_s": micro * (block_f.compute + block_b.compute),
+        "memory_bound_s": micro * (block_f.memory + block_b.memory),
+        "tp_comm_s": micro * (block_f.tp_comm + block_b.tp_comm),
+    }
+    breakdown = {
+        **layers_share,
+        "embedding_and_head_s": m * (emb_f + emb_b + head_f + head_b) / max(pp, 1),
+        "pipeline_bubble_s": pipe.bubble_s,
+        "pp_p2p_s": p2p,
+        "dp_allreduce_s": dp_time,
+        "embedding_allreduce_s": emb_time,
+        "optimizer_s": opt,
+    }
+    memory = _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
+                     stage_params=stage_params, m=m)
+    capacity = arch.main_memory.total_capacity_B
+    used = sum(memory.values())
+    if used > capacity:
+        shown = ", ".join(f"{k} {v / 1e9:.3g} GB" for k, v in memory.items())
+        raise InfeasibleDesignError(
+            f"memory per device {used / 1e9:.4g} GB exceeds the {capacity / 1e9:.4g} GB of "
+            f"{arch.main_memory.name} on {arch.name} ({shown})"
+        )
+    recompute = spec.activation_recompute == "full"
+    return TrainingResult(
+        time_s=total,
+        breakdown=breakdown,
+        flops_per_iteration=model_flops(L, h, s, V, spec.global_batch_size, ffn, False),
+        hardware_flops_per_iteration=model_flops(L, h, s, V, spec.global_batch_size, ffn,
+                                                 recompute),
+        memory_per_device_bytes=used,
+        memory_breakdown=memory,
+        microbatches=m,
+        detail={"block_forward_s": block_f.__dict__, "block_backward_s": block_b.__dict__,
+                "p2p_s": p2p,
+                "schedule": schedule, "pipeline_makespan_s": pipe.makespan_s},
+    )
+
+
+def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
+    """Forward / backward times of one block, of the embedding and of the head (per
+    micro-batch, one tensor-parallel rank), priced from the workload graph's nodes."""
+    from crossflow.parallel import Strategy, shard_node
+    from crossflow.workloads import transformer_graph
+
+    graph = transformer_graph(_one_block(spec))
+    strategy = Strategy.megatron(tp=tp, sp=sp)
+    groups: dict[tuple[int, bool], list[dict]] = {}
+    for _, attrs in graph.nodes(data=True):
+        if attrs["phase"] == "optimizer":
+            continue  # priced below as mixed-precision Adam
+        backward = attrs["phase"] != "fwd"
+        groups.setdefault((attrs["layer"], backward), []).append(shard_node(attrs, strategy))
+    tokens = spec.micro_batch_size * spec.seq_length
+    comm_f, comm_b = block_collectives(tokens=tokens, hidden=spec.hidden_size,
+                                       precision=spec.precision, sp=sp,
+                                       recompute=spec.activation_recompute, collective=coll)
+    act = tokens * spec.hidden_size * BYTES_PER_ELEMENT[spec.precision]
+    vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
+    block_f = price_nodes(arch, groups[(0, False)], comm_f)
+    block_b = price_nodes(arch, groups[(0, True)], comm_b)
+    emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm).total
+    emb_b = price_nodes(arch, groups[(-1, True)]).total
+    head_f = price_nodes(arch, groups[(1, False)]).total
+    head_b = price_nodes(arch, groups[(1, True)], vocab_comm).total
+    return block_f, block_b, emb_f, emb_b, head_f, head_b
+
+
+@lru_cache(maxsize=256)
+def _one_block(spec):
+    """The same model with one block: all blocks are alike, so one prices them all."""
+    return spec.model_copy(update={"num_layers": 1})
+
+
+def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m) -> dict[str, float]:
+    """Bytes on the first pipeline stage's device (the fullest).
+
+    Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
+    s·b·h·(34 + 5·a·s/h) without parallelism; (10 + 24/t + 5·a·s/(h·t)) with tensor
+    parallelism; (34/t + 5·a·s/(h·t)) with sequence parallelism; the attention-core term
+    5·a·s/(h·t) vanishes with selective recompute; full recompute keeps only the layer input
+    (2·s·b·h, /t with sequence parallelism).  In-flight micro-batches on the first stage: p
+    with 1F1B, p·(1 + (p−1)/(p·v)) interleaved (Korthikanti eq. 5), m with GPipe.
+    """
+    s, b, h, a, L = (spec.seq_length, spec.micro_batch_size, spec.hidden_size,
+                     spec.num_attention_heads, spec.num_layers)
+    rc = spec.activation_recompute
+    if rc == "full":
+        per_layer = 2 * s * b * h / (tp if sp else 1)
+    else:
+        attention = 0.0 if rc == "selective" else 5 * a * s / (h * tp)
+        base = 34 / tp if sp else 10 + 24 / tp
+        per_layer = s * b * h * (base + attention)
+    in_flight = pp * (1 + (pp - 1) / (pp * vp)) if vp > 1 else min(pp, m)
+    activations = per_layer * (L / pp) * in_flight
+    shard = dp if zero1 else 1
+    return {
+        "weights_bytes": stage_params * WEIGHT_BYTES,
+        "gradients_bytes": stage_params * GRAD_BYTES,
+        "optimizer_state_bytes": stage_params * OPTIMIZER_BYTES / shard,
+        "activations_bytes": activations,
+    }

@@ -1,0 +1,101 @@
+"""Pricing a transformer block on one device from the workload graph.
+
+The ops of a block — forward, backward and recomputation — are the nodes of
+:func:`crossflow.workloads.transformer_graph` (Megatron-LM's layout, unfused attention),
+sharded for one tensor-parallel rank by :func:`crossflow.parallel.shard_node`.  Each node is
+priced by the kernel model.  The tensor-parallel collectives are Megatron's conjugate f / g
+operators (Shoeybi et al. 2019, Fig. 3; Korthikanti et al. 2022 §4.2.2), which the graph does
+not carry as nodes: per block, two all-reduces of the b·s·h activation in the forward pass and
+two in the backward pass; under sequence parallelism each all-reduce becomes an all-gather
+and a reduce-scatter, and the backward pass gathers the sequence-split input once more for
+the weight gradient; a fully recomputed forward repeats its collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
+from crossflow.kernels import ops
+from crossflow.kernels.gemm import gemm
+
+CollectiveTime = Callable[[str, float], float]
+
+
+@lru_cache(maxsize=65536)
+def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> float:
+    """Seconds of one graph node's kernel (shape: the node's sharded shape attributes)."""
+    if op == "gemm":
+        m, k, n, count = shape
+        one = gemm(arch, m, k, n, precision)
+        # a batched GEMM is one kernel: its work adds up over the batch, one launch
+        return (one.time_s - one.launch_s) * count + one.launch_s
+    if op == "softmax":
+        return ops.softmax(arch, *shape, precision).time_s
+    if op == "layernorm":
+        return ops.layernorm(arch, *shape, precision).time_s
+    if op == "elementwise":
+        elements, inputs, outputs, flops = shape
+        return ops.elementwise(arch, elements, precision, inputs=inputs, outputs=outputs,
+                               flops_per_element=flops).time_s
+    if op == "embedding":
+        tokens, hidden = shape
+        return ops.embedding(arch, tokens, hidden, precision).time_s
+    raise ValueError(f"unknown op {op!r}")
+
+
+SHAPE_KEYS: Mapping[str, tuple[str, ...]] = {
+    "gemm": ("m", "k", "n", "count"),
+    "softmax": ("rows", "cols"),
+    "layernorm": ("rows", "cols"),
+    "elementwise": ("elements", "inputs", "outputs", "flops_per_element"),
+    "embedding": ("tokens", "hidden"),
+}
+
+
+def node_time(arch: MicroArch, attrs: Mapping) -> float:
+    """Seconds of one (sharded) graph node on ``arch``."""
+    op = attrs["op"]
+    shape = tuple(attrs[k] for k in SHAPE_KEYS[op])
+    return _price(arch, op, shape, attrs["precision"])
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds per category of one pass (forward or backward) over a group of nodes."""
+
+    compute: float = 0.0  # GEMMs
+    memory: float = 0.0  # memory-bound ops
+    tp_comm: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.memory + self.tp_comm
+
+
+def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0) -> PassTimes:
+    compute = memory = 0.0
+    for attrs in nodes:
+        t = node_time(arch, attrs)
+        if attrs["op"] == "gemm":
+            compute += t
+        else:
+            memory += t
+    return PassTimes(compute, memory, tp_comm)
+
+
+def block_collectives(*, tokens: int, hidden: int, precision: str, sp: bool, recompute: str,
+                      collective: CollectiveTime) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's tensor-parallel collectives."""
+    act = tokens * hidden * BYTES_PER_ELEMENT[precision]
+    if sp:
+        pair = collective("all_gather", act) + collective("reduce_scatter", act)
+        forward = 2 * pair
+        backward = 2 * pair + 2 * collective("all_gather", act)  # re-gather for dW
+    else:
+        forward = backward = 2 * collective("all_reduce", act)
+    if recompute == "full":
+        backward += forward
+    return forward, backward
