@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,20 @@ def load_hardware(hardware: Source | MicroArch) -> MicroArch:
     """A MicroArch from a preset name, a path or dict (a preset or an AGE template)."""
     if isinstance(hardware, MicroArch):
         return hardware
-    spec = hardware if isinstance(hardware, Spec) else load_spec(hardware, "hardware", "templates")
+    if isinstance(hardware, str | Path):
+        return _load_named_hardware(str(hardware))
+    return _microarch(hardware if isinstance(hardware, Spec)
+                      else load_spec(hardware, "hardware", "templates"))
+
+
+@lru_cache(maxsize=64)
+def _load_named_hardware(source: str) -> MicroArch:
+    """One MicroArch per preset name or path, so kernel prices cached per device are reused
+    across predictions (a search calls predict thousands of times)."""
+    return _microarch(load_spec(source, "hardware", "templates"))
+
+
+def _microarch(spec: Spec) -> MicroArch:
     if hasattr(spec, "to_microarch"):
         return spec.to_microarch()
     from crossflow.arch.age import generate  # AGE: template + technology + budgets
@@ -98,21 +112,23 @@ def predict(
         arch = load_hardware(hardware)
     except InfeasibleDesignError as exc:
         spec = load_spec(workload, "workloads")
-        return _infeasible(spec, str(getattr(hardware, "name", hardware)), str(exc), None)
+        return infeasible(spec, str(getattr(hardware, "name", hardware)), str(exc), None)
     spec = load_spec(workload, "workloads")
-    if spec.kind == "gemm":
-        if system is not None or parallelism is not None or mapping_order is not None:
+    if spec.kind == "gemm" and parallelism is None:
+        if system is not None or mapping_order is not None:
             raise ConfigError(
-                "a single GEMM runs on one device; --system, --parallelism and "
-                "--mapping-order apply to distributed workloads",
+                "a single GEMM runs on one device; --system and --mapping-order apply with "
+                "a --parallelism strategy",
                 key="kind", value=spec.kind,
             )
         return _predict_gemm(spec, arch)
-    raise ConfigError(f"workload kind {spec.kind!r} cannot be predicted yet", key="kind",
-                      value=spec.kind, allowed="gemm")
+    from crossflow.distributed import predict_distributed
+
+    return predict_distributed(spec, arch, system=system, parallelism=parallelism,
+                               mapping_order=mapping_order)
 
 
-def _infeasible(spec, hardware_name: str, reason: str, memory: float | None) -> Prediction:
+def infeasible(spec, hardware_name: str, reason: str, memory: float | None) -> Prediction:
     return Prediction(
         workload=spec.name, hardware=hardware_name, time_s=math.inf, feasible=False,
         memory_per_device_bytes=memory or 0.0, bottleneck="infeasible", breakdown={},
@@ -128,7 +144,7 @@ def _predict_gemm(spec, arch: MicroArch) -> Prediction:
     memory = float((spec.m * spec.k + spec.k * spec.n + spec.m * spec.n) * b)
     capacity = arch.main_memory.total_capacity_B
     if memory > capacity:
-        return _infeasible(
+        return infeasible(
             spec, arch.name,
             f"A, B and C need {memory:.4g} B but {arch.main_memory.name} holds {capacity:.4g} B",
             memory,
@@ -136,7 +152,7 @@ def _predict_gemm(spec, arch: MicroArch) -> Prediction:
     try:
         result = gemm(arch, spec.m, spec.k, spec.n, spec.precision, spec.count)
     except InfeasibleDesignError as exc:
-        return _infeasible(spec, arch.name, str(exc), memory)
+        return infeasible(spec, arch.name, str(exc), memory)
     breakdown = {"compute_s": result.compute_time_s, "launch_s": result.launch_s}
     breakdown.update({f"{name}_s": t for name, t in result.time_per_level_s.items()})
     return Prediction(

@@ -60,7 +60,7 @@ def test_infeasible_prediction_serialises_without_infinity():
 def test_distributed_options_on_a_single_gemm_are_rejected(cli):
     code, _, err = cli("predict", "--hardware", "a100-sxm4-80gb", "--workload", "gemm-8192",
                        "--mapping-order", "best")
-    assert code == 2 and "distributed" in err
+    assert code == 2 and "--parallelism" in err
 
 
 def test_every_shipped_yaml_passes_check(cli):

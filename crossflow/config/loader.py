@@ -93,6 +93,9 @@ def load_spec(source: str | Path | Mapping[str, Any], *families: str) -> Spec:
     looked up among those families' presets.
     """
     _ensure_registered()
+    if isinstance(source, Spec):  # already validated
+        _kind_of({"kind": getattr(source, "kind", None)}, source.source_file, families)
+        return source
     if isinstance(source, Mapping):
         data, file = dict(source), None
     else:

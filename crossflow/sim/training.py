@@ -91,7 +91,7 @@ def transformer_iteration(
         schedule = "interleaved"
 
     def coll(kind: str, size: float) -> float:
-        return network.collective(kind, size, "tp") if tp > 1 else 0.0
+        return network.collective(kind, size, "kp1") if tp > 1 else 0.0
 
     block_f, block_b, emb_f, emb_b, head_f, head_b = _passes(arch, spec, tp, sp, coll)
     layer_f, layer_b = block_f.total, block_b.total
@@ -107,9 +107,9 @@ def transformer_iteration(
     # Megatron's send/recv between stages blocks both devices (torch.distributed
     # batch_isend_irecv followed by a wait, SC21 §4.1), so the transfer occupies the sender:
     # every chunk but the last sends its activations, every chunk but the first its gradients.
-    p2p = network.p2p(act / tp if tp > 1 else act, "pp") if pp > 1 else 0.0
+    p2p = network.p2p(act / tp if tp > 1 else act, "lp") if pp > 1 else 0.0
     if pp > 1 and tp > 1:
-        p2p += network.collective("all_gather", act, "tp")
+        p2p += network.collective("all_gather", act, "kp1")
     for g in range(chunks - 1):
         fwd_s[g] += p2p
         bwd_s[g + 1] += p2p
@@ -121,7 +121,9 @@ def transformer_iteration(
     stage_params = (L // pp) * layer_params / tp + V * h / tp
     grads = stage_params * GRAD_BYTES
     dp_time = network.collective("all_reduce", grads, "dp") if dp > 1 else 0.0
-    emb_time = network.collective("all_reduce", V * h / tp * GRAD_BYTES, "pp") if pp > 1 else 0.0
+    # The tied word embedding's gradient is summed between the first and last stage: one
+    # exchange of the (vocab-parallel) table's gradient each way.
+    emb_time = network.p2p(V * h / tp * GRAD_BYTES, "lp") if pp > 1 else 0.0
     shard = dp if zero1 else 1
     opt = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * stage_params / shard,
                            bytes_written=ADAM_BYTES_WRITTEN * stage_params / shard,

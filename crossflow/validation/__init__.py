@@ -112,7 +112,13 @@ def _gemm_sets() -> list[DataSet]:
     return gemm_datasets()
 
 
-SUITES: dict[str, Callable[[], list[DataSet]]] = {"gemm": _gemm_sets}
+def _collective_sets() -> list[DataSet]:
+    from crossflow.validation.collectives import collective_datasets
+
+    return collective_datasets()
+
+
+SUITES: dict[str, Callable[[], list[DataSet]]] = {"gemm": _gemm_sets, "collectives": _collective_sets}
 
 
 def collect(what: str) -> list[DataSet]:

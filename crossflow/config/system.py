@@ -1,0 +1,180 @@
+"""System files: devices, nodes and the two network levels joining them (DESIGN.md §3).
+
+File shape (``presets/systems/*.yaml``, ``kind: system``)::
+
+    kind: system
+    name: dgx-a100
+    device: a100-sxm4-80gb           # a hardware preset or an architecture template
+    devices_per_node: 8              # accelerators in one node (package, server)
+    num_nodes: 384
+    intra:                           # the network inside a node (paper §4.2.3 "intra-package")
+      topology: switch               # switch | crossbar | fat_tree | mesh | torus | ring | graph
+      dims: [2, 4]                   # mesh / torus / ring only: sizes, product = devices_per_node
+      edges: [[0, 1, 2], …]          # graph only: [device, device, links] (links defaults to 1)
+      bandwidth_GBps: 300            # per device, per direction, all its links of this level
+      latency_us: 1.0                # per hop (direct networks) or per switch traversal
+      efficiency: 1.0                # sustained fraction of the link bandwidth
+      collective: {efficiency: 0.76, step_latency_us: 3.7}   # ring-collective constants
+    inter: {topology: fat_tree, bandwidth_Gbps: 200, …}      # between nodes; endpoints = nodes
+    collective_launch_us: 5          # fixed cost of one collective
+
+``bandwidth``, ``latency`` and ``efficiency`` default to the device's own links (the
+``intra`` / ``inter`` links of its MicroArch); a system file overrides them where the machine
+differs from the chip (e.g. a node with fewer NICs than GPUs).  Bandwidth is always *per device*;
+the inter level's endpoints are nodes, each with ``devices_per_node`` times that bandwidth.
+
+The model built from this spec is :mod:`crossflow.system`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from crossflow.config.base import Spec
+from crossflow.errors import ConfigError
+
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Count = Annotated[int, Field(ge=1)]
+Index = Annotated[int, Field(ge=0)]
+
+#: Topologies in which every endpoint has its own port(s) into a non-blocking fabric.
+SWITCHED = ("switch", "crossbar", "fat_tree")
+#: Direct networks laid out on a grid and routed dimension by dimension (XY routing).
+GRID = ("mesh", "torus", "ring")
+Topology = Literal["switch", "crossbar", "fat_tree", "mesh", "torus", "ring", "graph"]
+
+
+class CollectiveSpec(Spec):
+    """Constants of the α–β ring-collective model on one level (crossflow.system.collectives)."""
+
+    #: achievable fraction of the (shared) link bandwidth for collective traffic (NCCL's
+    #: "busbw / link bandwidth"); multiplies the level's link efficiency
+    efficiency: Fraction = 1.0
+    #: software latency per ring step on top of the links' own latency
+    step_latency_s: NonNegative = 0.0
+
+
+class LevelSpec(Spec):
+    """One network level: the topology and the links of one endpoint (paper §4.2.3)."""
+
+    topology: Topology
+    dims: tuple[Count, ...] = ()
+    edges: tuple[tuple[Index, ...], ...] = ()
+    bandwidth_Bps: Positive | None = None
+    latency_s: NonNegative | None = None
+    efficiency: Fraction | None = None
+    collective: CollectiveSpec = Field(default_factory=CollectiveSpec)
+
+    def grid_dims(self, endpoints: int) -> tuple[int, ...]:
+        """Grid sizes: the given dims, ``(endpoints,)`` for a ring without dims or a switch."""
+        return self.dims or (endpoints,)
+
+    def check(self, key: str, endpoints: int, what: str) -> None:
+        """Raise ConfigError (naming ``key``.…) unless this level fits ``endpoints``."""
+        if self.topology in SWITCHED + ("graph",) and self.dims:
+            raise ConfigError(f"'dims' applies to mesh, torus and ring topologies, not to "
+                              f"{self.topology!r}", key=f"{key}.dims", value=list(self.dims))
+        if self.topology in ("mesh", "torus") and not self.dims:
+            raise ConfigError(f"a {self.topology} needs its sizes, e.g. dims: [4, 4]",
+                              key=f"{key}.dims", allowed=f"sizes whose product is {what}")
+        if self.topology == "ring" and len(self.dims) > 1:
+            raise ConfigError("a ring has one dimension; use a torus for more", key=f"{key}.dims",
+                              value=list(self.dims))
+        if self.topology in GRID and math.prod(self.grid_dims(endpoints)) != endpoints:
+            raise ConfigError(
+                f"the {self.topology} sizes multiply to {math.prod(self.dims)}, but the level "
+                f"joins {endpoints} endpoints ({what})", key=f"{key}.dims", value=list(self.dims),
+                allowed=f"sizes whose product is {endpoints}")
+        if self.topology != "graph":
+            if self.edges:
+                raise ConfigError("'edges' applies to the graph topology only",
+                                  key=f"{key}.edges", value=[list(e) for e in self.edges])
+            return
+        self._check_edges(key, endpoints)
+
+    def _check_edges(self, key: str, endpoints: int) -> None:
+        if not self.edges and endpoints > 1:
+            raise ConfigError("a graph needs its links: edges: [[a, b, links], …]",
+                              key=f"{key}.edges")
+        seen: set[tuple[int, int]] = set()
+        for i, edge in enumerate(self.edges):
+            where = f"{key}.edges[{i}]"
+            if len(edge) not in (2, 3):
+                raise ConfigError("an edge is [a, b] or [a, b, links]", key=where,
+                                  value=list(edge))
+            a, b = edge[0], edge[1]
+            if max(a, b) >= endpoints:
+                raise ConfigError(f"endpoint out of range: the level has endpoints 0 to "
+                                  f"{endpoints - 1}", key=where, value=list(edge))
+            if a == b:
+                raise ConfigError("an edge must join two different endpoints", key=where,
+                                  value=list(edge))
+            if len(edge) == 3 and edge[2] < 1:
+                raise ConfigError("the number of links must be >= 1", key=where,
+                                  value=list(edge))
+            pair = (min(a, b), max(a, b))
+            if pair in seen:
+                raise ConfigError("this pair is listed twice; give the link count instead",
+                                  key=where, value=list(edge))
+            seen.add(pair)
+        reached, frontier = {0}, [0]
+        while frontier:
+            node = frontier.pop()
+            for a, b, *_ in self.edges:
+                for u, v in ((a, b), (b, a)):
+                    if u == node and v not in reached:
+                        reached.add(v)
+                        frontier.append(v)
+        if len(reached) != endpoints:
+            missing = sorted(set(range(endpoints)) - reached)
+            raise ConfigError(f"the graph is not connected: endpoints {missing} cannot be "
+                              "reached from endpoint 0", key=f"{key}.edges")
+
+
+class SoftwareSpec(Spec):
+    """What the training framework's kernels sustain on this system's devices.
+
+    Replaces the device preset's efficiencies in training predictions: ``gemm_efficiency``
+    for GEMM compute, ``memory_bound_efficiency`` for elementwise / softmax / layernorm
+    streaming (fractions of the device's peak FLOP/s and main-memory bandwidth).
+    """
+
+    name: str
+    gemm_efficiency: Annotated[float, Field(gt=0, le=1)]
+    memory_bound_efficiency: Annotated[float, Field(gt=0, le=1)]
+
+
+class SystemSpec(Spec):
+    kind: Literal["system"]
+    name: str
+    description: str = ""
+    device: str = Field(min_length=1)
+    devices_per_node: Count
+    num_nodes: Count
+    intra: LevelSpec | None = None
+    inter: LevelSpec | None = None
+    collective_launch_s: NonNegative = 0.0
+    software: SoftwareSpec | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return self.devices_per_node * self.num_nodes
+
+    @model_validator(mode="after")
+    def _levels_fit(self) -> SystemSpec:
+        if self.devices_per_node > 1 and self.intra is None:
+            raise ConfigError(f"{self.devices_per_node} devices per node need an intra-node "
+                              "network", key="intra", allowed="intra: {topology: switch, …}")
+        if self.num_nodes > 1 and self.inter is None:
+            raise ConfigError(f"{self.num_nodes} nodes need an inter-node network", key="inter",
+                              allowed="inter: {topology: fat_tree, …}")
+        if self.intra is not None:
+            self.intra.check("intra", self.devices_per_node, "devices_per_node")
+        if self.inter is not None:
+            self.inter.check("inter", self.num_nodes, "num_nodes")
+        return self

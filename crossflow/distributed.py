@@ -1,0 +1,169 @@
+"""Distributed predictions: a workload, a parallelism strategy and a system (DESIGN.md §4).
+
+The facade :func:`crossflow.predict` calls :func:`predict_distributed` for LSTM and
+transformer workloads and for a GEMM given a strategy.  It builds the system, maps the
+strategy's (kp1, kp2, dp, lp) grid onto it in one order of the four dimensions — or in all
+24 (``mapping_order="best"``) keeping the fastest — and runs the simulator for the workload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from crossflow.arch.microarch import MicroArch
+from crossflow.config.loader import load_spec
+from crossflow.errors import ConfigError, InfeasibleDesignError
+from crossflow.predict import Prediction, infeasible
+
+
+class _Local:
+    """A one-device 'network': every collective and transfer is free (nothing to send)."""
+
+    def collective(self, kind: str, nbytes: float, dim: str) -> float:
+        return 0.0
+
+    def p2p(self, nbytes: float, dim: str) -> float:
+        return 0.0
+
+
+@lru_cache(maxsize=256)
+def with_software(arch: MicroArch, software) -> MicroArch:
+    """The device as the system's training framework drives it (fitted efficiencies)."""
+    if software is None:
+        return arch
+    return replace(arch, compute_efficiency=software.gemm_efficiency,
+                   memory_bound_efficiency=software.memory_bound_efficiency)
+
+
+def _strategy(spec, parallelism):
+    from crossflow.parallel import ParallelismSpec, Strategy, check_strategy
+
+    if parallelism is None:
+        par = None
+        strategy = Strategy.megatron() if spec.kind == "transformer" else Strategy()
+    else:
+        par = parallelism if isinstance(parallelism, ParallelismSpec) else load_spec(
+            parallelism, "parallelism")
+        strategy = par.to_strategy()
+        if par.micro_batch_size and spec.kind == "transformer":
+            spec = spec.model_copy(update={"micro_batch_size": par.micro_batch_size})
+    check_strategy(spec, strategy)
+    return spec, strategy, par
+
+
+def predict_distributed(spec, arch: MicroArch, *, system: Any = None, parallelism: Any = None,
+                        mapping_order: str | None = None) -> Prediction:
+    spec, strategy, par = _strategy(spec, parallelism)
+    devices = strategy.devices
+    if system is None:
+        if devices > 1:
+            raise ConfigError(
+                f"the strategy {strategy} needs {devices} devices: give a --system",
+                key="system", value=None, allowed="a system preset or YAML file",
+            )
+        networks = [("local", _Local())]
+        software = None
+    else:
+        from crossflow.system import DIMS, ORDERS, build_system, parse_order
+        from crossflow.system.network import MappedNetwork
+
+        sys_spec = system if hasattr(system, "devices_per_node") else load_spec(
+            system, "systems")
+        nodes = math.ceil(devices / sys_spec.devices_per_node)
+        built = build_system(sys_spec, arch, num_nodes=nodes)
+        if mapping_order == "best":
+            orders = ORDERS
+        else:
+            orders = (parse_order(mapping_order) if mapping_order else DIMS,)
+        networks = [("-".join(o), MappedNetwork(built.map(strategy.grid, o))) for o in orders]
+        software = sys_spec.software
+    run_arch = with_software(arch, software)
+
+    best: Prediction | None = None
+    for order, network in networks:
+        try:
+            p = _run(spec, strategy, par, run_arch, network, devices)
+        except InfeasibleDesignError as exc:
+            return infeasible(spec, arch.name, str(exc), None)
+        p.details["mapping_order"] = order
+        if best is None or p.time_s < best.time_s:
+            best = p
+    assert best is not None
+    if mapping_order == "best":
+        best.details["mapping_orders_tried"] = len(networks)
+    return best
+
+
+def _run(spec, strategy, par, arch: MicroArch, network, devices: int) -> Prediction:
+    if spec.kind == "transformer":
+        return _transformer(spec, strategy, par, arch, network, devices)
+    return _graph(spec, strategy, arch, network, devices)
+
+
+def _transformer(spec, strategy, par, arch, network, devices) -> Prediction:
+    from crossflow.sim.training import transformer_iteration
+
+    r = transformer_iteration(
+        spec, arch, network, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
+        sp=strategy.sp, schedule=par.schedule if par else "1f1b",
+        zero1=par.zero1 if par else False,
+    )
+    peak = arch.peak_flops[spec.precision]
+    breakdown = dict(r.breakdown)
+    return Prediction(
+        workload=spec.name,
+        hardware=arch.name,
+        time_s=r.time_s,
+        feasible=True,
+        memory_per_device_bytes=r.memory_per_device_bytes,
+        bottleneck=max(breakdown, key=breakdown.get).removesuffix("_s"),
+        breakdown=breakdown,
+        achieved_flops_per_s=r.hardware_flops_per_iteration / (r.time_s * devices),
+        energy_J=r.hardware_flops_per_iteration * arch.energy_J_per_flop.get(spec.precision, 0),
+        details={
+            "strategy": str(strategy),
+            "devices": devices,
+            "microbatches": r.microbatches,
+            "micro_batch_size": spec.micro_batch_size,
+            "model_flops_per_iteration": r.flops_per_iteration,
+            "model_flops_utilization": r.flops_per_iteration / (r.time_s * devices * peak),
+            "memory_breakdown": r.memory_breakdown,
+            **r.detail,
+        },
+    )
+
+
+def _graph(spec, strategy, arch, network, devices) -> Prediction:
+    from crossflow.sim.graph_sim import graph_iteration
+    from crossflow.workloads import compute_graph
+
+    r = graph_iteration(compute_graph(spec), strategy, arch, network)
+    capacity = arch.main_memory.total_capacity_B
+    if r.memory_per_device_bytes > capacity:
+        raise InfeasibleDesignError(
+            f"memory per device {r.memory_per_device_bytes / 1e9:.4g} GB exceeds the "
+            f"{capacity / 1e9:.4g} GB of {arch.main_memory.name} on {arch.name}"
+        )
+    peak = arch.peak_flops[spec.precision]
+    breakdown = dict(r.breakdown)
+    return Prediction(
+        workload=spec.name,
+        hardware=arch.name,
+        time_s=r.time_s,
+        feasible=True,
+        memory_per_device_bytes=r.memory_per_device_bytes,
+        bottleneck=max(breakdown, key=breakdown.get).removesuffix("_s"),
+        breakdown=breakdown,
+        achieved_flops_per_s=r.flops_per_device / r.time_s,
+        energy_J=r.flops_per_device * devices * arch.energy_J_per_flop.get(spec.precision, 0),
+        details={
+            "strategy": str(strategy),
+            "devices": devices,
+            "model_flops_utilization": r.flops_per_device / (r.time_s * peak),
+            "memory_breakdown": r.memory_breakdown,
+            **r.detail,
+        },
+    )

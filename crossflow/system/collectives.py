@@ -1,0 +1,123 @@
+"""α–β cost of the collectives distributed training uses (DESIGN.md §4 "Collectives").
+
+A :class:`Group` holds what the cost model needs about the devices taking part: how many, the
+bandwidth each of them has for the collective (after link sharing, paper §6.4), the latency of
+one ring step and the fixed cost of launching the collective.  A mapped parallel dimension gives
+one (:meth:`crossflow.system.Mapping.group`); so does a plain group on one switch
+(:func:`switch_group`).
+
+Ring algorithms (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+workstations", JPDC 2009; the NCCL ring), ``S`` bytes per device, ``n`` devices, per-device
+bandwidth ``B``, per-step latency ``α``::
+
+    reduce-scatter, all-gather:  (n-1)·α  +  (n-1)/n · S / B
+    all-reduce:                 2(n-1)·α  + 2(n-1)/n · S / B
+    send/recv (point to point):       α   +        S / B_p2p
+
+``S`` is the whole buffer: the all-reduce input, the reduce-scatter input, the all-gather output
+(nccl-tests' "size").  nccl-tests reports ``algbw = S / t`` and ``busbw = algbw · 2(n-1)/n`` for
+all-reduce (``(n-1)/n`` for the other two), so ``busbw`` tends to ``B`` for large ``S``: ``B``
+is what the calibration against measured busbw fits, never algbw.
+
+Hierarchical all-reduce (two-level systems, e.g. Horovod/NCCL "2D" all-reduce): reduce-scatter
+inside the node, all-reduce of the ``S/g`` shard across nodes (``g`` concurrent rings, one per
+local rank), all-gather inside the node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """The devices of one collective, as the α–β model sees them.
+
+    Attributes:
+        size: devices in the group (``n``).
+        bandwidth_Bps: per-device bandwidth of the ring, both ring directions together, after
+            link sharing and efficiencies (``B``; equals the asymptotic nccl-tests busbw).
+        step_latency_s: latency of one ring step (``α``): link path latency + software.
+        launch_s: fixed cost of one collective call (kernel launch, setup).
+        p2p_bandwidth_Bps: bandwidth of one logical edge in one direction, for send/recv
+            (defaults to ``bandwidth_Bps``).
+    """
+
+    size: int
+    bandwidth_Bps: float
+    step_latency_s: float = 0.0
+    launch_s: float = 0.0
+    p2p_bandwidth_Bps: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"a group has at least one device, but size={self.size}")
+        if not self.bandwidth_Bps > 0:
+            raise ValueError(f"bandwidth_Bps must be > 0, but got {self.bandwidth_Bps}")
+
+    @property
+    def send_bandwidth_Bps(self) -> float:
+        return self.p2p_bandwidth_Bps or self.bandwidth_Bps
+
+
+def switch_group(size: int, bandwidth_Bps: float, latency_s: float = 0.0, *,
+                 efficiency: float = 1.0, step_latency_s: float = 0.0,
+                 launch_s: float = 0.0) -> Group:
+    """A group of ``size`` devices on one non-blocking switch, each with ``bandwidth_Bps`` per
+    direction into it: a ring uses every port once in each direction, so nothing is shared."""
+    bw = bandwidth_Bps * efficiency
+    return Group(size, bw, latency_s + step_latency_s, launch_s, bw)
+
+
+def _ring(nbytes: float, g: Group, steps_per_pass: int) -> float:
+    n = g.size
+    if n == 1 or nbytes <= 0:
+        return 0.0
+    passes = steps_per_pass * (n - 1)
+    return g.launch_s + passes * g.step_latency_s + passes / n * nbytes / g.bandwidth_Bps
+
+
+def all_reduce(nbytes: float, group: Group) -> float:
+    """Seconds for a ring all-reduce of ``nbytes`` per device."""
+    return _ring(nbytes, group, 2)
+
+
+def reduce_scatter(nbytes: float, group: Group) -> float:
+    """Seconds for a ring reduce-scatter of an ``nbytes`` input per device."""
+    return _ring(nbytes, group, 1)
+
+
+def all_gather(nbytes: float, group: Group) -> float:
+    """Seconds for a ring all-gather producing ``nbytes`` per device."""
+    return _ring(nbytes, group, 1)
+
+
+def send_recv(nbytes: float, group: Group) -> float:
+    """Seconds to send ``nbytes`` to one neighbour of the group (pipeline activations)."""
+    if group.size == 1 or nbytes <= 0:
+        return 0.0
+    return group.launch_s + group.step_latency_s + nbytes / group.send_bandwidth_Bps
+
+
+def hierarchical_all_reduce(nbytes: float, intra: Group, inter: Group) -> float:
+    """Seconds for reduce-scatter in ``intra`` → all-reduce of the shard in ``inter`` →
+    all-gather in ``intra``, launched once (``intra.launch_s``).
+
+    ``inter`` describes one of the ``intra.size`` concurrent inter-node rings (its bandwidth
+    already shared among them, as :meth:`crossflow.system.Mapping.hierarchy` computes it).
+    """
+    intra_free = Group(intra.size, intra.bandwidth_Bps, intra.step_latency_s)
+    inter_free = Group(inter.size, inter.bandwidth_Bps, inter.step_latency_s)
+    shard = nbytes / intra.size
+    phases = (2 * reduce_scatter(nbytes, intra_free) + all_reduce(shard, inter_free))
+    if phases == 0.0:
+        return 0.0
+    return intra.launch_s + phases
+
+
+def bus_bandwidth(nbytes: float, seconds: float, n: int, collective: str = "all_reduce") -> float:
+    """nccl-tests' busbw of a measured or predicted time: algbw · 2(n-1)/n for all-reduce,
+    algbw · (n-1)/n for reduce-scatter and all-gather."""
+    factor = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}[collective]
+    return nbytes / seconds * factor * (n - 1) / n if seconds > 0 else math.inf
