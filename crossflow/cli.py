@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     ck.add_argument("files", nargs="+", metavar="FILE")
 
     va = sub.add_parser("validate", help="predicted vs measured on real hardware")
-    va.add_argument("what", nargs="?", default="all", choices=["gemm", "all"])
+    va.add_argument("what", nargs="?", default="all",
+                    choices=["gemm", "collectives", "training", "all"])
     va.add_argument("--csv", help="also write every row to this CSV file")
 
     ca = sub.add_parser("calibrate", help="measure this machine and write a hardware preset")

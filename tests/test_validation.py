@@ -49,3 +49,51 @@ def test_validate_gemm_cli_prints_rows_and_summary(cli, tmp_path):
     assert code == 0, out
     assert "MAPE" in out and "Spearman" in out and "64x12288x12288" in out
     assert out_csv.read_text().count("\n") > 10
+
+
+def test_training_data_sets_meet_the_issue_tolerances():
+    from crossflow.validation.training import (
+        korthikanti_table4,
+        korthikanti_table5,
+        megatron_table1,
+    )
+
+    full, seqsel = korthikanti_table5()
+    for ds in (full, seqsel):
+        assert ds.mape <= 0.10, ds.render()
+        assert ds.spearman >= 0.9
+    table1 = megatron_table1()
+    assert len(table1.rows) == 10
+    assert table1.mape <= 0.10, table1.render()
+    assert korthikanti_table4().mape <= 0.10
+
+
+def test_sc21_micro_batch_rule_is_one_rule_not_a_fit():
+    from crossflow.validation.training import sc21_micro_batch, sc21_virtual_stages
+
+    assert sc21_micro_batch(pp=8, per_replica_batch=96) == 1
+    assert sc21_micro_batch(pp=1, per_replica_batch=16) == 8
+    assert sc21_micro_batch(pp=1, per_replica_batch=12) == 4
+    assert sc21_virtual_stages(layers_per_stage=12, pp=8, microbatches=96) == 4
+    assert sc21_virtual_stages(layers_per_stage=2, pp=64, microbatches=512) == 2
+    assert sc21_virtual_stages(layers_per_stage=5, pp=8, microbatches=96) == 1
+
+
+def test_shipped_software_efficiencies_match_a_fresh_fit():
+    from crossflow.config.loader import load_spec
+    from crossflow.validation.training import fit_software_efficiency
+
+    gemm_eff, mem_eff = fit_software_efficiency()
+    sw = load_spec("dgx-a100", "systems").software
+    assert sw.gemm_efficiency == pytest.approx(gemm_eff, abs=0.002)
+    assert sw.memory_bound_efficiency == pytest.approx(mem_eff, abs=0.002)
+
+
+def test_sc21_software_factor_matches_a_fresh_fit():
+    from crossflow.config.loader import load_spec
+    from crossflow.validation.training import SC21_SYSTEM, fit_sc21_software
+
+    gemm_eff, mem_eff = fit_sc21_software()
+    sw = load_spec(SC21_SYSTEM, "systems").software
+    assert sw.gemm_efficiency == pytest.approx(gemm_eff, abs=0.002)
+    assert sw.memory_bound_efficiency == pytest.approx(mem_eff, abs=0.002)

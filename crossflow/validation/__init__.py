@@ -118,7 +118,17 @@ def _collective_sets() -> list[DataSet]:
     return collective_datasets()
 
 
-SUITES: dict[str, Callable[[], list[DataSet]]] = {"gemm": _gemm_sets, "collectives": _collective_sets}
+def _training_sets() -> list[DataSet]:
+    from crossflow.validation.training import training_datasets
+
+    return training_datasets()
+
+
+SUITES: dict[str, Callable[[], list[DataSet]]] = {
+    "gemm": _gemm_sets,
+    "collectives": _collective_sets,
+    "training": _training_sets,
+}
 
 
 def collect(what: str) -> list[DataSet]:
