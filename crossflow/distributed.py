@@ -122,7 +122,7 @@ def _transformer(spec, strategy, par, arch, network, devices) -> Prediction:
         bottleneck=max(breakdown, key=breakdown.get).removesuffix("_s"),
         breakdown=breakdown,
         achieved_flops_per_s=r.hardware_flops_per_iteration / (r.time_s * devices),
-        energy_J=r.hardware_flops_per_iteration * arch.energy_J_per_flop.get(spec.precision, 0),
+        energy_J=r.energy_J,
         details={
             "strategy": str(strategy),
             "devices": devices,
@@ -158,7 +158,7 @@ def _graph(spec, strategy, arch, network, devices) -> Prediction:
         bottleneck=max(breakdown, key=breakdown.get).removesuffix("_s"),
         breakdown=breakdown,
         achieved_flops_per_s=r.flops_per_device / r.time_s,
-        energy_J=r.flops_per_device * devices * arch.energy_J_per_flop.get(spec.precision, 0),
+        energy_J=r.energy_per_device_J * devices,
         details={
             "strategy": str(strategy),
             "devices": devices,

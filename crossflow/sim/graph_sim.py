@@ -19,7 +19,7 @@ import networkx as nx
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
 from crossflow.sim.engine import After, Task, simulate
-from crossflow.sim.pricing import node_time
+from crossflow.sim.pricing import node_cost
 
 _PHASE_ORDER = {"fwd": 0, "recompute": 1, "bwd": 1, "optimizer": 2}
 
@@ -31,6 +31,7 @@ class GraphResult:
     flops_per_device: float
     memory_per_device_bytes: float
     memory_breakdown: dict[str, float]
+    energy_per_device_J: float = 0.0
     detail: dict[str, object] = field(default_factory=dict)
 
 
@@ -59,11 +60,12 @@ def graph_iteration(graph: nx.DiGraph, strategy, arch: MicroArch, network) -> Gr
     optimizer: dict[int, float] = {}
     wgrad: dict[int, float] = {}
     weights: dict[int, float] = {}
-    flops = 0.0
+    flops = energy = 0.0
     for name in order:
         a = lg.nodes[name]
         stage = a["stage"]
-        seconds = node_time(arch, a)
+        seconds, joules = node_cost(arch, a)
+        energy += joules
         flops += a["flops"]
         weights[stage] = weights.get(stage, 0.0) + a["params"]
         if a["phase"] == "optimizer":
@@ -116,5 +118,6 @@ def graph_iteration(graph: nx.DiGraph, strategy, arch: MicroArch, network) -> Gr
         flops_per_device=flops,
         memory_per_device_bytes=sum(memory_breakdown.values()),
         memory_breakdown=memory_breakdown,
+        energy_per_device_J=energy,
         detail={"makespan_s": schedule.makespan_s, "tasks": len(tasks)},
     )

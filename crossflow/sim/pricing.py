@@ -12,29 +12,32 @@ from crossflow.workloads.graph import SHAPE_KEYS
 
 
 @lru_cache(maxsize=65536)
-def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> float:
-    """Seconds of one graph node's kernel (shape: the node's sharded shape attributes)."""
+def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> tuple[float, float]:
+    """(seconds, joules) of one graph node's kernel (shape: its sharded shape attributes)."""
     if op == "gemm":
         m, k, n, count = shape
         one = gemm(arch, m, k, n, precision)
         # a batched GEMM is one kernel: its work adds up over the batch, one launch
-        return (one.time_s - one.launch_s) * count + one.launch_s
+        return (one.time_s - one.launch_s) * count + one.launch_s, one.energy_J * count
     if op == "softmax":
-        return ops.softmax(arch, *shape, precision).time_s
-    if op == "layernorm":
-        return ops.layernorm(arch, *shape, precision).time_s
-    if op == "elementwise":
+        r = ops.softmax(arch, *shape, precision)
+    elif op == "layernorm":
+        r = ops.layernorm(arch, *shape, precision)
+    elif op == "elementwise":
         elements, inputs, outputs, flops = shape
-        return ops.elementwise(arch, elements, precision, inputs=inputs, outputs=outputs,
-                               flops_per_element=flops).time_s
-    if op == "embedding":
+        r = ops.elementwise(arch, elements, precision, inputs=inputs, outputs=outputs,
+                            flops_per_element=flops)
+    elif op == "embedding":
         tokens, hidden, _vocab = shape
-        return ops.embedding(arch, tokens, hidden, precision).time_s
-    raise ValueError(f"unknown op {op!r}")
+        r = ops.embedding(arch, tokens, hidden, precision)
+    else:
+        raise ValueError(f"unknown op {op!r}")
+    return r.time_s, r.energy_J
 
 
-def node_time(arch: MicroArch, attrs: Mapping) -> float:
-    """Seconds of one (sharded) graph node on ``arch``."""
+def node_cost(arch: MicroArch, attrs: Mapping) -> tuple[float, float]:
+    """(seconds, joules) of one (sharded) graph node on ``arch``: the kernel model's time
+    and its dynamic energy from the technology's energy per FLOP and per byte moved."""
     op = attrs["op"]
     shape = tuple(attrs[k] for k in SHAPE_KEYS[op])
     return _price(arch, op, shape, attrs["precision"])

@@ -93,7 +93,8 @@ def transformer_iteration(
     def coll(kind: str, size: float) -> float:
         return network.collective(kind, size, "kp1") if tp > 1 else 0.0
 
-    block_f, block_b, emb_f, emb_b, head_f, head_b = _passes(arch, spec, tp, sp, coll)
+    block_f, block_b, *ends = _passes(arch, spec, tp, sp, coll)
+    emb_f, emb_b, head_f, head_b = (p.total for p in ends)
     layer_f, layer_b = block_f.total, block_b.total
     T = b * s
     act = T * h * nbytes
@@ -132,6 +133,8 @@ def transformer_iteration(
         opt += network.collective("all_gather", stage_params * WEIGHT_BYTES, "dp")
 
     total = pipe.makespan_s + dp_time + emb_time + opt
+    energy = _energy(arch, spec, tp=tp, pp=pp, dp=dp, m=m, block=(block_f, block_b),
+                     ends=ends, stage_params=stage_params / shard, zero1=zero1)
     micro = m * vp * per_chunk  # layer passes per device per iteration, for the breakdown
     layers_share = {
         "compute_s": micro * (block_f.compute + block_b.compute),
@@ -167,10 +170,39 @@ def transformer_iteration(
         memory_per_device_bytes=used,
         memory_breakdown=memory,
         microbatches=m,
+        energy_J=energy,
         detail={"block_forward_s": block_f.__dict__, "block_backward_s": block_b.__dict__,
                 "p2p_s": p2p,
                 "schedule": schedule, "pipeline_makespan_s": pipe.makespan_s},
     )
+
+
+def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
+            zero1) -> float:
+    """Dynamic energy of one iteration on all devices (joules).
+
+    Kernels: the kernel model's energy (FLOPs at the technology's energy per FLOP, bytes at
+    each memory level's energy per byte).  Links: the bytes each device sends — ring
+    all-reduces move 2(n−1)/n of the tensor, gathers and scatters (n−1)/n, a pipeline
+    boundary the activation and its gradient — at the link's energy per byte (NVLink inside
+    a node, the NIC between nodes).  Static power is not included.
+    """
+    act = spec.micro_batch_size * spec.seq_length * spec.hidden_size * BYTES_PER_ELEMENT[
+        spec.precision]
+    kernels = tp * dp * m * (spec.num_layers * (block[0].energy_J + block[1].energy_J)
+                             + sum(p.energy_J for p in ends))
+    adam = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * stage_params,
+                            bytes_written=ADAM_BYTES_WRITTEN * stage_params,
+                            flops=ADAM_FLOPS_PER_PARAM * stage_params).energy_J
+    intra = arch.links.get("intra")
+    inter = arch.links.get("inter") or intra
+    per_pass = 4 + (2 if spec.activation_recompute == "full" else 0)  # all-reduces per block
+    tp_bytes = per_pass * 2 * (tp - 1) / tp * act * spec.num_layers * m * dp * tp
+    dp_bytes = 2 * (dp - 1) / dp * stage_params * GRAD_BYTES * tp * pp * dp
+    pp_bytes = 2 * act * (pp - 1) * m * dp
+    links = (tp_bytes * (intra.energy_J_per_B if intra else 0.0)
+             + (dp_bytes + pp_bytes) * (inter.energy_J_per_B if inter else 0.0))
+    return kernels + adam * tp * pp * dp + links
 
 
 def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
@@ -195,10 +227,10 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
     vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
     block_f = price_nodes(arch, groups[(0, False)], comm_f)
     block_b = price_nodes(arch, groups[(0, True)], comm_b)
-    emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm).total
-    emb_b = price_nodes(arch, groups[(-1, True)]).total
-    head_f = price_nodes(arch, groups[(1, False)]).total
-    head_b = price_nodes(arch, groups[(1, True)], vocab_comm).total
+    emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm)
+    emb_b = price_nodes(arch, groups[(-1, True)])
+    head_f = price_nodes(arch, groups[(1, False)])
+    head_b = price_nodes(arch, groups[(1, True)], vocab_comm)
     return block_f, block_b, emb_f, emb_b, head_f, head_b
 
 

@@ -17,18 +17,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
-from crossflow.sim.pricing import node_time
+from crossflow.sim.pricing import node_cost
 
 CollectiveTime = Callable[[str, float], float]
 
 
 @dataclass(frozen=True)
 class PassTimes:
-    """Seconds per category of one pass (forward or backward) over a group of nodes."""
+    """Seconds per category of one pass (forward or backward) over a group of nodes, and
+    the dynamic energy of its kernels."""
 
     compute: float = 0.0  # GEMMs
     memory: float = 0.0  # memory-bound ops
     tp_comm: float = 0.0
+    energy_J: float = 0.0
 
     @property
     def total(self) -> float:
@@ -36,14 +38,15 @@ class PassTimes:
 
 
 def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0) -> PassTimes:
-    compute = memory = 0.0
+    compute = memory = energy = 0.0
     for attrs in nodes:
-        t = node_time(arch, attrs)
+        t, e = node_cost(arch, attrs)
+        energy += e
         if attrs["op"] == "gemm":
             compute += t
         else:
             memory += t
-    return PassTimes(compute, memory, tp_comm)
+    return PassTimes(compute, memory, tp_comm, energy)
 
 
 def block_collectives(*, tokens: int, hidden: int, precision: str, sp: bool, recompute: str,
