@@ -90,8 +90,15 @@ def _print_prediction(p) -> None:
     if not p.feasible:
         print(f"  INFEASIBLE: {p.reason}")
         return
+    d = p.details
+    if "strategy" in d:
+        print(f"  strategy      {d['strategy']} on {d['devices']} devices"
+              + (f", mapping order {d['mapping_order']}" if "mapping_order" in d else ""))
     print(f"  time          {fmt_time(p.time_s)}")
-    print(f"  achieved      {fmt_rate(p.achieved_flops_per_s)}")
+    print(f"  achieved      {fmt_rate(p.achieved_flops_per_s)}"
+          + (" per device" if "strategy" in d else ""))
+    if "model_flops_utilization" in d:
+        print(f"  MFU           {d['model_flops_utilization'] * 100:.1f} %")
     print(f"  bottleneck    {p.bottleneck}")
     print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}")
     print(f"  energy        {p.energy_J:.4g} J")
@@ -100,7 +107,7 @@ def _print_prediction(p) -> None:
     for key, seconds in p.breakdown.items():
         level = key.removesuffix("_s")
         extra = f"  ({fmt_bytes(moved[level])})" if level in moved else ""
-        print(f"    {level:<12} {fmt_time(seconds):>10}{extra}")
+        print(f"    {level:<22} {fmt_time(seconds):>10}{extra}")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

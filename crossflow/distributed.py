@@ -38,15 +38,30 @@ def with_software(arch: MicroArch, software) -> MicroArch:
                    memory_bound_efficiency=software.memory_bound_efficiency)
 
 
+def _parallelism_spec(source):
+    """A ParallelismSpec from a spec, preset, file, dict — or a bare strategy string such as
+    ``RC-4-2-d32-p2`` or ``t8-d24-p8`` (paper / Megatron names, :mod:`crossflow.parallel`)."""
+    from crossflow.parallel import ParallelismSpec, Strategy
+
+    if isinstance(source, ParallelismSpec):
+        return source
+    try:
+        return load_spec(source, "parallelism")
+    except ConfigError:
+        if not isinstance(source, str) or source.endswith((".yaml", ".yml")):
+            raise
+        Strategy.parse(source)  # a bad name raises with the accepted grammar
+        return load_spec({"kind": "parallelism", "strategy": source}, "parallelism")
+
+
 def _strategy(spec, parallelism):
-    from crossflow.parallel import ParallelismSpec, Strategy, check_strategy
+    from crossflow.parallel import Strategy, check_strategy
 
     if parallelism is None:
         par = None
         strategy = Strategy.megatron() if spec.kind == "transformer" else Strategy()
     else:
-        par = parallelism if isinstance(parallelism, ParallelismSpec) else load_spec(
-            parallelism, "parallelism")
+        par = _parallelism_spec(parallelism)
         strategy = par.to_strategy()
         if par.micro_batch_size and spec.kind == "transformer":
             spec = spec.model_copy(update={"micro_batch_size": par.micro_batch_size})
