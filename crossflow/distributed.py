@@ -125,6 +125,7 @@ def _transformer(spec, strategy, par, arch, network, devices) -> Prediction:
         spec, arch, network, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
         sp=strategy.sp, schedule=par.schedule if par else "1f1b",
         zero1=par.zero1 if par else False,
+        overlap_grad_reduce=par.overlap_grad_reduce if par else False,
     )
     peak = arch.peak_flops[spec.precision]
     breakdown = dict(r.breakdown)

@@ -52,6 +52,9 @@ class ParallelismSpec(Spec):
     zero1: bool = False
     #: overrides the workload's micro_batch_size (transformers)
     micro_batch_size: Degree | None = None
+    #: reduce each layer's gradients while the backward pass goes on (PyTorch DDP buckets);
+    #: Megatron-LM of SC21 / Korthikanti et al. did not
+    overlap_grad_reduce: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelismSpec:

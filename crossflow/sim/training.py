@@ -78,6 +78,7 @@ def transformer_iteration(
     sp: bool = False,
     schedule: str = "1f1b",
     zero1: bool = False,
+    overlap_grad_reduce: bool = False,
 ) -> TrainingResult:
     """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·pp·dp`` devices."""
     L, h, s, V = spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size
@@ -122,6 +123,13 @@ def transformer_iteration(
     stage_params = (L // pp) * layer_params / tp + V * h / tp
     grads = stage_params * GRAD_BYTES
     dp_time = network.collective("all_reduce", grads, "dp") if dp > 1 else 0.0
+    if overlap_grad_reduce and dp_time:
+        # Each block's gradients are final after the last micro-batch's backward through
+        # it; their all-reduce runs behind the rest of that backward pass.  What remains
+        # exposed is the part longer than that last backward, and at least the all-reduce of
+        # the last block (first layers) finished.
+        last_backward = vp * per_chunk * layer_b
+        dp_time = max(dp_time - last_backward, dp_time / (vp * per_chunk))
     # The tied word embedding's gradient is summed between the first and last stage: one
     # exchange of the (vocab-parallel) table's gradient each way.
     emb_time = network.p2p(V * h / tp * GRAD_BYTES, "lp") if pp > 1 else 0.0
