@@ -10,29 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
-import time
-from collections.abc import Callable
 
-import numpy as np
+from _timing import machine, timeit
 
 import crossflow
 from crossflow.kernels.gemm import gemm
 from crossflow.predict import load_hardware
-
-
-def _timeit(fn: Callable[[], object], repeat: int) -> dict[str, float]:
-    for _ in range(max(3, repeat // 20)):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    q = np.percentile(samples, [10, 90])
-    return {"median_ms": statistics.median(samples) * 1e3, "p10_ms": q[0] * 1e3,
-            "p90_ms": q[1] * 1e3, "calls": repeat}
 
 
 def main() -> None:
@@ -42,13 +25,12 @@ def main() -> None:
     a100 = load_hardware("a100-sxm4-80gb")
     workload = {"kind": "gemm", "m": 8192, "k": 8192, "n": 8192, "precision": "fp16"}
     results = {
-        "machine": f"{platform.processor() or platform.machine()} / Python {platform.python_version()}"
-                   f" / numpy {np.__version__}",
-        "gemm_8192_fp16_a100_full_tiling_search": _timeit(
+        "machine": machine(),
+        "gemm_8192_fp16_a100_full_tiling_search": timeit(
             lambda: gemm(a100, 8192, 8192, 8192, "fp16"), args.repeat),
-        "gemm_64x12288x12288_fp16_a100": _timeit(
+        "gemm_64x12288x12288_fp16_a100": timeit(
             lambda: gemm(a100, 64, 12288, 12288, "fp16"), args.repeat),
-        "predict_facade_gemm_8192_with_preset_microarch": _timeit(
+        "predict_facade_gemm_8192_with_preset_microarch": timeit(
             lambda: crossflow.predict(workload=workload, hardware=a100), args.repeat),
     }
     try:
@@ -58,7 +40,7 @@ def main() -> None:
         names = preset_names("templates")
         if names:
             template = load_spec(names[0], "templates")
-            results[f"age_generate_{names[0]}"] = _timeit(lambda: generate(template), args.repeat)
+            results[f"age_generate_{names[0]}"] = timeit(lambda: generate(template), args.repeat)
     except ImportError:
         pass
     print(json.dumps(results, indent=2))

@@ -47,10 +47,17 @@ def _parallelism_spec(source):
         return source
     try:
         return load_spec(source, "parallelism")
-    except ConfigError:
+    except ConfigError as not_a_preset:
         if not isinstance(source, str) or source.endswith((".yaml", ".yml")):
             raise
-        Strategy.parse(source)  # a bad name raises with the accepted grammar
+        try:
+            Strategy.parse(source)
+        except ConfigError as bad:
+            raise ConfigError(
+                "neither a parallelism preset, a file, nor a strategy name",
+                key="parallelism", value=source,
+                allowed=f"{not_a_preset.allowed}; or a strategy: {bad.allowed}",
+            ) from None
         return load_spec({"kind": "parallelism", "strategy": source}, "parallelism")
 
 
@@ -87,6 +94,12 @@ def predict_distributed(spec, arch: MicroArch, *, system: Any = None, parallelis
 
         sys_spec = system if hasattr(system, "devices_per_node") else load_spec(
             system, "systems")
+        if devices > sys_spec.num_devices:
+            raise ConfigError(
+                f"the strategy {strategy} needs {devices} devices but system "
+                f"{sys_spec.name} has {sys_spec.num_devices}", key="parallelism",
+                value=str(strategy), allowed=f"strategies of at most {sys_spec.num_devices} "
+                "devices (or a system with more nodes)")
         nodes = math.ceil(devices / sys_spec.devices_per_node)
         built = build_system(sys_spec, arch, num_nodes=nodes)
         if mapping_order == "best":
@@ -102,7 +115,7 @@ def predict_distributed(spec, arch: MicroArch, *, system: Any = None, parallelis
         try:
             p = _run(spec, strategy, par, run_arch, network, devices)
         except InfeasibleDesignError as exc:
-            return infeasible(spec, arch.name, str(exc), None)
+            return infeasible(spec, arch.name, str(exc), exc.memory_bytes)
         p.details["mapping_order"] = order
         if best is None or p.time_s < best.time_s:
             best = p
@@ -159,9 +172,11 @@ def _graph(spec, strategy, arch, network, devices) -> Prediction:
     r = graph_iteration(compute_graph(spec), strategy, arch, network)
     capacity = arch.main_memory.total_capacity_B
     if r.memory_per_device_bytes > capacity:
+        shown = ", ".join(f"{k} {v / 1e9:.3g} GB" for k, v in r.memory_breakdown.items())
         raise InfeasibleDesignError(
             f"memory per device {r.memory_per_device_bytes / 1e9:.4g} GB exceeds the "
-            f"{capacity / 1e9:.4g} GB of {arch.main_memory.name} on {arch.name}"
+            f"{capacity / 1e9:.4g} GB of {arch.main_memory.name} on {arch.name} ({shown})",
+            memory_bytes=r.memory_per_device_bytes,
         )
     peak = arch.peak_flops[spec.precision]
     breakdown = dict(r.breakdown)

@@ -58,7 +58,12 @@ class InfeasibleDesignError(CrossflowError):
     """A design point cannot run (e.g. memory over capacity, an impossible budget).
 
     Searches record it as an infeasible trial with this message as the reason.
+    ``memory_bytes`` is the memory per device the design would need, when that is the cause.
     """
+
+    def __init__(self, message: str, *, memory_bytes: float | None = None) -> None:
+        super().__init__(message)
+        self.memory_bytes = memory_bytes
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -97,10 +97,21 @@ def load_spec(source: str | Path | Mapping[str, Any], *families: str) -> Spec:
         _kind_of({"kind": getattr(source, "kind", None)}, source.source_file, families)
         return source
     if isinstance(source, Mapping):
-        data, file = dict(source), None
-    else:
-        file = _locate(str(source), families)
-        data = read_yaml(file)
+        data = dict(source)
+        return build(spec_class(_kind_of(data, None, families)), data)
+    file = _locate(str(source), families)
+    try:
+        stamp = Path(file).stat().st_mtime_ns
+    except OSError:
+        stamp = None  # read_yaml reports the problem
+    return _load_file(file, stamp, families)
+
+
+@lru_cache(maxsize=512)
+def _load_file(file: str, stamp: int | None, families: tuple[str, ...]) -> Spec:
+    """Specs are immutable, so one per (file, modification time) serves every caller: a
+    search predicting thousands of designs reads each preset once."""
+    data = read_yaml(file)
     kind = _kind_of(data, file, families)
     return build(spec_class(kind), data, file=file)
 

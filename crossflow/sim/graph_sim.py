@@ -47,6 +47,15 @@ def _kernel_collective(attrs, strategy, network) -> tuple[str, float]:
     return "", 0.0
 
 
+def _operand_bytes(attrs, b_is_weight: bool) -> float:
+    """A GEMM's operands that are not stored weights (B is one when the model has any)."""
+    if attrs["op"] != "gemm":
+        return 0.0
+    m, k, n = attrs["m"], attrs["k"], attrs["n"]
+    elements = m * k + m * n + (0 if b_is_weight else k * n)
+    return elements * attrs["count"] * BYTES_PER_ELEMENT[attrs["precision"]]
+
+
 def graph_iteration(graph: nx.DiGraph, strategy, arch: MicroArch, network) -> GraphResult:
     """Predict one iteration of ``graph`` under ``strategy`` on devices like ``arch``."""
     from crossflow.parallel import local_graph
@@ -99,10 +108,15 @@ def graph_iteration(graph: nx.DiGraph, strategy, arch: MicroArch, network) -> Gr
     busiest = max((schedule.busy_s(s) for s in {t.resource for t in tasks}), default=0.0)
     stage_weights = max(weights.values(), default=0.0)
     activations = sum(e["bytes"] for _, _, e in lg.edges(data=True) if e["kind"] == "stash")
+    # The largest single kernel's operands must be resident too (all of A, B and C when the
+    # workload is a bare GEMM with no stored weights).
+    has_weights = stage_weights > 0
+    workspace = max((_operand_bytes(lg.nodes[n], has_weights) for n in lg.nodes), default=0.0)
     memory_breakdown = {
         "weights_bytes": stage_weights * precision_bytes,
         "gradients_bytes": stage_weights * precision_bytes,
         "activations_bytes": activations / max(1, len(weights)),
+        "workspace_bytes": workspace,
     }
     return GraphResult(
         time_s=total,
@@ -110,7 +124,7 @@ def graph_iteration(graph: nx.DiGraph, strategy, arch: MicroArch, network) -> Gr
             "compute_s": compute,
             "memory_bound_s": memory,
             "kernel_parallel_comm_s": kernel_comm,
-            "pipeline_idle_s": schedule.makespan_s - busiest,
+            "pipeline_bubble_s": schedule.makespan_s - busiest,
             "pp_p2p_s": p2p_total,
             "dp_allreduce_s": dp_time,
             "optimizer_s": opt_time,

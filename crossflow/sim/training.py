@@ -153,20 +153,20 @@ def transformer_iteration(
         **layers_share,
         "embedding_and_head_s": m * (emb_f + emb_b + head_f + head_b) / max(pp, 1),
         "pipeline_bubble_s": pipe.bubble_s,
-        "pp_p2p_s": p2p,
+        "pp_p2p_s": 2 * p2p * m * vp if pp > 1 else 0.0,  # sends per device per iteration
         "dp_allreduce_s": dp_time,
         "embedding_allreduce_s": emb_time,
         "optimizer_s": opt,
     }
     memory = _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
-                     stage_params=stage_params, m=m)
+                     stage_params=stage_params, m=m, schedule=schedule)
     capacity = arch.main_memory.total_capacity_B
     used = sum(memory.values())
     if used > capacity:
         shown = ", ".join(f"{k} {v / 1e9:.3g} GB" for k, v in memory.items())
         raise InfeasibleDesignError(
             f"memory per device {used / 1e9:.4g} GB exceeds the {capacity / 1e9:.4g} GB of "
-            f"{arch.main_memory.name} on {arch.name} ({shown})"
+            f"{arch.main_memory.name} on {arch.name} ({shown})", memory_bytes=used,
         )
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
@@ -248,7 +248,8 @@ def _one_block(spec):
     return spec.model_copy(update={"num_layers": 1})
 
 
-def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m) -> dict[str, float]:
+def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
+            schedule) -> dict[str, float]:
     """Bytes on the first pipeline stage's device (the fullest).
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
@@ -267,7 +268,12 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m) -> dict[str, fl
         attention = 0.0 if rc == "selective" else 5 * a * s / (h * tp)
         base = 34 / tp if sp else 10 + 24 / tp
         per_layer = s * b * h * (base + attention)
-    in_flight = pp * (1 + (pp - 1) / (pp * vp)) if vp > 1 else min(pp, m)
+    if schedule == "gpipe":
+        in_flight = m  # every micro-batch's activations wait for the backward pass
+    elif vp > 1:
+        in_flight = pp * (1 + (pp - 1) / (pp * vp))
+    else:
+        in_flight = min(pp, m)
     activations = per_layer * (L / pp) * in_flight
     shard = dp if zero1 else 1
     return {
