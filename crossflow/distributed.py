@@ -140,61 +140,50 @@ def _transformer(spec, strategy, par, arch, network, devices) -> Prediction:
         zero1=par.zero1 if par else False,
         overlap_grad_reduce=par.overlap_grad_reduce if par else False,
     )
-    peak = arch.peak_flops[spec.precision]
-    breakdown = dict(r.breakdown)
-    return Prediction(
-        workload=spec.name,
-        hardware=arch.name,
-        time_s=r.time_s,
-        feasible=True,
-        memory_per_device_bytes=r.memory_per_device_bytes,
-        bottleneck=max(breakdown, key=breakdown.get).removesuffix("_s"),
-        breakdown=breakdown,
-        achieved_flops_per_s=r.hardware_flops_per_iteration / (r.time_s * devices),
-        energy_J=r.energy_J,
-        details={
-            "strategy": str(strategy),
-            "devices": devices,
-            "microbatches": r.microbatches,
-            "micro_batch_size": spec.micro_batch_size,
-            "model_flops_per_iteration": r.flops_per_iteration,
-            "model_flops_utilization": r.flops_per_iteration / (r.time_s * devices * peak),
-            "memory_breakdown": r.memory_breakdown,
-            **r.detail,
-        },
+    return _prediction(
+        spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,
+        memory=r.memory_breakdown, energy_J=r.energy_J,
+        hardware_flops=r.hardware_flops_per_iteration, model_flops=r.flops_per_iteration,
+        details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
+                 "model_flops_per_iteration": r.flops_per_iteration, **r.detail},
     )
 
 
 def _graph(spec, strategy, arch, network, devices) -> Prediction:
     from crossflow.sim.graph_sim import graph_iteration
+    from crossflow.sim.memory import check_capacity
     from crossflow.workloads import compute_graph
 
     r = graph_iteration(compute_graph(spec), strategy, arch, network)
-    capacity = arch.main_memory.total_capacity_B
-    if r.memory_per_device_bytes > capacity:
-        shown = ", ".join(f"{k} {v / 1e9:.3g} GB" for k, v in r.memory_breakdown.items())
-        raise InfeasibleDesignError(
-            f"memory per device {r.memory_per_device_bytes / 1e9:.4g} GB exceeds the "
-            f"{capacity / 1e9:.4g} GB of {arch.main_memory.name} on {arch.name} ({shown})",
-            memory_bytes=r.memory_per_device_bytes,
-        )
+    check_capacity(arch, r.memory_breakdown)
+    flops = r.flops_per_device * devices  # replicas and shards run the same work
+    return _prediction(
+        spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,
+        memory=r.memory_breakdown, energy_J=r.energy_per_device_J * devices,
+        hardware_flops=flops, model_flops=flops, details=r.detail,
+    )
+
+
+def _prediction(spec, arch, strategy, devices, *, time_s, breakdown, memory, energy_J,
+                hardware_flops, model_flops, details) -> Prediction:
+    """A feasible distributed Prediction: per-device rates, MFU, the largest component."""
     peak = arch.peak_flops[spec.precision]
-    breakdown = dict(r.breakdown)
+    breakdown = dict(breakdown)
     return Prediction(
         workload=spec.name,
         hardware=arch.name,
-        time_s=r.time_s,
+        time_s=time_s,
         feasible=True,
-        memory_per_device_bytes=r.memory_per_device_bytes,
+        memory_per_device_bytes=sum(memory.values()),
         bottleneck=max(breakdown, key=breakdown.get).removesuffix("_s"),
         breakdown=breakdown,
-        achieved_flops_per_s=r.flops_per_device / r.time_s,
-        energy_J=r.energy_per_device_J * devices,
+        achieved_flops_per_s=hardware_flops / (time_s * devices),
+        energy_J=energy_J,
         details={
             "strategy": str(strategy),
             "devices": devices,
-            "model_flops_utilization": r.flops_per_device / (r.time_s * peak),
-            "memory_breakdown": r.memory_breakdown,
-            **r.detail,
+            "model_flops_utilization": model_flops / (time_s * devices * peak),
+            "memory_breakdown": dict(memory),
+            **details,
         },
     )

@@ -15,8 +15,8 @@ from functools import lru_cache
 from typing import Protocol
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
-from crossflow.errors import InfeasibleDesignError
 from crossflow.kernels import ops
+from crossflow.sim.memory import check_capacity
 from crossflow.sim.pipeline import simulate_pipeline
 from crossflow.sim.transformer import block_collectives, price_nodes
 
@@ -160,14 +160,7 @@ def transformer_iteration(
     }
     memory = _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
                      stage_params=stage_params, m=m, schedule=schedule)
-    capacity = arch.main_memory.total_capacity_B
-    used = sum(memory.values())
-    if used > capacity:
-        shown = ", ".join(f"{k} {v / 1e9:.3g} GB" for k, v in memory.items())
-        raise InfeasibleDesignError(
-            f"memory per device {used / 1e9:.4g} GB exceeds the {capacity / 1e9:.4g} GB of "
-            f"{arch.main_memory.name} on {arch.name} ({shown})", memory_bytes=used,
-        )
+    used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
         time_s=total,

@@ -1,0 +1,21 @@
+"""Memory per device against capacity."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from crossflow.arch.microarch import MicroArch
+from crossflow.errors import InfeasibleDesignError
+
+
+def check_capacity(arch: MicroArch, breakdown: Mapping[str, float]) -> float:
+    """Total bytes per device; InfeasibleDesignError (with the numbers) if over capacity."""
+    used = sum(breakdown.values())
+    capacity = arch.main_memory.total_capacity_B
+    if used > capacity:
+        shown = ", ".join(f"{k} {v / 1e9:.3g} GB" for k, v in breakdown.items())
+        raise InfeasibleDesignError(
+            f"memory per device {used / 1e9:.4g} GB exceeds the {capacity / 1e9:.4g} GB of "
+            f"{arch.main_memory.name} on {arch.name} ({shown})", memory_bytes=used,
+        )
+    return used
