@@ -52,6 +52,33 @@ def _parser() -> argparse.ArgumentParser:
     ca.add_argument("what", choices=["cpu"])
     ca.add_argument("--output", default="cpu-this-machine.yaml", help="preset YAML to write")
     ca.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+
+    st = sub.add_parser("study", help="run and inspect co-optimisation studies (Optuna)")
+    ss = st.add_subparsers(dest="study_command", required=True, parser_class=_Parser)
+    sl = ss.add_parser("list", help="the studies in ./studies/ and the shipped ones")
+    sl.add_argument("--json", action="store_true", help="print one JSON object")
+    sr = ss.add_parser("run", help="run a study (re-running resumes it)")
+    sr.add_argument("name", help="study name or YAML file")
+    sr.add_argument("--trials", type=int, help="the study's total number of trials")
+    sr.add_argument("--sampler", choices=["gd", "tpe", "cmaes", "random", "nsga2"])
+    sr.add_argument("--seed", type=int, help="sampler seed (default: the study's)")
+    sr.add_argument("--storage", help="Optuna storage URL or journal file")
+    sr.add_argument("--tracking-uri", help="MLflow tracking URI")
+    sr.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    sr.add_argument("--quiet", action="store_true", help="no progress bar")
+    for name, text in (("show", "best so far, trials by state, sampler"),
+                       ("best", "the best design; --export writes it for crossflow predict")):
+        sp = ss.add_parser(name, help=text)
+        sp.add_argument("name", help="study name or YAML file")
+        sp.add_argument("--storage", help="Optuna storage URL or journal file")
+        sp.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == "best":
+            sp.add_argument("--export", metavar="FILE", help="write the design (YAML) here")
+            sp.add_argument("--trial", type=int, help="a trial number instead of the best")
+
+    ui = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 for mlruns/")
+    ui.add_argument("--tracking-uri", help="MLflow tracking URI (default: mlruns/mlflow.db)")
+    ui.add_argument("--port", type=int, default=5000)
     return p
 
 
@@ -149,11 +176,143 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_study(args: argparse.Namespace) -> int:
+    # optuna / mlflow are imported by crossflow.search only when a study is opened
+    from crossflow.search import study as studies
+
+    if args.study_command == "list":
+        rows = studies.list_studies()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return EXIT_OK
+        for row in rows:
+            if "error" in row:
+                print(f"{row['name']:<20} ERROR {row['error']}")
+                continue
+            done = "not run" if row["trials"] is None else f"{row['trials']} trials"
+            print(f"{row['name']:<20} {row['sampler']:<7} {row['n_trials']:>6} trials  "
+                  f"[{done}]  {row['description']}")
+        return EXIT_OK
+    setup = studies.load_study(args.name)
+    if args.study_command == "run":
+        result = studies.run_study(
+            setup, n_trials=args.trials, sampler=args.sampler,
+            seed=args.seed if args.seed is not None else "study", storage=args.storage,
+            tracking_uri=args.tracking_uri, track=not args.no_tracking,
+            progress=not args.quiet)
+        print(f"{setup.name}: {result.trials_run} trials run in {result.elapsed_s:.1f} s, "
+              f"{result.total} in the study ({args.storage or setup.storage})")
+        _print_best(setup, result.best)
+        if result.interrupted:
+            print(f"crossflow: interrupted; run 'crossflow study run {args.name}' again to "
+                  "resume", file=sys.stderr)
+            return 130
+        return EXIT_OK
+    study = studies.open_study(setup, args.storage, create=False)
+    if args.study_command == "show":
+        summary = studies.study_summary(setup, study)
+        summary["storage"] = args.storage or setup.storage
+        if args.json:
+            print(json.dumps(summary, indent=2, default=str))
+            return EXIT_OK
+        _print_summary(summary)
+        return EXIT_OK
+    trial = None
+    if args.trial is not None:
+        trial = next((t for t in study.get_trials(deepcopy=False) if t.number == args.trial),
+                     None)
+        if trial is None or not studies.is_feasible(trial):
+            raise ConfigError("no such finished, feasible trial in the study",
+                              file="command line", key="--trial", value=args.trial)
+    design = studies.best_design(setup, study, trial)
+    if design is None:
+        print(f"{setup.name}: no feasible trial yet", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    if args.export:
+        written = studies.export_design(design, args.export)
+        for part, path in written.items():
+            print(f"wrote {path} ({part})")
+        print(f"  {_exported_command(args.export)}")
+    elif args.json:
+        print(json.dumps(design, indent=2, default=str))
+    else:
+        _print_best(setup, design, full=True)
+    return EXIT_OK
+
+
+def _exported_command(path: str) -> str:
+    """The predict command an exported design file holds."""
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)["command"]
+
+
+def _print_best(setup, design, full: bool = False) -> None:
+    if design is None:
+        print("  no feasible design yet")
+        return
+    values = ", ".join(f"{k} {v:.6g}" for k, v in design["objectives"].items())
+    print(f"  best: trial {design['trial']}: {values}")
+    d = design["design"]
+    for key in ("strategy", "mapping_order"):
+        if key in d:
+            print(f"    {key:<20} {d[key]}")
+    for key, value in d.items():
+        if key.endswith("_fractions") and (full or len(value) <= 8):
+            shown = ", ".join(f"{c} {f:.3f}" for c, f in value.items())
+            print(f"    {key:<20} {shown}")
+        elif key in ("technology", "parallelism_options"):
+            print(f"    {key:<20} " + ", ".join(f"{k}={v}" for k, v in value.items()))
+
+
+def _print_summary(s: dict) -> None:
+    print(f"{s['study']}: {s['description']}")
+    print(f"  storage     {s['storage']}")
+    print(f"  sampler     {s['sampler']} ({len(s['launches'])} launches)")
+    print(f"  objectives  {', '.join(s['objectives'])}")
+    print(f"  trials      {s['trials']} of {s['n_trials']}: "
+          + ", ".join(f"{k} {v}" for k, v in s["states"].items() if v))
+    if not s["best"]:
+        print("  best        no feasible trial yet")
+    for i, b in enumerate(s["best"]):
+        values = ", ".join(f"{k} {v:.6g}" for k, v in b["values"].items())
+        head = "best" if i == 0 else ""
+        print(f"  {head:<11} trial {b['trial']}: {values}")
+        if i == 0:
+            for key, value in b["design"].items():
+                if isinstance(value, dict):
+                    value = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                      for k, v in value.items())
+                print(f"    {key:<20} {value}")
+    if s["pareto_size"]:
+        print(f"  Pareto front: {s['pareto_size']} designs")
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    try:
+        from crossflow.search.tracking import launch_ui
+    except ImportError:
+        launch_ui = None
+    if launch_ui is not None:
+        return launch_ui(args.tracking_uri, host="127.0.0.1", port=args.port)
+    import subprocess
+
+    from crossflow.search.study import default_tracking_uri
+
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
+           args.tracking_uri or default_tracking_uri(), "--host", "127.0.0.1",
+           "--port", str(args.port)]
+    return subprocess.run(cmd, check=False).returncode
+
+
 _COMMANDS = {
     "predict": _cmd_predict,
     "check": _cmd_check,
     "validate": _cmd_validate,
     "calibrate": _cmd_calibrate,
+    "study": _cmd_study,
+    "ui": _cmd_ui,
 }
 
 

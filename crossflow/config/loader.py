@@ -30,7 +30,14 @@ FAMILY_LABELS = {
     "tech": "technology",
     "systems": "system",
     "parallelism": "parallelism",
+    "studies": "study",
+    "search_spaces": "search space",
 }
+
+#: Families also looked up in a folder of that name in the current directory, before the
+#: shipped presets: users keep their own ``studies/`` and ``search_spaces/`` beside their
+#: ``mlruns/`` (in the repository these folders link to the shipped ones).
+LOCAL_FAMILIES = ("studies", "search_spaces")
 
 #: Families whose files may leave ``kind`` out; it then defaults to this kind.
 DEFAULT_KINDS = {"parallelism": "parallelism"}
@@ -54,6 +61,14 @@ def preset_dir(family: str) -> Path:
 def preset_names(family: str) -> tuple[str, ...]:
     folder = preset_dir(family)
     if not folder.is_dir():
+        return ()
+    return tuple(sorted(p.stem for p in folder.glob("*.yaml")))
+
+
+def local_names(family: str) -> tuple[str, ...]:
+    """Names in ``./<family>/`` of the current directory (for :data:`LOCAL_FAMILIES`)."""
+    folder = Path(family)
+    if family not in LOCAL_FAMILIES or not folder.is_dir():
         return ()
     return tuple(sorted(p.stem for p in folder.glob("*.yaml")))
 
@@ -121,10 +136,14 @@ def _locate(source: str, families: tuple[str, ...]) -> str:
     if path.suffix in (".yaml", ".yml") or path.exists() or "/" in source:
         return str(path)
     for family in families:
+        if family in LOCAL_FAMILIES:
+            candidate = Path(family) / f"{source}.yaml"
+            if candidate.is_file():
+                return str(candidate)
         candidate = preset_dir(family) / f"{source}.yaml"
         if candidate.is_file():
             return str(candidate)
-    names = [n for fam in families for n in preset_names(fam)]
+    names = sorted({n for fam in families for n in (*local_names(fam), *preset_names(fam))})
     what = " or ".join(FAMILY_LABELS.get(f, f) for f in families) or "config"
     raise ConfigError(
         f"unknown {what} preset {source!r}, and no file of that name",

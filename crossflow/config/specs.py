@@ -13,3 +13,6 @@ register_kind("lstm", "workloads", "crossflow.config.workload:LstmSpec")
 # Parallelism files may leave out ``kind`` (loader.DEFAULT_KINDS).
 register_kind("parallelism", "parallelism", "crossflow.parallel.spec:ParallelismSpec")
 register_kind("system", "systems", "crossflow.config.system:SystemSpec")
+# Studies and search spaces (crossflow.search; optuna is imported only to run one).
+register_kind("search_space", "search_spaces", "crossflow.search.space:SearchSpaceSpec")
+register_kind("study", "studies", "crossflow.search.study:StudySpec")

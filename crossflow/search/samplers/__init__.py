@@ -1,0 +1,114 @@
+"""Samplers by name: ``gd`` (the paper's §7 gradient descent), ``tpe``, ``cmaes``,
+``random``, ``nsga2`` (DESIGN.md §6).
+
+* ``tpe`` — :class:`optuna.samplers.TPESampler`, multivariate (the simplex coordinates are
+  coupled through the softmax) with the constant liar for parallel workers.
+* ``cmaes`` — :class:`optuna.samplers.CmaEsSampler` on the continuous and integer
+  parameters; the categoricals (strategy, mapping order, technology) are sampled explicitly
+  by an independent TPE sampler (``independent_sampler``; its warning is off because that
+  is the design, not a silent random fallback).  One objective only.
+* ``random`` — :class:`optuna.samplers.RandomSampler`.
+* ``nsga2`` — :class:`optuna.samplers.NSGAIISampler` (multi-objective; constrained
+  domination reads the trials' ``infeasibility`` constraint).
+* ``gd`` — :class:`crossflow.search.samplers.gd.GDSampler`, imported when asked for.
+
+A study's ``sampler_options`` are keyword arguments of the sampler class (checked against
+its signature when the study is loaded); ``seed`` is given separately.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from crossflow.errors import ConfigError, CrossflowError
+
+NAMES = ("gd", "tpe", "cmaes", "random", "nsga2")
+#: Defaults a study's sampler_options can override.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "tpe": {"multivariate": True, "constant_liar": True},
+    "cmaes": {},
+    "random": {},
+    "nsga2": {},
+    "gd": {},
+}
+
+
+def sampler_class(name: str):
+    """The sampler class of ``name`` (imports optuna, or the gd package)."""
+    if name == "gd":
+        try:
+            from crossflow.search.samplers.gd import GDSampler
+        except ImportError as exc:
+            raise CrossflowError(
+                f"the gd sampler is not available (crossflow.search.samplers.gd: {exc}); "
+                "use another sampler (--sampler tpe)") from None
+        return GDSampler
+    if name == "cmaes":
+        try:
+            import cmaes  # noqa: F401 - optuna's CmaEsSampler needs it at the first trial
+        except ImportError:
+            raise CrossflowError("the cmaes sampler needs the 'cmaes' package "
+                                 "(pip install cmaes)") from None
+    import optuna
+
+    classes = {"tpe": optuna.samplers.TPESampler, "cmaes": optuna.samplers.CmaEsSampler,
+               "random": optuna.samplers.RandomSampler,
+               "nsga2": optuna.samplers.NSGAIISampler}
+    if name not in classes:
+        raise ConfigError("unknown sampler", key="sampler", value=name, allowed=", ".join(NAMES))
+    return classes[name]
+
+
+#: Arguments the factory sets itself.
+_RESERVED = {"seed", "simplexes", "independent_sampler", "warn_independent_sampling"}
+
+
+def check_options(name: str, options: Mapping[str, Any], *, file: str | None = None) -> None:
+    """Raise a ConfigError naming ``sampler_options.<key>`` unless every option is a keyword
+    argument of the sampler (gd: only checked when its package is there)."""
+    if name not in NAMES:
+        raise ConfigError("unknown sampler", file=file, key="sampler", value=name,
+                          allowed=", ".join(NAMES))
+    try:
+        cls = sampler_class(name)
+    except CrossflowError:
+        if name == "gd":
+            return
+        raise
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = sorted(k for k in params if k not in ("self", *_RESERVED))
+    for key, value in options.items():
+        if key not in allowed:
+            raise ConfigError(f"not an option of the {name} sampler", file=file,
+                              key=f"sampler_options.{key}", value=value,
+                              allowed=", ".join(allowed))
+
+
+def make_sampler(name: str, *, seed: int | None, options: Mapping[str, Any] | None = None,
+                 space=None, n_objectives: int = 1):
+    """The Optuna sampler ``name`` for a study whose search space is ``space`` (a
+    :class:`crossflow.search.space.SearchSpace`; the ``gd`` sampler needs its simplexes)."""
+    options = {**DEFAULTS.get(name, {}), **dict(options or {})}
+    check_options(name, options)
+    if name == "cmaes" and n_objectives > 1:
+        raise ConfigError("CMA-ES optimises one objective; use nsga2, tpe or random",
+                          key="sampler", value=name)
+    cls = sampler_class(name)
+    try:
+        if name == "cmaes":
+            import optuna
+
+            categorical = optuna.samplers.TPESampler(seed=seed, multivariate=False)
+            return cls(seed=seed, independent_sampler=categorical,
+                       warn_independent_sampling=False, **options)
+        if name == "gd":
+            simplexes = space.simplex_components() if space is not None else {}
+            return cls(simplexes=simplexes, seed=seed, **options)
+        return cls(seed=seed, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"the {name} sampler rejects these options: {exc}",
+                          key="sampler_options", value=dict(options)) from None

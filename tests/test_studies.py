@@ -1,0 +1,279 @@
+"""Running studies: the objective, infeasible trials, resuming, several workers, the CLI."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+import yaml
+
+import crossflow
+from crossflow.search import objective as objective_module
+from crossflow.search.objective import CONSTRAINT, PENALTY
+from crossflow.search.study import best_design, is_feasible, load_study, run_study
+
+optuna = pytest.importorskip("optuna")
+from optuna.trial import TrialState  # noqa: E402
+
+
+def _run(setup, tmp_path, n, **kw):
+    kw.setdefault("storage", str(tmp_path / f"{setup.name}.journal"))
+    return run_study(setup, n_trials=n, track=False, progress=False, **kw)
+
+
+def test_objective_records_feasible_and_infeasible_trials(tmp_path):
+    setup = load_study("quickstart")
+    result = _run(setup, tmp_path, 40, sampler="random")
+    trials = result.study.trials
+    assert len(trials) == 40 and all(t.state == TrialState.COMPLETE for t in trials)
+    feasible = [t for t in trials if t.user_attrs["feasible"]]
+    infeasible = [t for t in trials if not t.user_attrs["feasible"]]
+    assert feasible and infeasible                        # the study went on past them
+    for t in feasible:
+        assert t.value == t.user_attrs["iteration_time_s"] < PENALTY
+        assert t.constraints == {CONSTRAINT: 0.0}
+        assert set(t.user_attrs["area_fractions"]) == set(setup.template.budget_keys)
+        assert sum(t.user_attrs["power_fractions"].values()) <= 1 + 1e-12
+        assert t.user_attrs["eval_time_s"] > 0 and t.user_attrs["bottleneck"]
+    for t in infeasible:
+        assert t.user_attrs["infeasible_reason"]            # the AGE's message, with numbers
+        assert t.constraints[CONSTRAINT] > 0 and t.value >= PENALTY
+        assert "iteration_time_s" not in t.user_attrs
+    # the first trial of a fresh study is the template's own design
+    assert trials[0].user_attrs.get("baseline") is True and trials[0].user_attrs["feasible"]
+    # the best design skips infeasible trials, and predicts what the trial recorded
+    best = result.best
+    assert best["objectives"]["iteration_time_s"] == min(t.value for t in feasible)
+    assert crossflow.predict(**best["predict"]).time_s == best["objectives"]["iteration_time_s"]
+
+
+def test_memory_infeasibility_is_graded(tmp_path):
+    setup = load_study("gpt3-175b-a100")
+    result = _run(setup, tmp_path, 40, sampler="random", seed=3)
+    trials = result.study.trials
+    memory = [t for t in trials if "memory per device" in t.user_attrs.get(
+        "infeasible_reason", "")]
+    invalid = [t for t in trials if t.user_attrs.get("infeasible_reason", "").startswith(
+        "invalid combination")]
+    assert memory and invalid and any(t.user_attrs["feasible"] for t in trials)
+    for t in memory:  # need / capacity - 1 > 0, and the penalty grows with it
+        assert t.constraints[CONSTRAINT] > 0
+        assert t.values[0] == pytest.approx(PENALTY * (1 + t.constraints[CONSTRAINT]))
+    for t in invalid:
+        assert t.constraints[CONSTRAINT] == 1.0
+    front = [t for t in trials if is_feasible(t)]
+    assert all(len(t.values) == 2 for t in front)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "cmaes", "nsga2"])
+def test_samplers_run_a_study(tmp_path, sampler, recwarn):
+    setup = load_study("gemm-64k")
+    result = _run(setup, tmp_path, 25, sampler=sampler)
+    assert len(result.study.trials) == 25 and result.best is not None
+    assert not [w for w in recwarn if "CmaEs" in str(w.message)]
+
+
+def test_gd_sampler_runs_a_study(tmp_path):
+    from crossflow.errors import CrossflowError
+    from crossflow.search.samplers import sampler_class
+
+    try:
+        sampler_class("gd")
+    except CrossflowError as exc:
+        pytest.skip(str(exc))
+    setup = load_study("quickstart")
+    result = _run(setup, tmp_path, 30, sampler="gd")
+    assert len([t for t in result.study.trials if t.state == TrialState.COMPLETE]) >= 30
+
+
+def test_rerunning_resumes_without_repeating(tmp_path):
+    setup = load_study("quickstart")
+    first = _run(setup, tmp_path, 15)
+    before = {t.number: (t.params, t.values) for t in first.study.trials}
+    second = _run(setup, tmp_path, 25)
+    assert second.trials_run == 10
+    trials = second.study.trials
+    assert [t.number for t in trials] == list(range(25))
+    assert {t.number: (t.params, t.values) for t in trials[:15]} == before
+    assert _run(setup, tmp_path, 25).trials_run == 0      # already complete: nothing to do
+    # each launch is recorded, with its own seed (the first keeps the study's)
+    launches = [v for k, v in sorted(second.study.user_attrs.items())
+                if k.startswith("launch.")]
+    assert [launch["seed"] for launch in launches] == [0, 1, 2]
+
+
+def test_interrupted_study_resumes(tmp_path, monkeypatch):
+    setup = load_study("quickstart")
+    calls = {"n": 0}
+    real = objective_module.evaluate
+
+    def flaky(setup_, design):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real(setup_, design)
+
+    monkeypatch.setattr(objective_module, "evaluate", flaky)
+    stopped = _run(setup, tmp_path, 20)
+    assert stopped.interrupted and stopped.trials_run == 7
+    states = [t.state for t in stopped.study.trials]
+    assert states.count(TrialState.COMPLETE) == 7 and states.count(TrialState.FAIL) == 1
+    done = {t.number: t.params for t in stopped.study.trials if t.state == TrialState.COMPLETE}
+    monkeypatch.setattr(objective_module, "evaluate", real)
+    resumed = _run(setup, tmp_path, 20)
+    assert not resumed.interrupted and resumed.trials_run == 13
+    complete = [t for t in resumed.study.trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 20
+    assert {t.number: t.params for t in complete if t.number in done} == done
+
+
+def test_ctrl_c_stops_after_the_trial_in_progress(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    setup = load_study("quickstart")
+    calls = {"n": 0}
+    real = objective_module.evaluate
+
+    def interrupting(setup_, design):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            os.kill(os.getpid(), signal.SIGINT)      # Ctrl-C while trial 7 runs
+        return real(setup_, design)
+
+    monkeypatch.setattr(objective_module, "evaluate", interrupting)
+    stopped = _run(setup, tmp_path, 20)
+    assert stopped.interrupted and stopped.trials_run == 8
+    assert [t.state for t in stopped.study.trials] == [TrialState.COMPLETE] * 8
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _worker(path: str, n: int, seed: int, out) -> None:
+    setup = load_study("quickstart")
+    result = run_study(setup, n_trials=n, storage=path, seed=seed, track=False,
+                       progress=False)
+    out.put(result.trials_run)
+
+
+def test_two_workers_share_one_journal(tmp_path):
+    path = str(tmp_path / "shared.journal")
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    n = 60
+    procs = [ctx.Process(target=_worker, args=(path, n, seed, out)) for seed in (0, 100)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    ran = [out.get(timeout=5) for _ in procs]
+    setup = load_study("quickstart")
+    from crossflow.search.study import open_study
+
+    trials = open_study(setup, path, create=False).trials
+    numbers = [t.number for t in trials]
+    assert numbers == list(range(len(trials)))           # no duplicate, no gap
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    # every trial was run (and reported) by exactly one worker; each stops once the study
+    # has n trials finished or in flight, so the total overshoots by at most one per worker
+    assert sum(ran) == len(trials)
+    assert n <= len(trials) <= n + 1
+    assert all(r > 0 for r in ran)
+
+
+def test_cli_quickstart_show_best_export_and_predict(tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("study", "run", "quickstart")
+    assert code == 0, err
+    assert "200 trials run" in out and "best: trial" in out
+    assert (tmp_path / "mlruns" / "optuna" / "quickstart.journal").is_file()
+    assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+    code, out, err = cli("study", "show", "quickstart")
+    assert code == 0, err
+    assert "200 of 200" in out and "best" in out and "tpe" in out
+    code, out, err = cli("study", "best", "quickstart", "--export", "out/design.yaml")
+    assert code == 0, err
+    design = yaml.safe_load(Path("out/design.yaml").read_text())
+    assert design["files"] == {"hardware": "out/design.hardware.yaml"}
+    hardware = yaml.safe_load(Path("out/design.hardware.yaml").read_text())
+    assert hardware["kind"] == "architecture"
+    assert hardware["area_fractions"] == design["design"]["area_fractions"]
+    # the exported design predicts back what the study found, from the shell and Python
+    code, out, err = cli("predict", "--workload", "gemm-8192", "--hardware",
+                         "out/design.hardware.yaml", "--json")
+    assert code == 0, err
+    import json
+
+    assert json.loads(out)["time_s"] == design["objectives"]["iteration_time_s"]
+    assert crossflow.predict(**design["predict"]).time_s == json.loads(out)["time_s"]
+    code, out, _ = cli("study", "list")
+    assert code == 0 and "quickstart" in out and "[200 trials]" in out
+    # MLflow holds the study's experiment with one child run per trial
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = client.get_experiment_by_name("quickstart")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    numbers = [r.data.tags.get("trial_number") for r in runs]
+    trial_numbers = sorted(int(x) for x in numbers if x is not None)
+    assert trial_numbers == list(range(200))
+
+
+def test_cli_distributed_export_round_trips(tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("study", "run", "gemm-64k", "--trials", "20", "--no-tracking",
+                       "--quiet")
+    assert code == 0, err
+    code, _, err = cli("study", "best", "gemm-64k", "--export", "d.yaml")
+    assert code == 0, err
+    design = yaml.safe_load(Path("d.yaml").read_text())
+    args = design["predict"]
+    code, out, err = cli("predict", "--workload", args["workload"], "--hardware",
+                         "d.hardware.yaml", "--system", args["system"], "--parallelism",
+                         "d.parallelism.yaml", "--mapping-order", args["mapping_order"],
+                         "--json")
+    assert code == 0, err
+    import json
+
+    assert json.loads(out)["time_s"] == design["objectives"]["iteration_time_s"]
+
+
+def test_rdb_storage(tmp_path):
+    setup = load_study("quickstart")
+    url = f"sqlite:///{tmp_path}/db/studies.db"
+    result = _run(setup, tmp_path, 12, storage=url)
+    assert len(result.study.trials) == 12
+    assert _run(setup, tmp_path, 15, storage=url).trials_run == 3
+
+
+def test_cli_errors(tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("study", "show", "quickstart")
+    assert code == 2 and "run it first" in err
+    code, _, err = cli("study", "run", "no-such-study")
+    assert code == 2 and "unknown study preset" in err and "quickstart" in err
+
+
+def test_cli_ui_starts_mlflow_on_localhost(monkeypatch, cli):
+    import crossflow.search.tracking as tracking
+
+    seen = {}
+
+    def fake(uri, host, port):
+        seen.update(uri=uri, host=host, port=port)
+        return 0
+
+    monkeypatch.setattr(tracking, "launch_ui", fake)
+    code, _, _ = cli("ui", "--port", "5055")
+    assert code == 0 and seen == {"uri": None, "host": "127.0.0.1", "port": 5055}
+
+
+def test_best_design_of_a_multi_objective_study(tmp_path):
+    setup = load_study("gpt3-175b-a100")
+    result = _run(setup, tmp_path, 30)
+    best = best_design(setup, result.study)
+    assert set(best["objectives"]) == {"iteration_time_s", "energy_J"}
+    p = crossflow.predict(**best["predict"])
+    assert p.time_s == best["objectives"]["iteration_time_s"]
+    assert p.energy_J == best["objectives"]["energy_J"]
