@@ -277,3 +277,15 @@ def test_best_design_of_a_multi_objective_study(tmp_path):
     p = crossflow.predict(**best["predict"])
     assert p.time_s == best["objectives"]["iteration_time_s"]
     assert p.energy_J == best["objectives"]["energy_J"]
+
+
+def test_baseline_trials_cover_every_technology_choice():
+    from crossflow.search import load_study
+
+    setup = load_study("quickstart")
+    trials = setup.baseline_trials()
+    nodes = [t["logic_node"] for t in trials]
+    assert nodes[0] == "N12"  # the template's own design first
+    assert sorted(nodes) == sorted(setup.space.dimension("logic_node").choices)
+    simplex = {k: v for k, v in trials[0].items() if k != "logic_node"}
+    assert all({k: v for k, v in t.items() if k != "logic_node"} == simplex for t in trials)

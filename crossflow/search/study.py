@@ -124,6 +124,10 @@ class StudySpec(Spec):
 # --- resolution -----------------------------------------------------------------------------
 
 
+#: Search dimensions that pick a technology from the library (besides "memory.<level>").
+TECHNOLOGY_DIMS = ("logic_node", "dram", "intra_link", "inter_link")
+
+
 @dataclass(frozen=True)
 class StudySetup:
     """A study resolved: its specs loaded and checked, its search space enumerated."""
@@ -229,6 +233,22 @@ class StudySetup:
                                         else dim.low <= value <= dim.high):
                 params[dim.name] = value
         return params
+
+    def baseline_trials(self) -> list[dict[str, Any]]:
+        """The template's design, then the same budget split under every other choice of
+        each technology dimension (logic node, memories, links).  A random budget split
+        on an unfamiliar technology is often infeasible or poor, so without these a
+        sampler can settle on the template's technology having never seen the others at
+        their best known split (on quickstart, TPE kept N12 over N5, 2.4x faster)."""
+        base = self.baseline_params()
+        if not base:
+            return []
+        trials = [base]
+        for dim in self.space.dimensions:
+            technology = dim.name in TECHNOLOGY_DIMS or dim.name.startswith("memory.")
+            if dim.kind == "categorical" and technology and dim.name in base:
+                trials += [{**base, dim.name: c} for c in dim.choices if c != base[dim.name]]
+        return trials
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary of the study (logged with each launch)."""
@@ -881,9 +901,8 @@ def _run(setup: StudySetup, n_trials, sampler, seed, sampler_options, storage, t
     study = open_study(setup, url)
 
     if setup.spec.baseline and not study.get_trials(deepcopy=False):
-        baseline = setup.baseline_params()
-        if baseline:
-            study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
+        for params in setup.baseline_trials():
+            study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
     index = sum(1 for k in study.user_attrs if k.startswith("launch."))
     launch_seed = None if base_seed is None else base_seed + index
     study.sampler = make_sampler(sampler_name, seed=launch_seed, options=sampler_options,
