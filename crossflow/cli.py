@@ -76,6 +76,25 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--export", metavar="FILE", help="write the design (YAML) here")
             sp.add_argument("--trial", type=int, help="a trial number instead of the best")
 
+    rp = sub.add_parser("report", help="regenerate one of the paper's case-study reports")
+    rp.add_argument("name", help="report name (fig1-gemm-64k, fig9-technology, ...)")
+    rp.add_argument("--quick", action="store_true", help="a few points only (seconds)")
+    rp.add_argument("--out", metavar="DIR", help="output folder (default mlruns/reports/NAME)")
+    rp.add_argument("--tracking-uri", help="MLflow tracking URI (default: mlruns/mlflow.db)")
+
+    cp = sub.add_parser("compare", help="compare samplers on a study at equal budgets")
+    cp.add_argument("name", help="study name or YAML file")
+    cp.add_argument("--samplers", default="gd,tpe,cmaes,random",
+                    help="comma-separated samplers (default gd,tpe,cmaes,random)")
+    cp.add_argument("--seeds", type=int, default=3, help="seeds per sampler (0 .. N-1)")
+    cp.add_argument("--budget", type=int, default=200, help="model evaluations per run")
+    cp.add_argument("--workers", type=int, default=1, help="processes over the runs")
+    cp.add_argument("--storage", help="Optuna storage URL (default: a journal file per run "
+                    "under mlruns/optuna/compare/)")
+    cp.add_argument("--tracking-uri", help="MLflow tracking URI")
+    cp.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    cp.add_argument("--quiet", action="store_true", help="no progress lines")
+
     ui = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 for mlruns/")
     ui.add_argument("--tracking-uri", help="MLflow tracking URI (default: mlruns/mlflow.db)")
     ui.add_argument("--port", type=int, default=5000)
@@ -289,6 +308,31 @@ def _print_summary(s: dict) -> None:
         print(f"  Pareto front: {s['pareto_size']} designs")
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    import time
+
+    from crossflow.search.reports import run_report
+
+    t0 = time.perf_counter()
+    path = run_report(args.name, args.out, quick=args.quick, tracking_uri=args.tracking_uri)
+    print(f"{path} ({time.perf_counter() - t0:.1f} s; logged to MLflow experiment 'reports')")
+    return EXIT_OK
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from crossflow.search.compare import compare, main_table
+    from crossflow.search.study import load_study
+
+    setup = load_study(args.name)
+    samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
+                     workers=args.workers, storage=args.storage,
+                     tracking_uri=args.tracking_uri, track=not args.no_tracking,
+                     progress=not args.quiet)
+    print(main_table(result))
+    return EXIT_OK
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     try:
         from crossflow.search.tracking import launch_ui
@@ -313,6 +357,8 @@ _COMMANDS = {
     "calibrate": _cmd_calibrate,
     "study": _cmd_study,
     "ui": _cmd_ui,
+    "compare": _cmd_compare,
+    "report": _cmd_report,
 }
 
 

@@ -1,0 +1,451 @@
+"""``crossflow compare``: which sampler finds the best design, in how many evaluations.
+
+Each sampler × seed runs in its own fresh Optuna study ``<study>.compare.<sampler>.s<seed>``
+(by default a journal file per run under ``mlruns/optuna/compare/``; a re-run starts it
+again) for exactly ``budget`` model evaluations — the study's enqueued baseline trials
+count — with one worker, so budgets are equal.  Seeds are 0 … N−1.  A sampler takes the
+study's ``sampler_options`` when it is the study's own sampler, else its defaults.
+
+Per sampler, over seeds: the best feasible value at 10 / 25 / 50 / 100 % of the budget
+(median, min–max), the evaluations needed to come within 1 % and 5 % of the best-known
+value (:mod:`crossflow.search.best_known`; median over seeds, a seed that never gets
+there counts as never, "—" when the median never does; ``k/N`` seeds that did), wall
+time (median per run) and the infeasible share.  When a run beats the best-known value,
+the better value is the reference (and the table says so).
+
+Written to ``mlruns/compare/<study>/``: ``table.txt`` (what the terminal shows),
+``summary.csv`` (per sampler), ``runs.csv`` (per run), ``curves.csv`` (every evaluation),
+``convergence.png`` (best-so-far vs evaluations, log x, median line and min–max band per
+sampler, the best-known value as a horizontal line) and ``best_known.json``.  The same
+files are the artifacts of one MLflow parent run in the experiment ``<study>.compare``,
+with a child run per sampler × seed carrying its best-so-far curve as the metric
+``best_so_far`` (step = evaluation number) and its summary metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossflow.errors import ConfigError
+from crossflow.search.study import MLRUNS
+
+FRACTIONS = (0.10, 0.25, 0.50, 1.00)
+TOLERANCES = (0.01, 0.05)
+COMPARE_SAMPLERS = ("gd", "tpe", "cmaes", "random")
+
+
+def run_name(study: str, sampler: str, seed: int) -> str:
+    return f"{study}.compare.{sampler}.s{seed}"
+
+
+def run_one(setup, sampler: str, seed: int, budget: int, *, storage: str | None = None,
+            root: str | Path | None = None) -> dict[str, Any]:
+    """One sampler × seed: a fresh study of exactly ``budget`` evaluations.  Returns
+    ``sampler``, ``seed``, ``study``, ``storage``, ``values`` (per evaluation, in trial
+    order; ``inf`` for an infeasible design), ``feasible``, ``params`` and ``wall_s``."""
+    from crossflow.search.study import is_feasible, run_study
+
+    name = run_name(setup.name, sampler, seed)
+    url = storage or str(Path(root or MLRUNS) / "optuna" / "compare" / f"{name}.journal")
+    _fresh(url, name)
+    sub = dataclasses.replace(setup, spec=setup.spec.model_copy(update={"name": name}))
+    t0 = time.perf_counter()
+    result = run_study(sub, n_trials=budget, sampler=sampler, seed=seed, storage=url,
+                       track=False, progress=False)
+    wall = time.perf_counter() - t0
+    trials = sorted(result.study.get_trials(deepcopy=False), key=lambda t: t.number)
+    values, feasible, params = [], [], []
+    for t in trials:
+        ok = is_feasible(t)
+        feasible.append(ok)
+        values.append(float(t.values[0]) if ok and t.values else math.inf)
+        params.append(dict(t.params))
+    return {"sampler": sampler, "seed": seed, "study": name, "storage": url,
+            "values": values, "feasible": feasible, "params": params, "wall_s": wall,
+            "interrupted": result.interrupted}
+
+
+def _fresh(url: str, name: str) -> None:
+    """Remove an earlier run of ``name`` so every comparison run starts empty."""
+    if "://" not in url:
+        path = Path(url)
+        if path.exists():
+            path.unlink()
+        for lock in path.parent.glob(f"{path.name}.lock*"):
+            lock.unlink(missing_ok=True)
+        return
+    import optuna
+
+    from crossflow.search.study import make_storage
+
+    with contextlib.suppress(KeyError):
+        optuna.delete_study(study_name=name, storage=make_storage(url))
+
+
+def _worker(task: tuple) -> dict[str, Any]:
+    source, sampler, seed, budget, storage, root = task
+    from crossflow.search.study import load_study
+
+    return run_one(load_study(source), sampler, seed, budget, storage=storage, root=root)
+
+
+def best_so_far(values: Sequence[float]) -> np.ndarray:
+    """The running minimum (``inf`` until the first feasible design)."""
+    return np.minimum.accumulate(np.asarray(values, dtype=float))
+
+
+def evaluations_to(curve: np.ndarray, target: float) -> int | None:
+    """The first evaluation (1-based) whose best-so-far is within ``target``, or None."""
+    hit = np.nonzero(curve <= target)[0]
+    return int(hit[0]) + 1 if hit.size else None
+
+
+def summarize(runs: Sequence[dict[str, Any]], budget: int,
+              reference: float | None) -> list[dict[str, Any]]:
+    """Per sampler (in the order first seen) the comparison's statistics."""
+    out = []
+    for sampler in dict.fromkeys(r["sampler"] for r in runs):
+        mine = [r for r in runs if r["sampler"] == sampler]
+        curves = np.array([best_so_far(r["values"]) for r in mine])
+        row: dict[str, Any] = {"sampler": sampler, "seeds": len(mine), "budget": budget}
+        for f in FRACTIONS:
+            at = curves[:, max(1, round(budget * f)) - 1]
+            key = f"best_at_{int(f * 100)}pct"
+            row[f"{key}_median"] = _finite(np.median(at))
+            row[f"{key}_min"] = _finite(at.min())
+            row[f"{key}_max"] = _finite(at.max())
+        for tol in TOLERANCES:
+            key = f"evals_to_{int(tol * 100)}pct"
+            if reference is None:
+                row[f"{key}_median"], row[f"{key}_reached"] = None, 0
+                continue
+            hits = [evaluations_to(c, reference * (1 + tol) * (1 + 1e-12)) for c in curves]
+            n = np.array([math.inf if h is None else h for h in hits])
+            med = float(np.median(n))
+            row[f"{key}_median"] = None if math.isinf(med) else med
+            row[f"{key}_reached"] = sum(h is not None for h in hits)
+        row["wall_s_median"] = float(np.median([r["wall_s"] for r in mine]))
+        row["infeasible_share"] = float(np.mean([1 - np.mean(r["feasible"]) for r in mine]))
+        out.append(row)
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+# --- the whole comparison -------------------------------------------------------------------
+
+
+def compare(setup, *, samplers: Sequence[str] = COMPARE_SAMPLERS, seeds: int = 3,
+            budget: int = 100, workers: int = 1, storage: str | None = None,
+            tracking_uri: str | None = None, track: bool = True,
+            root: str | Path | None = None, progress: bool = True,
+            best_known_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the comparison of ``setup`` (a StudySetup) and write / log its report.
+
+    ``root`` is the ``mlruns`` folder (default ``./mlruns``).  Returns ``runs`` (see
+    :func:`run_one`), ``summary`` (:func:`summarize`), ``reference`` / ``best_known``,
+    ``table`` (text), ``files`` (name -> path) and ``mlflow_run_id`` (the parent run)."""
+    from crossflow.search.best_known import best_known
+    from crossflow.search.samplers import NAMES, check_options
+
+    samplers = list(dict.fromkeys(samplers))
+    for s in samplers:
+        if s not in NAMES or s == "nsga2":
+            raise ConfigError("unknown or multi-objective sampler", key="samplers", value=s,
+                              allowed=", ".join(COMPARE_SAMPLERS))
+        if s == setup.spec.sampler:
+            check_options(s, setup.spec.sampler_options)
+    if len(setup.objectives) > 1 and "cmaes" in samplers:
+        raise ConfigError("CMA-ES optimises one objective; this study has "
+                          f"{len(setup.objectives)}", key="samplers", value="cmaes")
+    if seeds < 1 or budget < 1 or workers < 1:
+        raise ConfigError("seeds, budget and workers must be >= 1", key="compare",
+                          value={"seeds": seeds, "budget": budget, "workers": workers})
+    root = Path(root or MLRUNS)
+    t0 = time.perf_counter()
+    known = best_known(setup, root=root, progress=progress, **(best_known_options or {}))
+    tasks = [(setup.file or setup.name, s, seed, budget, storage, str(root))
+             for s in samplers for seed in range(seeds)]
+    runs: list[dict[str, Any]] = []
+    if workers > 1 and len(tasks) > 1:
+        import multiprocessing as mp
+
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        with mp.get_context(method).Pool(min(workers, len(tasks))) as pool:
+            for r in pool.imap_unordered(_worker, tasks):
+                runs.append(r)
+                _say(progress, r, len(runs), len(tasks))
+    else:
+        for task in tasks:
+            r = run_one(setup, task[1], task[2], budget, storage=storage, root=root)
+            runs.append(r)
+            _say(progress, r, len(runs), len(tasks))
+    order = {(s, seed): i for i, (_, s, seed, *_rest) in enumerate(tasks)}
+    runs.sort(key=lambda r: order[(r["sampler"], r["seed"])])
+    for r in runs:
+        if r["interrupted"]:
+            raise KeyboardInterrupt
+        if len(r["values"]) != budget:
+            raise RuntimeError(f"{r['study']}: {len(r['values'])} evaluations, not {budget}")
+
+    found = min((min(r["values"]) for r in runs), default=math.inf)
+    reference = known.get("value")
+    beaten = reference is not None and found < reference
+    if reference is None or beaten:
+        reference = found if math.isfinite(found) else None
+    summary = summarize(runs, budget, reference)
+    elapsed = time.perf_counter() - t0
+    table = format_table(setup.name, summary, budget, seeds, reference, known, beaten,
+                         elapsed)
+    out_dir = root / "compare" / setup.name
+    files = write_report(out_dir, setup, runs, summary, table, reference, known)
+    run_id = None
+    if track:
+        run_id = log_mlflow(setup, runs, summary, files, reference, known, budget, seeds,
+                            tracking_uri or setup.spec.tracking_uri or
+                            (f"sqlite:///{(root / 'mlflow.db').resolve()}"
+                             if root != Path(MLRUNS) else None))
+    return {"study": setup.name, "runs": runs, "summary": summary, "reference": reference, "best_known": known,
+            "beaten": beaten, "table": table, "files": files, "mlflow_run_id": run_id,
+            "elapsed_s": elapsed}
+
+
+def _say(enabled: bool, r: dict[str, Any], done: int, total: int) -> None:
+    if enabled:
+        best = min(r["values"]) if r["values"] else math.inf
+        print(f"compare: [{done}/{total}] {r['sampler']} seed {r['seed']}: best "
+              f"{best:.6g} in {len(r['values'])} evaluations, {r['wall_s']:.1f} s",
+              file=sys.stderr, flush=True)
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "—" if x is None else f"{x:.{digits}g}"
+
+
+def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seeds: int,
+                 reference: float | None, known: dict[str, Any], beaten: bool,
+                 elapsed: float) -> str:
+    head = ["sampler"] + [f"best@{int(f * 100)}% ({max(1, round(budget * f))})"
+                          for f in FRACTIONS] + ["evals≤1%", "evals≤5%", "wall s", "infeas."]
+    rows = []
+    for r in summary:
+        row = [r["sampler"]]
+        for f in FRACTIONS:
+            k = f"best_at_{int(f * 100)}pct"
+            row.append(f"{_fmt(r[k + '_median'])} [{_fmt(r[k + '_min'], 3)}–"
+                       f"{_fmt(r[k + '_max'], 3)}]")
+        for tol in TOLERANCES:
+            k = f"evals_to_{int(tol * 100)}pct"
+            med = r[k + "_median"]
+            row.append(f"{'—' if med is None else f'{med:g}'} ({r[k + '_reached']}/"
+                       f"{r['seeds']})")
+        row += [f"{r['wall_s_median']:.1f}", f"{100 * r['infeasible_share']:.0f}%"]
+        rows.append(row)
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = [f"{name}: {len(summary)} samplers × {seeds} seeds × {budget} evaluations, "
+             f"objective {known.get('objective')}; median [min–max] over seeds; "
+             f"evals to within 1 % / 5 % of the reference (median; seeds that got there)"]
+    src = ("a comparison run (it beat the best-known value "
+           f"{_fmt(known.get('value'), 6)})" if beaten else
+           f"best-known search, {known.get('evaluations')} evaluations")
+    lines.append(f"reference {_fmt(reference, 6)} ({src}); {elapsed:.0f} s in all")
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+              for row in rows]
+    return "\n".join(lines)
+
+
+def write_report(out_dir: Path, setup, runs, summary, table: str, reference,
+                 known: dict[str, Any]) -> dict[str, Path]:
+    import json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"table": out_dir / "table.txt", "summary": out_dir / "summary.csv",
+             "runs": out_dir / "runs.csv", "curves": out_dir / "curves.csv",
+             "plot": out_dir / "convergence.png", "best_known": out_dir / "best_known.json"}
+    files["table"].write_text(table + "\n", encoding="utf-8")
+    _write_csv(files["summary"], summary)
+    _write_csv(files["runs"], [
+        {"sampler": r["sampler"], "seed": r["seed"], "study": r["study"],
+         "storage": r["storage"], "evaluations": len(r["values"]),
+         "best": _finite(min(r["values"], default=math.inf)),
+         "infeasible": sum(1 for f in r["feasible"] if not f), "wall_s": r["wall_s"]}
+        for r in runs])
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["sampler", "seed", "evaluation", "value", "feasible", "best_so_far"])
+    for r in runs:
+        curve = best_so_far(r["values"])
+        for i, (v, ok, b) in enumerate(zip(r["values"], r["feasible"], curve, strict=True)):
+            w.writerow([r["sampler"], r["seed"], i + 1, "" if math.isinf(v) else repr(v),
+                        ok, "" if math.isinf(b) else repr(float(b))])
+    files["curves"].write_text(buf.getvalue(), encoding="utf-8")
+    files["best_known"].write_text(json.dumps(known, indent=2, default=str),
+                                   encoding="utf-8")
+    plot(files["plot"], setup.name, runs, reference, known)
+    return files
+
+
+def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else [])
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: "" if v is None else v for k, v in row.items()})
+
+
+def plot(path: Path, name: str, runs, reference: float | None, known: dict[str, Any]) -> None:
+    """Best-so-far vs evaluations (log x): median and min–max band per sampler."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    ends: list[float] = []
+    for i, sampler in enumerate(dict.fromkeys(r["sampler"] for r in runs)):
+        curves = np.array([best_so_far(r["values"]) for r in runs if r["sampler"] == sampler])
+        x = np.arange(1, curves.shape[1] + 1)
+        # the median is inf (not drawn) until most seeds have a feasible design, so it
+        # stays monotone; the band spans the seeds that have one
+        med = np.median(curves, axis=0)
+        finite = np.where(np.isinf(curves), np.nan, curves)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lo = np.nanmin(finite, axis=0)
+        hi = curves.max(axis=0)
+        med, hi = (np.where(np.isinf(a), np.nan, a) for a in (med, hi))
+        ends.append(np.nanmax(finite) if np.isfinite(finite).any() else np.nan)
+        color = f"C{i}"
+        ax.plot(x, med, color=color, drawstyle="steps-post",
+                label=f"{sampler} (median of {len(curves)})")
+        ax.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0, step="post")
+    if reference is not None:
+        label = "best known" if known.get("value") == reference else "best found"
+        ax.axhline(reference, color="k", linestyle="--", linewidth=1,
+                   label=f"{label} {reference:.4g}")
+    ax.set_xscale("log")
+    top = np.nanmax(ends) if ends and np.isfinite(ends).any() else None
+    if reference is not None and top is not None and reference > 0 and top / reference > 20:
+        ax.set_yscale("log")
+    ax.set_xlabel("model evaluations")
+    ax.set_ylabel(f"best feasible {known.get('objective', 'objective')}")
+    ax.set_title(f"{name}: best so far (median, min–max band over seeds)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# --- MLflow ---------------------------------------------------------------------------------
+
+
+def log_mlflow(setup, runs, summary, files: dict[str, Path], reference, known, budget: int,
+               seeds: int, tracking_uri: str | None) -> str:
+    """One parent run in the experiment ``<study>.compare`` (summary metrics, the report
+    files as artifacts), a child run per sampler × seed (its curve and summary)."""
+    import logging
+
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    from crossflow import __version__
+    from crossflow.search.study import git_revision
+    from crossflow.search.tracking import _db_lock, _key, resolve_locations
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    uri, artifact_root = resolve_locations(tracking_uri)
+    name = f"{setup.name}.compare"
+    with _db_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(name)
+    if exp is None:
+        location = f"{artifact_root}/{_key(name)}" if artifact_root else None
+        eid = client.create_experiment(name, artifact_location=location,
+                                       tags={"crossflow.study": setup.name})
+    else:
+        eid = exp.experiment_id
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(eid)
+    samplers = [r["sampler"] for r in summary]
+    now = int(time.time() * 1000)
+    parent = client.create_run(eid, run_name=f"compare {','.join(samplers)} x{seeds} "
+                                             f"@{budget}",
+                               tags={"crossflow.study": setup.name,
+                                     "crossflow.kind": "compare"})
+    pid = parent.info.run_id
+    params = {"study": setup.name, "samplers": ",".join(samplers), "seeds": seeds,
+              "budget": budget, "objective": setup.objectives[0],
+              "reference": reference, "best_known": known.get("value"),
+              "best_known_evaluations": known.get("evaluations"),
+              "crossflow_version": __version__, "git_revision": git_revision()}
+    metrics = []
+    for row in summary:
+        for k, v in row.items():
+            if k not in ("sampler", "seeds", "budget") and isinstance(v, int | float) \
+                    and v is not None and math.isfinite(v):
+                metrics.append(Metric(_key(f"{row['sampler']}.{k}"), float(v), now, 0))
+    if reference is not None:
+        metrics.append(Metric("reference", float(reference), now, 0))
+    client.log_batch(pid, metrics=metrics[:1000],
+                     params=[Param(k, str(v)) for k, v in params.items()])
+    for r in runs:
+        child = client.create_run(eid, run_name=f"{r['sampler']} s{r['seed']}", tags={
+            "mlflow.parentRunId": pid, "crossflow.study": setup.name,
+            "crossflow.kind": "compare-run"})
+        cid = child.info.run_id
+        curve = best_so_far(r["values"])
+        ms = [Metric("best_so_far", float(b), now, i + 1) for i, b in enumerate(curve)
+              if math.isfinite(b)]
+        best = float(curve[-1]) if len(curve) else math.inf
+        summ = {"wall_s": r["wall_s"], "evaluations": len(r["values"]),
+                "infeasible_share": 1 - float(np.mean(r["feasible"])) if r["feasible"]
+                else 0.0}
+        if math.isfinite(best):
+            summ["best"] = best
+        if reference is not None:
+            for tol in TOLERANCES:
+                hit = evaluations_to(curve, reference * (1 + tol) * (1 + 1e-12))
+                if hit is not None:
+                    summ[f"evals_to_{int(tol * 100)}pct"] = hit
+        ms += [Metric(k, float(v), now, 0) for k, v in summ.items()]
+        ps = [Param("sampler", r["sampler"]), Param("seed", str(r["seed"])),
+              Param("budget", str(budget)), Param("optuna_study", r["study"]),
+              Param("storage", r["storage"])]
+        for i in range(0, len(ms), 1000):
+            client.log_batch(cid, metrics=ms[i:i + 1000], params=ps if i == 0 else [],
+                             tags=[RunTag("crossflow.sampler", r["sampler"])] if i == 0
+                             else [])
+        client.set_terminated(cid)
+    for path in files.values():
+        client.log_artifact(pid, str(path), artifact_path="compare")
+    client.set_terminated(pid)
+    return pid
+
+
+def main_table(result: dict[str, Any]) -> str:
+    """What ``crossflow compare`` prints: the table and where the files are."""
+    files = result["files"]
+    lines = [result["table"], "", f"files: {Path(files['table']).parent}{os.sep} "
+             "(table.txt, summary.csv, runs.csv, curves.csv, convergence.png, "
+             "best_known.json)"]
+    if result.get("mlflow_run_id"):
+        lines.append(f"MLflow: experiment {result['study']}.compare, parent run "
+                     f"{result['mlflow_run_id']}")
+    return "\n".join(lines)

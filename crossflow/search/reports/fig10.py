@@ -1,0 +1,168 @@
+"""Fig. 10 (paper §9.2): co-optimising parallelism and hardware architecture per logic node.
+
+Per logic node (N12 … N1; HBM2, NDR-x8, 300 W, 850 mm², 512 nodes on the 16 × 32 torus):
+
+1. **baseline** — the template's budget split with Fig. 9's data-parallel-heavy strategy
+   (``RC-1-16-d32-p1``, default mapping order);
+2. **parallelism search** — the same chip, every strategy for 512 devices, then all 24
+   mapping orders for every feasible one;
+3. **+ architecture search** — the area / power / perimeter budgets searched (TPE, an
+   Optuna study through ``run_study``) at the strategy and (best) mapping order of step 2;
+   the study's first trial is the template's split, so step 3 is never worse than step 2.
+
+The model-architecture step of the paper's figure (changing the LSTM itself) is not
+reproduced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crossflow.search.reports import _common as C
+
+LOGIC = ["N12", "N7", "N5", "N3", "N2", "N1"]
+
+
+def compute(out: Path, quick: bool) -> list[dict]:
+    import crossflow
+
+    logic = ["N12", "N3"] if quick else LOGIC
+    n_trials = 6 if quick else 200
+    rows = []
+    for lg in logic:
+        hw = C.arch({"logic_node": lg})
+        base = crossflow.predict(workload=C.WORKLOAD, hardware=hw, system=C.SYSTEM,
+                                 parallelism=C.DATA_PARALLEL_BASELINE)
+        par = C.parallelism_search(hw, C.SYSTEM, top=2 if quick else None,
+                                   limit=12 if quick else None)
+        archs = C.architecture_search(f"case-fig10-{lg}", {"logic_node": lg}, C.SYSTEM,
+                                      par["strategy"], n_trials, out / "optuna")
+        bp = crossflow.predict(workload=C.WORKLOAD, hardware=hw, system=C.SYSTEM,
+                               parallelism=par["strategy"], mapping_order=par["mapping_order"])
+        comm = sum(v for k, v in bp.breakdown.items() if k.endswith("comm_s")
+                   or k in ("dp_allreduce_s", "pp_p2p_s"))
+        design = archs["design"] or {}
+        searched = C.arch({"logic_node": lg, **{k: design[k] for k in (
+            "area_fractions", "power_fractions", "perimeter_fractions") if k in design}})
+        rows.append({"logic": lg, "baseline_s": base.time_s,
+                     "comm_share_at_best_strategy": comm / bp.time_s,
+                     "template_inter_GBps": hw.links["inter"].bandwidth_Bps / 1e9,
+                     "searched_inter_GBps": searched.links["inter"].bandwidth_Bps / 1e9,
+                     "template_TFLOPS": hw.peak_flops["fp16"] / 1e12,
+                     "searched_TFLOPS": searched.peak_flops["fp16"] / 1e12,
+                     "parallelism_s": par["time_s"], "strategy": par["strategy"],
+                     "mapping_order": par["mapping_order"],
+                     "strategies_evaluated": par["evaluated"],
+                     "arch_s": min(archs["time_s"], par["time_s"]),
+                     "arch_trials": archs["trials"], "arch_design": archs["design"]})
+    return rows
+
+
+def _plot(rows: list[dict], out: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    logic = [r["logic"] for r in rows]
+    ref = rows[0]["baseline_s"]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    w = 0.27
+    for i, (key, label) in enumerate((("baseline_s", "baseline (data-parallel-heavy)"),
+                                      ("parallelism_s", "parallelism search"),
+                                      ("arch_s", "parallelism + architecture search"))):
+        ax.bar([j + (i - 1) * w for j in x], [ref / r[key] for r in rows], w, label=label)
+    ax.set_xticks(list(x), logic)
+    ax.set_xlabel("logic node")
+    ax.set_ylabel(f"speed-up over {rows[0]['logic']} baseline")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.set_title("LSTM case study, 512 nodes, HBM2 / NDR-x8: co-optimisation")
+    fig.tight_layout()
+    fig.savefig(out / "fig10_cooptimization.png", dpi=120)
+    plt.close(fig)
+    return "fig10_cooptimization.png"
+
+
+def report(out: Path, quick: bool) -> dict:
+    import json
+
+    rows = compute(out, quick)
+    fig = _plot(rows, out)
+    (out / "fig10_points.json").write_text(json.dumps(rows, indent=1, default=str),
+                                          encoding="utf-8")
+    table = ["| node | baseline (s) | parallelism search (s) | ×  | + architecture (s) | × over "
+             "parallelism | strategy, order |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        table.append(f"| {r['logic']} | {r['baseline_s']:.3f} | {r['parallelism_s']:.3f} | "
+                     f"{r['baseline_s'] / r['parallelism_s']:.2f}× | {r['arch_s']:.3f} | "
+                     f"{r['parallelism_s'] / r['arch_s']:.2f}× | {r['strategy']}, "
+                     f"{r['mapping_order']} |")
+    par_gain = [r["baseline_s"] / r["parallelism_s"] for r in rows]
+    arch_gain = [r["parallelism_s"] / r["arch_s"] for r in rows]
+    mature = [g for r, g in zip(rows, arch_gain, strict=True) if r["logic"] in ("N12", "N7")]
+    adv = [g for r, g in zip(rows, arch_gain, strict=True)
+           if r["logic"] not in ("N12", "N7")]
+    trials = rows[0]["arch_trials"]
+    strategies = ", ".join(sorted({f"`{r['strategy']}` ({r['mapping_order']})" for r in rows}))
+    inter_t = rows[0]["template_inter_GBps"]
+    comm_lines = " / ".join(f"{r['comm_share_at_best_strategy']:.0%}" for r in rows)
+    heading = ("Why the architecture gain grows with the node instead of shrinking."
+               if arch_gain[-1] > arch_gain[0] else "What the architecture search changes.")
+    inter_lines = " / ".join(f"{r['searched_inter_GBps']:.0f}" for r in rows)
+    tflops_lines = " / ".join(f"{r['searched_TFLOPS']:.0f}" for r in rows)
+    tflops_t = " / ".join(f"{r['template_TFLOPS']:.0f}" for r in rows)
+
+    def rng(v):
+        return f"{min(v):.2f}–{max(v):.2f}×" if v else "n/a"
+
+    md = f"""# Fig. 10 — co-optimising parallelism and architecture per technology node
+
+**Command:** `crossflow report fig10-cooptimization{' --quick' if quick else ''}` · workload
+`{C.WORKLOAD}` · system `{C.SYSTEM}` · chip `{C.TEMPLATE}` at {C.CHIP_AREA_MM2} mm², 300 W,
+HBM2, NDR-x8, logic node per row.  Baseline: the template's budget split with
+`{C.DATA_PARALLEL_BASELINE}` (Fig. 9's strategy: pure data parallelism does not fit 16 GiB).
+Parallelism search: all {rows[0]['strategies_evaluated']} strategies enumerated for 512
+devices, all 24 mapping orders for every feasible one.  Architecture search: a TPE study of
+{trials} trials over the area, power and perimeter simplexes at that strategy (best mapping
+order per trial; journals under `optuna/`).
+
+![co-optimisation](fig10_cooptimization.png)
+
+{chr(10).join(table)}
+
+## CrossFlow beside the paper
+
+| paper (§9.2, Fig. 10) | CrossFlow |
+|---|---|
+| Parallelism search alone gives ~2×. | {'**Agrees.**' if min(par_gain) >= 1.5 and max(par_gain) <= 3 else '**Disagrees: larger.**' if min(par_gain) > 3 else '**Partly.**'} {rng(par_gain)} over the nodes. |
+| Architecture search on top gives meaningful benefit at N12 / N7 … | {rng(mature)} at N12 / N7. |
+| … and only 20–30% at advanced nodes. | {rng(adv)} beyond N7. |
+| Model-architecture co-optimisation ≈ two node generations. | Not reproduced (the LSTM is fixed). |
+
+**Why the parallelism gain is larger.**  The baseline is Fig. 9's data-parallel-heavy
+strategy (a kernel-parallel group of 16 inside a 32-way data-parallel group), and on the
+512-node torus with NDR-x8 links its per-time-step activation exchange and its gradient
+all-reduce dominate the iteration (~89 % communication at N12, Fig. 9).  The parallelism
+search picks {strategies} (no data parallelism: no gradient all-reduce; the 2-D kernel grid
+mapped onto the physical torus by the best order).  The size of that gain is set by how
+expensive CrossFlow's X-Y-routed torus collectives with per-port link shares are relative
+to compute; the paper's baseline was presumably cheaper to communicate (ideal rings at the
+full link rate), so its parallelism gain is smaller.
+
+**{heading}**  At the best
+strategy (template chip) communication is still {comm_lines} of the iteration (N12 → N1), and the AGE prices inter-node link
+bandwidth out of the area / power / perimeter budgets.  The search moves budget to the
+inter links: their bandwidth goes from {inter_t:.0f} GB/s (template) to {inter_lines} GB/s
+per node (N12 → N1), while peak fp16 goes {tflops_lines} TFLOP/s (searched) against
+{tflops_t} (template).  Trading some compute (which logic scaling makes plentiful) for
+link bandwidth pays off more at advanced nodes, where communication is the larger share of
+the iteration — hence a gain that rises with the node.  The paper found the opposite because in its model advanced nodes were bound by cache
+capacity / bandwidth (which re-splitting the budget cannot fix cheaply), not by the network.
+The searches are short ({trials} TPE trials per node), so the architecture gains are lower
+bounds.  The model was not tuned to the paper.
+"""
+    metrics = {f"parallelism_gain_{r['logic']}": g for r, g in zip(rows, par_gain, strict=True)}
+    metrics.update({f"arch_gain_{r['logic']}": g
+                    for r, g in zip(rows, arch_gain, strict=True)})
+    return {"markdown": md, "figures": [fig], "files": ["fig10_points.json"],
+            "metrics": metrics}

@@ -1,0 +1,137 @@
+"""Fig. 11 (paper §9.2): multi-node packages.
+
+512 case-study nodes (N12, HBM2, NDR-x8, 300 W, 850 mm² chip) grouped 1, 2, 4, 8, 16 per
+package; the nodes of a package are joined by an intra-package mesh at 2 TB/s per node
+(the paper's assumption), the packages by the 2-D torus of ``deepflow-case-study-512``
+(squarest factorisation of the package count; each package pools its nodes' NDR-x8 links).
+For each package size: the parallelism search (every strategy, each feasible one under all
+24 mapping orders) and then the architecture (budget) search at that strategy, as in
+Fig. 10.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crossflow.search.reports import _common as C
+
+SIZES = [1, 2, 4, 8, 16]
+INTRA_GBPS = 2000.0
+LOGIC = "N12"
+
+
+def compute(out: Path, quick: bool) -> list[dict]:
+    sizes = [1, 4] if quick else SIZES
+    n_trials = 6 if quick else 150
+    hw = C.arch({"logic_node": LOGIC})
+    rows = []
+    for k in sizes:
+        system = C.package_system(k, INTRA_GBPS)
+        par = C.parallelism_search(hw, system, top=2 if quick else None,
+                                   limit=12 if quick else None)
+        archs = C.architecture_search(f"case-fig11-pkg{k}", {"logic_node": LOGIC}, system,
+                                      par["strategy"], n_trials, out / "optuna")
+        rows.append({"nodes_per_package": k, "parallelism_s": par["time_s"],
+                     "strategy": par["strategy"], "mapping_order": par["mapping_order"],
+                     "arch_s": min(archs["time_s"], par["time_s"]),
+                     "arch_trials": archs["trials"], "arch_design": archs["design"]})
+    return rows
+
+
+def _plot(rows: list[dict], out: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    ks = [r["nodes_per_package"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for key, label in (("parallelism_s", "parallelism search"),
+                       ("arch_s", "parallelism + architecture search")):
+        ref = rows[0][key]
+        ax.plot(ks, [(ref / r[key] - 1) * 100 for r in rows], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("nodes per package")
+    ax.set_ylabel("improvement over 1 node per package (%)")
+    ax.axhline(32, color="grey", ls="--", lw=1)
+    ax.text(ks[0], 33, "paper: ≤ ~32 %", color="grey", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title("LSTM, 512 nodes, 2 TB/s intra-package links")
+    fig.tight_layout()
+    fig.savefig(out / "fig11_packages.png", dpi=120)
+    plt.close(fig)
+    return "fig11_packages.png"
+
+
+def report(out: Path, quick: bool) -> dict:
+    import json
+
+    rows = compute(out, quick)
+    fig = _plot(rows, out)
+    (out / "fig11_points.json").write_text(json.dumps(rows, indent=1, default=str),
+                                          encoding="utf-8")
+    ref = rows[0]["arch_s"]
+    ref_p = rows[0]["parallelism_s"]
+    table = ["| nodes / package | packages | parallelism search (s) | gain, parallelism only | "
+             "+ architecture (s) | gain, + architecture | strategy, order |",
+             "|---|---|---|---|---|---|---|"]
+    gains, gains_p = [], []
+    for r in rows:
+        g = ref / r["arch_s"] - 1
+        gp = ref_p / r["parallelism_s"] - 1
+        gains.append(g)
+        gains_p.append(gp)
+        table.append(f"| {r['nodes_per_package']} | {C.DEVICES // r['nodes_per_package']} | "
+                     f"{r['parallelism_s']:.3f} | {gp:+.0%} | {r['arch_s']:.3f} | {g:+.0%} | "
+                     f"{r['strategy']}, {r['mapping_order']} |")
+    best = max(gains)
+    best_p = max(gains_p)
+    k4 = next((g for r, g in zip(rows, gains, strict=True) if r["nodes_per_package"] == 4), None)
+    beyond = (best - k4) if k4 is not None and rows[-1]["nodes_per_package"] > 4 else None
+    top = max(best, best_p)
+    verdict = ("**Agrees.**" if 0.15 <= top <= 0.45 else "**Disagrees: larger.**"
+               if top > 0.45 else "**Disagrees: smaller.**")
+    k4p = next((g for r, g in zip(rows, gains_p, strict=True)
+                if r["nodes_per_package"] == 4), None)
+    beyond_p = (best_p - k4p) if beyond is not None else None
+    trials = rows[0]["arch_trials"]
+    md = f"""# Fig. 11 — multi-node packages
+
+**Command:** `crossflow report fig11-packages{' --quick' if quick else ''}` · workload
+`{C.WORKLOAD}` · 512 `{C.TEMPLATE}` nodes ({LOGIC}, HBM2, NDR-x8, 300 W,
+{C.CHIP_AREA_MM2} mm²), k per package on an intra-package mesh at {INTRA_GBPS / 1000:.0f} TB/s
+per node, packages on the squarest 2-D torus.  Per k: parallelism search (all strategies,
+all 24 mapping orders for every feasible one), then a {trials}-trial TPE budget search at that
+strategy.
+
+![packages](fig11_packages.png)
+
+{chr(10).join(table)}
+
+## CrossFlow beside the paper
+
+| paper (§9.2, Fig. 11) | CrossFlow |
+|---|---|
+| More nodes per package improve performance by ~32 % at best. | {verdict} Best gain {best:+.0%} with the architecture searched per package size, {best_p:+.0%} with the template's architecture (parallelism search only). |
+| Little improvement beyond 4 nodes per package. | {('**Agrees.**' if beyond <= 0.1 else '**Disagrees.**') + f' From 4 to {rows[-1]["nodes_per_package"]} nodes per package: a further {beyond:+.0%} with architecture search, {beyond_p:+.0%} with parallelism search only (points of gain over 1 / package, best size vs 4).' if beyond is not None else 'n/a in this run.'} |
+
+**How CrossFlow gets there, and why it differs.**  Packaging puts some neighbours of
+the kernel-parallel rings on 2 TB/s intra-package links instead of the NDR-x8 torus.  A ring
+collective runs at the pace of its slowest edge, so as long as a ring still crosses
+packages its inter-package edges set its speed and packaging helps little; what changes with
+k is how many ring edges cross packages and how the (smaller) package torus routes and
+shares them — hence the uneven curve rather than a smooth rise.  Modelling differences that
+move the numbers: (1) the inter-package network is a torus whose per-package bandwidth is
+the sum of its nodes' NDR-x8 links (each device's NIC traffic is pooled per package), so
+bigger packages neither gain nor lose inter-package bandwidth per node; (2) the system's
+2 TB/s intra-package bandwidth replaces whatever the chip's intra-link budget would give, so
+the architecture search can take the intra-link area and power away at no cost; (3) the
+architecture search is a short TPE run ({trials} trials per point), whose noise (a few
+percent) is of the order of the differences between package sizes — the parallelism-only
+column, on one fixed chip, is the cleaner comparison.  The model was not tuned to the paper.
+"""
+    metrics = {f"gain_pkg{r['nodes_per_package']}": g
+               for r, g in zip(rows, gains, strict=True)}
+    metrics.update({f"gain_parallelism_only_pkg{r['nodes_per_package']}": g
+                    for r, g in zip(rows, gains_p, strict=True)})
+    return {"markdown": md, "figures": [fig], "files": ["fig11_points.json"],
+            "metrics": metrics}

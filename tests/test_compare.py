@@ -1,0 +1,134 @@
+"""``crossflow compare`` and the best-known optimum (issue #5, items 1-2)."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from crossflow.search import best_known as bk
+from crossflow.search.compare import (
+    best_so_far,
+    compare,
+    evaluations_to,
+    run_one,
+    summarize,
+)
+
+SMALL = {"samples": 20, "top_k": 2, "refine": 1, "refine_evals": 40, "hops": 5}
+
+
+@pytest.fixture(scope="module")
+def quickstart():
+    from crossflow.search import load_study
+
+    return load_study("quickstart")
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_equal_budgets_monotone_curves_and_seeds_differ(quickstart, tmp_path, sampler):
+    runs = [run_one(quickstart, sampler, seed, 12, root=tmp_path) for seed in (0, 1)]
+    n_baseline = len(quickstart.baseline_trials())
+    for r in runs:
+        assert len(r["values"]) == len(r["feasible"]) == len(r["params"]) == 12
+        curve = best_so_far(r["values"])
+        assert np.all(np.diff(curve[np.isfinite(curve)]) <= 0)
+        assert curve[-1] == min(r["values"])
+    # the enqueued baseline trials are shared, the sampled ones differ between seeds
+    assert runs[0]["params"][:n_baseline] == runs[1]["params"][:n_baseline]
+    assert runs[0]["params"][n_baseline:] != runs[1]["params"][n_baseline:]
+    # a re-run starts afresh (same budget, not resumed past it)
+    again = run_one(quickstart, sampler, 0, 12, root=tmp_path)
+    assert again["params"] == runs[0]["params"]
+
+
+def test_summary_bookkeeping():
+    inf = math.inf
+    runs = [{"sampler": "a", "seed": 0, "values": [inf, 5, 4, 4, 2, 2, 2, 2, 2, 1.0],
+             "feasible": [False] + [True] * 9, "wall_s": 1.0},
+            {"sampler": "a", "seed": 1, "values": [3, 3, 3, 3, 3, 3, 3, 3, 3, 3.0],
+             "feasible": [True] * 10, "wall_s": 3.0}]
+    assert evaluations_to(best_so_far(runs[0]["values"]), 2.0) == 5
+    assert evaluations_to(best_so_far(runs[1]["values"]), 2.0) is None
+    (row,) = summarize(runs, 10, reference=1.0)
+    # seed 0 has nothing feasible after 1 evaluation: no median, no max
+    assert row["best_at_10pct_min"] == 3.0 and row["best_at_10pct_max"] is None
+    assert row["best_at_10pct_median"] is None
+    assert row["best_at_100pct_median"] == 2.0
+    assert row["best_at_100pct_min"] == 1.0 and row["best_at_100pct_max"] == 3.0
+    assert row["evals_to_1pct_median"] is None and row["evals_to_1pct_reached"] == 1
+    assert row["wall_s_median"] == 2.0 and row["infeasible_share"] == pytest.approx(0.05)
+
+
+def test_best_known_cache_reuse(quickstart, tmp_path, monkeypatch):
+    calls = []
+    real = bk.evaluate
+
+    def counting(setup, design):
+        calls.append(1)
+        return real(setup, design)
+
+    monkeypatch.setattr(bk, "evaluate", counting)
+    first = bk.best_known(quickstart, root=tmp_path, **SMALL)
+    assert not first["cached"] and first["evaluations"] == len(calls) > 0
+    assert (tmp_path / "best_known" / "quickstart.json").is_file()
+    assert first["value"] <= first["sampled_value"]
+    n = len(calls)
+    second = bk.best_known(quickstart, root=tmp_path, **SMALL)
+    assert second["cached"] and len(calls) == n
+    assert second["value"] == first["value"] and second["key"] == first["key"]
+    # other settings are another key: searched again
+    bk.best_known(quickstart, root=tmp_path, **{**SMALL, "samples": 21})
+    assert len(calls) > n
+
+
+def test_compare_end_to_end(quickstart, tmp_path):
+    result = compare(quickstart, samplers=["tpe", "random"], seeds=2, budget=10,
+                     root=tmp_path, progress=False, best_known_options=SMALL)
+    assert [(r["sampler"], r["seed"]) for r in result["runs"]] == [
+        ("tpe", 0), ("tpe", 1), ("random", 0), ("random", 1)]
+    assert all(len(r["values"]) == 10 for r in result["runs"])
+    files = result["files"]
+    out = tmp_path / "compare" / "quickstart"
+    for path in files.values():
+        assert path.parent == out and path.stat().st_size > 0
+    assert files["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with files["summary"].open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["sampler"] for r in rows] == ["tpe", "random"]
+    assert "best_at_50pct_median" in rows[0] and "evals_to_5pct_median" in rows[0]
+    table = result["table"]
+    assert "tpe" in table and "random" in table and "best@100% (10)" in table
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}")
+    exp = client.get_experiment_by_name("quickstart.compare")
+    parent = client.get_run(result["mlflow_run_id"])
+    assert parent.data.params["budget"] == "10" and parent.info.status == "FINISHED"
+    names = {a.path for a in client.list_artifacts(parent.info.run_id, "compare")}
+    assert {"compare/convergence.png", "compare/summary.csv",
+            "compare/table.txt"} <= names
+    children = client.search_runs(
+        [exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == 4
+    history = client.get_metric_history(children[0].info.run_id, "best_so_far")
+    steps = [m.step for m in sorted(history, key=lambda m: m.step)]
+    values = [m.value for m in sorted(history, key=lambda m: m.step)]
+    assert steps[-1] == 10 and all(b <= a for a, b in zip(values, values[1:], strict=False))
+
+
+def test_cli_compare_with_workers(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bk, "SETTINGS", {**bk.SETTINGS, **SMALL})
+    code, out, err = cli("compare", "quickstart", "--samplers", "random,cmaes", "--seeds",
+                         "2", "--budget", "8", "--workers", "2", "--no-tracking", "--quiet")
+    assert code == 0, err
+    assert "random" in out and "cmaes" in out and "evals≤1%" in out
+    with (tmp_path / "mlruns" / "compare" / "quickstart" / "runs.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 4 and {r["evaluations"] for r in rows} == {"8"}
+    code, _, err = cli("compare", "quickstart", "--samplers", "nsga2", "--budget", "5")
+    assert code == 2 and "samplers" in err
