@@ -28,6 +28,7 @@ REPORTS: dict[str, str] = {
     "fig9-technology": ".fig9:report",
     "fig10-cooptimization": ".fig10:report",
     "fig11-packages": ".fig11:report",
+    "pareto-lstm-512": ".pareto:report",
 }
 
 EXPERIMENT = "reports"
