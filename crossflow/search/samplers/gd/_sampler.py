@@ -43,6 +43,9 @@ SEED = "gd:seed"
 #: stationary; a chain ends after this many stationary steps in a row.
 _STILL = 1e-9
 _STATIONARY_STEPS = 3
+#: The largest finite-difference probe the adaptive probe grows to (a quarter of the way to
+#: a vertex of the simplex).
+_MAX_PROBE = 0.25
 #: How long a new trial waits for lower-numbered running trials to claim their roles, and
 #: how old (seconds since it started) an unclaimed running trial may be before it is
 #: ignored (its worker died between creating it and claiming).
@@ -324,7 +327,8 @@ class GDSampler(BaseSampler):
         discrete = dict(state["discrete"])
         if role.startswith(PROBE):
             simplex, i = self._coordinate[role[len(PROBE):]]
-            fractions[simplex] = mix_towards_vertex(fractions[simplex], i, self._probe)
+            fractions[simplex] = mix_towards_vertex(fractions[simplex], i,
+                                                    state.get("probe", self._probe))
         elif role.startswith(MOVE):
             name = role[len(MOVE):]
             discrete[name] = next(v for n, v, _ in state["moves"] if n == name)
@@ -347,7 +351,8 @@ class GDSampler(BaseSampler):
         fractions = {simplex: rng.dirichlet(np.ones(len(components) + 1)).tolist()
                      for simplex, components in self._simplexes.items()}
         return {"seed": seed, "fractions": fractions, "momentum": fractions, "discrete": {},
-                "moves": [], "directions": {}, "stationary": 0, "alias": None}
+                "moves": [], "directions": {}, "stationary": 0, "alias": None,
+                "probe": self._probe}
 
     def _next_state(self, steps: Mapping[int, Step], t: int, state: Mapping[str, Any],
                     sign: float) -> dict[str, Any] | None:
@@ -358,10 +363,12 @@ class GDSampler(BaseSampler):
         f0 = steps[base_at[0]].loss(base_at[1], sign)
 
         fractions, momentum, moved = {}, {}, 0.0
+        probe = state.get("probe", self._probe)
+        flat = True
         for simplex, w in state["fractions"].items():
             names = encoding.param_names(simplex, self._simplexes[simplex])
-            g = tiered_gradient(f0, [step.loss(PROBE + n, sign) for n in names],
-                                self._probe)
+            g = tiered_gradient(f0, [step.loss(PROBE + n, sign) for n in names], probe)
+            flat = flat and not np.any(g)
             w_new, m_new = eq6_step(w, state["momentum"][simplex], g,
                                     learning_rate=self._learning_rate, beta=self._beta)
             moved = max(moved, float(np.max(np.abs(w_new - np.asarray(w)))))
@@ -398,7 +405,9 @@ class GDSampler(BaseSampler):
         if kept is not None:
             discrete[kept[0]] = kept[1]
 
-        stationary = 0 if (moved > _STILL or kept is not None
+        # A flat step with room to widen its probes is not stationary: it looks further.
+        widening = flat and probe < _MAX_PROBE
+        stationary = 0 if (moved > _STILL or kept is not None or widening
                            or set(fractions) != set(state["fractions"])) \
             else state["stationary"] + 1
         if stationary >= _STATIONARY_STEPS:
@@ -415,9 +424,13 @@ class GDSampler(BaseSampler):
                                      rng)
                 if proposal is not None:
                     moves.append([name, proposal[0], proposal[1]])
+        # The model is piecewise constant in the budgets (whole MCUs, banks, devices,
+        # links): when no probe changed the loss, the next step probes twice as far (up to
+        # _MAX_PROBE); once probes see a slope again, they come back towards the set size.
+        probe = min(2 * probe, _MAX_PROBE) if flat else max(self._probe, probe / 2)
         following = {"seed": state["seed"], "fractions": fractions, "momentum": momentum,
                      "discrete": discrete, "moves": moves, "directions": directions,
-                     "stationary": stationary, "alias": None}
+                     "stationary": stationary, "alias": None, "probe": probe}
         # The new base point may be one that step t evaluated already (no simplex moved,
         # and the kept move or nothing changed the rest): reuse that trial, do not repeat it.
         if moved <= _STILL:
