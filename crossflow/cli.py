@@ -110,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CrossflowError as exc:
         if debug:
             raise
+        if isinstance(exc, ConfigError) and not exc.file:
+            exc = exc.with_file("command line")  # a value given as an argument
         print(f"crossflow: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
