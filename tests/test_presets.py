@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import assert_numbers_have_sources
 
 import crossflow
 from crossflow.calibrate import DRAM_KERNEL
@@ -78,21 +79,7 @@ def test_every_hardware_preset_loads(name):
 
 @pytest.mark.parametrize("name", preset_names("hardware"))
 def test_every_number_has_a_source_comment(name):
-    """The preset style: a comment beside every number, or beside the mapping holding it
-    (``peak_TFLOPS:  # dense, whole chip [csv]`` covers the peaks listed under it)."""
-    path = PACKAGE / "presets" / "hardware" / f"{name}.yaml"
-    parents: list[tuple[int, bool]] = []  # (indent, has a comment) of the enclosing keys
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        code = line.split("#", 1)[0]
-        if not code.strip():
-            continue
-        indent = len(code) - len(code.lstrip(" -"))
-        while parents and parents[-1][0] >= indent:
-            parents.pop()
-        commented = "#" in line
-        if re.search(r":\s*\[?[0-9]", code) and not commented and not any(c for _, c in parents):
-            pytest.fail(f"{path.name}:{lineno} has a number without a source comment: {line!r}")
-        parents.append((indent, commented))
+    assert_numbers_have_sources(PACKAGE / "presets" / "hardware" / f"{name}.yaml")
 
 
 # --- GPUs against hardware.csv ----------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import assert_numbers_have_sources
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,19 +79,8 @@ def test_every_system_preset_loads_and_builds(name):
 
 @pytest.mark.parametrize("name", SYSTEMS)
 def test_every_system_number_has_a_source_comment(name):
-    path = Path(crossflow.__file__).parent / "presets" / "systems" / f"{name}.yaml"
-    parents: list[tuple[int, bool]] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        code = line.split("#", 1)[0]
-        if not code.strip():
-            continue
-        indent = len(code) - len(code.lstrip(" -"))
-        while parents and parents[-1][0] >= indent:
-            parents.pop()
-        commented = "#" in line
-        if re.search(r":\s*\[?[0-9]", code) and not commented and not any(c for _, c in parents):
-            pytest.fail(f"{path.name}:{lineno} has a number without a source comment: {line!r}")
-        parents.append((indent, commented))
+    assert_numbers_have_sources(
+        Path(crossflow.__file__).parent / "presets" / "systems" / f"{name}.yaml")
 
 
 def test_dgx_a100_numbers():
