@@ -134,15 +134,16 @@ def transformer_iteration(
     # exchange of the (vocab-parallel) table's gradient each way.
     emb_time = network.p2p(V * h / tp * GRAD_BYTES, "lp") if pp > 1 else 0.0
     shard = dp if zero1 else 1
-    opt = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * stage_params / shard,
-                           bytes_written=ADAM_BYTES_WRITTEN * stage_params / shard,
-                           flops=ADAM_FLOPS_PER_PARAM * stage_params / shard).time_s
+    adam = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * stage_params / shard,
+                            bytes_written=ADAM_BYTES_WRITTEN * stage_params / shard,
+                            flops=ADAM_FLOPS_PER_PARAM * stage_params / shard)
+    opt = adam.time_s
     if zero1 and dp > 1:  # gather the updated weight shards
         opt += network.collective("all_gather", stage_params * WEIGHT_BYTES, "dp")
 
     total = pipe.makespan_s + dp_time + emb_time + opt
     energy = _energy(arch, spec, tp=tp, pp=pp, dp=dp, m=m, block=(block_f, block_b),
-                     ends=ends, stage_params=stage_params / shard, zero1=zero1)
+                     ends=ends, stage_params=stage_params / shard, adam_J=adam.energy_J)
     micro = m * vp * per_chunk  # layer passes per device per iteration, for the breakdown
     layers_share = {
         "compute_s": micro * (block_f.compute + block_b.compute),
@@ -179,7 +180,7 @@ def transformer_iteration(
 
 
 def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
-            zero1) -> float:
+            adam_J) -> float:
     """Dynamic energy of one iteration on all devices (joules).
 
     Kernels: the kernel model's energy (FLOPs at the technology's energy per FLOP, bytes at
@@ -192,9 +193,6 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
         spec.precision]
     kernels = tp * dp * m * (spec.num_layers * (block[0].energy_J + block[1].energy_J)
                              + sum(p.energy_J for p in ends))
-    adam = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * stage_params,
-                            bytes_written=ADAM_BYTES_WRITTEN * stage_params,
-                            flops=ADAM_FLOPS_PER_PARAM * stage_params).energy_J
     intra = arch.links.get("intra")
     inter = arch.links.get("inter") or intra
     per_pass = 4 + (2 if spec.activation_recompute == "full" else 0)  # all-reduces per block
@@ -203,7 +201,7 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
     pp_bytes = 2 * act * (pp - 1) * m * dp
     links = (tp_bytes * (intra.energy_J_per_B if intra else 0.0)
              + (dp_bytes + pp_bytes) * (inter.energy_J_per_B if inter else 0.0))
-    return kernels + adam * tp * pp * dp + links
+    return kernels + adam_J * tp * pp * dp + links
 
 
 def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
