@@ -131,7 +131,3 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_rate(flops: float) -> str:
     return _scaled(flops, ((PFLOPS, "P"), (TFLOPS, "T"), (GFLOPS, "G"), (1.0, "")), "FLOP/s")
-
-
-def fmt_bandwidth(bps: float) -> str:
-    return _scaled(bps, ((TB, "T"), (GB, "G"), (MB, "M"), (1.0, "")), "B/s")

@@ -48,12 +48,6 @@ class Schedule:
     def busy_s(self, resource: Hashable) -> float:
         return sum(t.duration_s for t in self.tasks.values() if t.resource == resource)
 
-    def by_kind(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for t in self.tasks.values():
-            out[t.kind] = out.get(t.kind, 0.0) + t.duration_s
-        return out
-
 
 def simulate(tasks: Iterable[Task]) -> Schedule:
     """Run ``tasks`` (each resource in submission order) and return the schedule.
