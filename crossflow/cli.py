@@ -66,6 +66,24 @@ def _parser() -> argparse.ArgumentParser:
     sr.add_argument("--tracking-uri", help="MLflow tracking URI")
     sr.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     sr.add_argument("--quiet", action="store_true", help="no progress bar")
+    sr.add_argument("--workers", type=int, default=1, metavar="K",
+                    help="run K worker processes on this launch (default 1; see also "
+                    "'study worker' to add workers on other machines)")
+    sr.add_argument("--heartbeat", type=float, metavar="SECONDS",
+                    help="heartbeat of running trials on an RDB storage (default 10; a dead "
+                    "worker's trial is retried after about 3 heartbeats)")
+    sw = ss.add_parser("worker", help="join a running study from this machine (RDB storage)")
+    sw.add_argument("name", help="study name or YAML file")
+    sw.add_argument("--storage", required=True,
+                    help="the study's Optuna storage URL (postgresql://...) or journal file")
+    sw.add_argument("--launch", help="the launch to join (default: the study's latest)")
+    sw.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    sw.add_argument("--tracking-uri", help="MLflow tracking URI (default: the launch's "
+                    "server or database, else mlruns/mlflow.db here)")
+    sw.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument("--heartbeat", type=float, metavar="SECONDS",
+                    help="heartbeat of running trials on an RDB storage (default 10)")
     for name, text in (("show", "best so far, trials by state, sampler"),
                        ("best", "the best design; --export writes it for crossflow predict")):
         sp = ss.add_parser(name, help=text)
@@ -200,6 +218,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_study(args: argparse.Namespace) -> int:
     # optuna / mlflow are imported by crossflow.search only when a study is opened
     from crossflow.search import study as studies
+    from crossflow.search.storage import redact
 
     if args.study_command == "list":
         rows = studies.list_studies()
@@ -215,14 +234,29 @@ def _cmd_study(args: argparse.Namespace) -> int:
                   f"[{done}]  {row['description']}")
         return EXIT_OK
     setup = studies.load_study(args.name)
+    if args.study_command in ("run", "worker") and args.heartbeat is not None \
+            and not args.heartbeat >= 1:
+        raise ConfigError("must be at least 1 second", file="command line",
+                          key="--heartbeat", value=args.heartbeat)
+    if args.study_command == "worker":
+        result = studies.join_study(
+            setup, storage=args.storage, launch=args.launch, worker_index=args.worker_index,
+            tracking_uri=args.tracking_uri, track=not args.no_tracking,
+            progress=not args.quiet, heartbeat_s=args.heartbeat)
+        print(f"{setup.name}: this worker ran {result.trials_run} trials in "
+              f"{result.elapsed_s:.1f} s; {result.total} in the study")
+        return 130 if result.interrupted else EXIT_OK
     if args.study_command == "run":
+        if args.workers < 1:
+            raise ConfigError("must be >= 1", file="command line", key="--workers",
+                              value=args.workers)
         result = studies.run_study(
             setup, n_trials=args.trials, sampler=args.sampler,
             seed=args.seed if args.seed is not None else "study", storage=args.storage,
             tracking_uri=args.tracking_uri, track=not args.no_tracking,
-            progress=not args.quiet)
+            progress=not args.quiet, workers=args.workers, heartbeat_s=args.heartbeat)
         print(f"{setup.name}: {result.trials_run} trials run in {result.elapsed_s:.1f} s, "
-              f"{result.total} in the study ({args.storage or setup.storage})")
+              f"{result.total} in the study ({redact(args.storage or setup.storage)})")
         _print_best(setup, result.best)
         if result.interrupted:
             print(f"crossflow: interrupted; run 'crossflow study run {args.name}' again to "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -47,3 +48,56 @@ def assert_numbers_have_sources(path: Path) -> None:
         if re.search(r":\s*\[?[0-9]", code) and not commented and not any(c for _, c in parents):
             pytest.fail(f"{path.name}:{lineno} has a number without a source comment: {line!r}")
         parents.append((indent, commented))
+
+
+# --- PostgreSQL (issue 6) ----------------------------------------------------------------
+
+#: A libpq URL of a PostgreSQL server the tests may create databases on (a superuser or a
+#: role with CREATEDB), e.g. ``postgresql://crossflow@127.0.0.1:54329/postgres``.
+#: ``.ci/run`` starts a throwaway cluster and sets it; without it the PostgreSQL tests skip,
+#: except under ``CI=true``, where they fail.
+POSTGRES_ENV = "CROSSFLOW_TEST_POSTGRES"
+
+
+def _no_postgres(reason: str):
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {reason}: .ci/run installs and starts PostgreSQL "
+                    f"(.ci/postgres.sh) and sets {POSTGRES_ENV}", pytrace=False)
+    pytest.skip(f"{reason} (set {POSTGRES_ENV}=postgresql://USER@HOST:PORT/DB, or run "
+                "'eval \"$(bash .ci/postgres.sh start)\"')")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """The admin URL of the test PostgreSQL server (see :data:`POSTGRES_ENV`)."""
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        _no_postgres(f"{POSTGRES_ENV} is not set")
+    try:
+        import psycopg
+    except ImportError:
+        _no_postgres("psycopg is not installed (pip install -e '.[test]')")
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        _no_postgres(f"PostgreSQL at {url} does not answer: {exc}".strip())
+    return url
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """A fresh, empty database on the test server (dropped afterwards): its URL."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    name = f"crossflow_test_{uuid.uuid4().hex[:12]}"
+
+    def admin(sql: str) -> None:
+        with psycopg.connect(postgres_server, connect_timeout=5, autocommit=True) as conn:
+            conn.execute(sql)
+
+    admin(f'CREATE DATABASE "{name}"')
+    yield urlunsplit(urlsplit(postgres_server)._replace(path=f"/{name}"))
+    admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

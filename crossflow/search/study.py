@@ -36,6 +36,7 @@ best design in a form ``crossflow predict`` accepts back.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -44,7 +45,7 @@ import warnings
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,14 +62,12 @@ from crossflow.search.space import (
     SearchSpaceSpec,
     resolve,
 )
+from crossflow.search.storage import is_url, make_storage, redact
 
 #: Where studies keep their state by default, relative to the current directory.
 MLRUNS = "mlruns"
 OBJECTIVES = ("iteration_time_s", "energy_J", "power_W", "memory_per_device_bytes")
 SAMPLER_NAMES = ("gd", "tpe", "cmaes", "random", "nsga2")
-#: A RUNNING trial older than this is taken as left behind by a dead worker (journal files
-#: have no heartbeat) and no longer counts towards n_trials.
-STALE_RUNNING = timedelta(minutes=10)
 
 
 class StudySpec(Spec):
@@ -412,43 +411,20 @@ def _parallelism(source: Any, base: Path | None, file: str | None):
 # --- storage --------------------------------------------------------------------------------
 
 
-def make_storage(url: str):
-    """An Optuna storage: a URL with ``://`` is an RDB (SQLite, PostgreSQL, MySQL: with
-    heartbeats, and a trial whose worker died is retried); anything else is a journal file
-    path (created with its folder)."""
-    import optuna
-
-    if "://" in url:
-        if url.startswith("sqlite:///"):
-            path = Path(url[len("sqlite:///"):])
-            if str(path) not in ("", ":memory:"):
-                path.parent.mkdir(parents=True, exist_ok=True)
-        from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(url, heartbeat_interval=60, grace_period=180,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-                                  max_retry=2))
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    path = Path(url)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
-
-
 def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = True,
-               sampler=None):
+               sampler=None, heartbeat_s: float | None = None):
     """The Optuna study of ``setup`` in ``storage`` (default: the study's), created if
-    ``create`` (else a ConfigError when it is not there)."""
+    ``create`` (else a ConfigError when it is not there).  ``heartbeat_s``: seconds between
+    heartbeats of running trials on an RDB storage (see :mod:`crossflow.search.storage`)."""
     import optuna
+
+    from crossflow.search.storage import redact
 
     url = storage or setup.storage
     if not create and "://" not in url and not Path(url).is_file():
         raise ConfigError(f"no study {setup.name!r}: {url} does not exist; run it first "
                           f"('crossflow study run {setup.name}')", key="storage", value=url)
-    backend = make_storage(url)
+    backend = make_storage(url, heartbeat_s=heartbeat_s)
     if create:
         study = optuna.create_study(storage=backend, study_name=setup.name, sampler=sampler,
                                     directions=["minimize"] * len(setup.objectives),
@@ -457,9 +433,9 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
         try:
             study = optuna.load_study(study_name=setup.name, storage=backend, sampler=sampler)
         except KeyError:
-            raise ConfigError(f"no study {setup.name!r} in {url}: run it first "
+            raise ConfigError(f"no study {setup.name!r} in {redact(url)}: run it first "
                               f"('crossflow study run {setup.name}')", key="storage",
-                              value=url) from None
+                              value=redact(url)) from None
     stored = study.user_attrs.get("objectives")
     if stored is None and create:
         study.set_user_attr("objectives", list(setup.objectives))
@@ -725,18 +701,22 @@ def git_revision() -> str | None:
 
 
 class _Progress:
-    """A one-line progress report on stderr (a bar on a terminal, else every ~10 %)."""
+    """A one-line progress report on stderr (a bar on a terminal, else every ~10 %): an
+    Optuna callback (this process's trials) or :meth:`poll` (all workers' trials)."""
 
     def __init__(self, name: str, done: int, total: int, enabled: bool) -> None:
         self.name, self.done, self.total, self.enabled = name, done, total, enabled
         self.start_done, self.t0, self.last = done, time.perf_counter(), 0.0
         self.tty = enabled and sys.stderr.isatty()
         self.step = max(1, (total - done) // 10)
+        self.shown = 0        # steps printed (not a terminal)
         self.best: float | None = None
         self.infeasible = 0
         self.printed = False  # the current count is on the last line (not a terminal)
 
-    def __call__(self, study, trial) -> None:
+    def _add(self, trial) -> None:
+        if trial.state.name not in ("COMPLETE", "PRUNED"):
+            return  # failed (retried), or surplus: not a finished trial
         self.done += 1
         if trial.values is not None:
             if trial.user_attrs.get("feasible", True):
@@ -744,14 +724,33 @@ class _Progress:
                     self.best = trial.values[0]
             else:
                 self.infeasible += 1
+
+    def __call__(self, study, trial) -> None:
+        self._add(trial)
+        self._show()
+
+    def poll(self, study) -> None:
+        """Count every finished trial in the storage (trials of other processes)."""
+        from optuna.trial import TrialState
+
+        self.done, self.best, self.infeasible = 0, None, 0
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
+                                                          TrialState.PRUNED)):
+            self._add(t)
+        self._show()
+
+    def _show(self) -> None:
         if not self.enabled:
             return
         now = time.perf_counter()
-        self.printed = False
+        if self.done != getattr(self, "_last_done", None):
+            self._last_done, self.printed = self.done, False
+        steps = (self.done - self.start_done) // self.step
         if self.tty and now - self.last > 0.1:
             self.last = now
             print("\r" + self.line(now), end="", file=sys.stderr, flush=True)
-        elif not self.tty and (self.done - self.start_done) % self.step == 0:
+        elif not self.tty and steps > self.shown:
+            self.shown = steps
             self.printed = True
             print(self.line(now), file=sys.stderr, flush=True)
 
@@ -771,72 +770,6 @@ class _Progress:
                   flush=True)
 
 
-class _GracefulStop:
-    """Ctrl-C (SIGINT) stops the study after the trial in progress, so no trial is left
-    half-written; a second Ctrl-C interrupts at once.  Only in the main thread."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self) -> _GracefulStop:
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        import signal
-
-        if self.requested:
-            signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\ncrossflow: stopping after the trial in progress (Ctrl-C again to abort)",
-              file=sys.stderr, flush=True)
-
-    def __call__(self, study, trial) -> None:
-        if self.requested:
-            study.stop()
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-
-class _StopAt:
-    """Stops the study once ``total`` trials are finished or in flight (so several workers
-    sharing a storage stop together; each may overshoot by its one trial in flight)."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-
-    def __call__(self, study, trial) -> None:
-        if _counted(study) >= self.total:
-            study.stop()
-
-
-def _counted(study) -> int:
-    """Trials that count towards n_trials: finished (COMPLETE, PRUNED) or in flight
-    (RUNNING, unless stale)."""
-    from optuna.trial import TrialState
-
-    now = datetime.now()
-    n = 0
-    # WAITING (enqueued) trials are not counted: they run only if a worker goes on
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                     TrialState.RUNNING)):
-        if t.state == TrialState.RUNNING and t.datetime_start is not None and \
-                now - t.datetime_start > STALE_RUNNING:
-            continue
-        n += 1
-    return n
-
-
 def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):
     try:
         from crossflow.search.tracking import StudyTracker
@@ -849,19 +782,56 @@ def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):
                         launch_params=dict(launch), search_space=setup.describe())
 
 
+
+
+def worker_seed(sampler: str, seed: int | None, index: int) -> int | None:
+    """The sampler seed of worker ``index`` of a launch seeded ``seed``.  Worker 0 keeps the
+    launch's seed (one worker is reproducible); the ``gd`` sampler keeps it on every worker
+    (its chains' random streams are keyed by the seed, and the workers share the chains);
+    other samplers get distinct seeds, or the workers would propose the same points."""
+    if seed is None or sampler == "gd" or index == 0:
+        return seed
+    return seed + 7919 * index
+
+
 def run_study(setup: StudySetup, *, n_trials: int | None = None, sampler: str | None = None,
               seed: int | None | Literal["study"] = "study",
               sampler_options: Mapping[str, Any] | None = None, storage: str | None = None,
               tracking_uri: str | None = None, track: bool = True,
-              progress: bool = True) -> RunResult:
+              progress: bool = True, workers: int = 1,
+              heartbeat_s: float | None = None) -> RunResult:
     """Create or resume the study and run it until it has ``n_trials`` (default: the
-    study's) trials finished; Ctrl-C stops it cleanly after logging what finished.
+    study's) finished trials; Ctrl-C stops it cleanly after logging what finished.
 
     ``n_trials`` counts the study's total, so re-running resumes.  Launch k (0 for the
     first) seeds its sampler with ``seed + k``: a fresh single-worker study is reproducible
     for its seed, and a resumed or extra worker does not replay the first launch's draws.
     Each trial is logged as an MLflow child run (``track``) off the critical path.
+
+    ``workers`` > 1 runs that many ``crossflow study worker`` processes on this launch (see
+    :mod:`crossflow.search.workers`); the study must then be one the workers can load by
+    name or file (not an inline mapping).  ``heartbeat_s``: seconds between heartbeats of
+    running trials on an RDB storage (a dead worker's trial is retried after about three).
     """
+    if workers < 1:
+        raise ConfigError("must be >= 1", key="--workers", value=workers)
+    return _quietly(_run, setup, n_trials, sampler, seed, sampler_options, storage,
+                    tracking_uri, track, progress, workers, heartbeat_s)
+
+
+def join_study(setup: StudySetup, *, storage: str | None = None, launch: str | None = None,
+               worker_index: int | None = None, tracking_uri: str | None = None,
+               track: bool = True, progress: bool = True,
+               heartbeat_s: float | None = None) -> RunResult:
+    """``crossflow study worker``: join a launch of an existing study (default: its latest)
+    and run its trials until the launch's ``n_trials`` are finished, with the launch's
+    sampler, options and seed (see :func:`worker_seed`; a worker without an index gets a
+    seed of its own)."""
+    return _quietly(_join, setup, storage, launch, worker_index, tracking_uri, track,
+                    progress, heartbeat_s)
+
+
+def _quietly(fn, *args) -> RunResult:
     import optuna
 
     verbosity = optuna.logging.get_verbosity()
@@ -873,16 +843,20 @@ def run_study(setup: StudySetup, *, n_trials: int | None = None, sampler: str | 
             # CMA-ES ranks infeasible trials by their penalty values, not by constraints
             warnings.filterwarnings("ignore", message="Constraints have been set, but CmaEs")
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-            return _run(setup, n_trials, sampler, seed, sampler_options, storage,
-                        tracking_uri, track, progress)
+            return fn(*args)
     finally:
         optuna.logging.set_verbosity(verbosity)
 
 
+def _storage_url(setup: StudySetup, storage: str | None) -> str:
+    """The storage URL, a journal file as an absolute path (workers may start elsewhere)."""
+    url = storage or setup.storage
+    return url if is_url(url) else str(Path(url).resolve())
+
+
 def _run(setup: StudySetup, n_trials, sampler, seed, sampler_options, storage, tracking_uri,
-         track, progress) -> RunResult:
+         track, progress, workers, heartbeat_s) -> RunResult:
     from crossflow import __version__
-    from crossflow.search.objective import Objective
     from crossflow.search.samplers import check_options, make_sampler
 
     total = n_trials if n_trials is not None else setup.spec.n_trials
@@ -897,52 +871,126 @@ def _run(setup: StudySetup, n_trials, sampler, seed, sampler_options, storage, t
             else {}
     check_options(sampler_name, sampler_options)
     base_seed = setup.spec.seed if seed == "study" else seed
-    url = storage or setup.storage
-    study = open_study(setup, url)
+    url = _storage_url(setup, storage)
+    study = open_study(setup, url, heartbeat_s=heartbeat_s)
 
     if setup.spec.baseline and not study.get_trials(deepcopy=False):
         for params in setup.baseline_trials():
             study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
     index = sum(1 for k in study.user_attrs if k.startswith("launch."))
     launch_seed = None if base_seed is None else base_seed + index
-    study.sampler = make_sampler(sampler_name, seed=launch_seed, options=sampler_options,
-                                 space=setup.space, n_objectives=len(setup.objectives))
     launch = {
         "study": setup.name, "launch": index, "sampler": sampler_name,
         "sampler_options": dict(sampler_options), "seed": launch_seed,
-        "n_trials": total, "objectives": list(setup.objectives), "storage": url,
-        "crossflow_version": __version__, "git_revision": git_revision(),
+        "n_trials": total, "objectives": list(setup.objectives), "storage": redact(url),
+        "workers": workers, "crossflow_version": __version__, "git_revision": git_revision(),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": os.uname().nodename if hasattr(os, "uname") else None, "pid": os.getpid(),
+        "host": socket.gethostname(), "pid": os.getpid(),
     }
-    study.set_user_attr(f"launch.{index:04d}.{uuid.uuid4().hex[:8]}", launch)
+    uri = tracking_uri or setup.tracking_uri
+    if not uri.startswith(("sqlite:", "file:")) and "://" in uri:
+        launch["tracking_uri"] = redact(uri)  # where workers that join log (a server, a DB)
+    key = f"launch.{index:04d}.{uuid.uuid4().hex[:8]}"
+    study.set_user_attr(key, launch)
+    if workers > 1:
+        return _supervise(setup, study, url, key, launch, uri, track, progress, heartbeat_s)
+    study.sampler = make_sampler(sampler_name, seed=launch_seed, options=sampler_options,
+                                 space=setup.space, n_objectives=len(setup.objectives))
+    return _work(setup, study, launch, total, uri, track, progress, summary=True)
 
-    counted = _counted(study)
-    remaining = total - counted
-    bar = _Progress(setup.name, counted, total, progress and remaining > 0)
-    objective = Objective(setup)
+
+def _join(setup: StudySetup, storage, launch_key, worker_index, tracking_uri, track, progress,
+          heartbeat_s) -> RunResult:
+    from crossflow.search.samplers import make_sampler
+
+    url = _storage_url(setup, storage)
+    study = open_study(setup, url, create=False, heartbeat_s=heartbeat_s)
+    launches = {k: v for k, v in study.user_attrs.items() if k.startswith("launch.")}
+    if not launches:
+        raise ConfigError(f"study {setup.name!r} has no launch to join: start it with "
+                          f"'crossflow study run {setup.name} --storage URL' first",
+                          key="storage", value=redact(url))
+    if launch_key is None:
+        launch_key = max(launches)
+    elif launch_key not in launches:
+        raise ConfigError("no such launch in the study", key="--launch", value=launch_key,
+                          allowed=", ".join(sorted(launches)))
+    launch = launches[launch_key]
+    if worker_index is None:  # a worker joining from anywhere: a seed of its own
+        worker_index = 1 + (os.getpid() * 1_000_003 + time.time_ns()) % 999_983
+    seed = worker_seed(launch["sampler"], launch.get("seed"), worker_index)
+    study.sampler = make_sampler(launch["sampler"], seed=seed,
+                                 options=launch.get("sampler_options") or {},
+                                 space=setup.space, n_objectives=len(setup.objectives))
+    joined = {**launch, "worker_index": worker_index, "seed": seed, "role": "worker",
+              "host": socket.gethostname(), "pid": os.getpid()}
+    uri = tracking_uri or launch.get("tracking_uri") or setup.tracking_uri
+    return _work(setup, study, joined, int(launch["n_trials"]), uri, track, progress,
+                 summary=False)
+
+
+def _work(setup: StudySetup, study, launch: Mapping[str, Any], total: int, tracking_uri: str,
+          track: bool, progress: bool, *, summary: bool) -> RunResult:
+    """Run trials in this process until the study has ``total`` finished ones."""
+    from crossflow.search.objective import Objective
+    from crossflow.search.workers import GracefulStop, census, work
+
+    heartbeats = is_url(str(launch["storage"]))
+    start = census(study, total, heartbeats=heartbeats)
+    bar = _Progress(setup.name, start.done, total, progress and not start.finished)
     interrupted = False
     t0 = time.perf_counter()
-    tracking = _tracker(setup, tracking_uri or setup.tracking_uri, launch) if track \
-        else nullcontext()
+    tracking = _tracker(setup, tracking_uri, launch) if track else nullcontext()
     with tracking as tracker:
-        stop = _GracefulStop()
-        callbacks: list[Any] = [_StopAt(total), bar, stop]
+        stop = GracefulStop()
+        callbacks: list[Any] = [bar]
         if tracker is not None:
             callbacks.insert(0, tracker)  # logged before any stop
         try:
             with stop:
-                if remaining > 0:
-                    study.optimize(objective, n_trials=remaining, callbacks=callbacks,
-                                   gc_after_trial=False)
+                work(study, Objective(setup), total, callbacks=callbacks, stop=stop,
+                     heartbeats=heartbeats)
         except KeyboardInterrupt:
             interrupted = True
         finally:
             bar.close()
         interrupted = interrupted or stop.requested
         best = best_design(setup, study)
-        if tracker is not None:
+        if tracker is not None and summary:
             tracker.finish(study, best_design=best)
-    return RunResult(study, bar.done - counted, len(study.get_trials(deepcopy=False)),
+    return RunResult(study, bar.done - start.done, len(study.get_trials(deepcopy=False)),
                      interrupted, time.perf_counter() - t0, best)
 
+
+def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str, Any],
+               tracking_uri: str, track: bool, progress: bool,
+               heartbeat_s: float | None) -> RunResult:
+    """``study run --workers K``: K worker processes on launch ``key``, their trials logged to
+    MLflow from the storage by one tracker here, one progress line, Ctrl-C forwarded."""
+    from crossflow.search.workers import census, check_workers, start_workers, supervise
+
+    total, k = int(launch["n_trials"]), int(launch["workers"])
+    start = census(study, total, heartbeats=is_url(url))
+    bar = _Progress(f"{setup.name} ({k} workers)", start.done, total,
+                    progress and not start.finished)
+    t0 = time.perf_counter()
+    tracking = _tracker(setup, tracking_uri, launch) if track else nullcontext()
+    with tracking as tracker:
+        procs = start_workers(setup.file or setup.name, url, key, k, heartbeat_s=heartbeat_s)
+
+        def tick() -> None:
+            if tracker is not None:
+                tracker.sweep(study)
+            bar.poll(study)
+
+        interrupted = supervise(procs, tick=tick)
+        tick()
+        bar.close()
+        end = census(study, total, heartbeats=is_url(url))
+        for line in check_workers(procs, interrupted=interrupted, finished=end.finished):
+            print(f"crossflow: warning: {line}", file=sys.stderr)
+        best = best_design(setup, study)
+        if tracker is not None:
+            tracker.finish(study, best_design=best)
+    return RunResult(study, end.done - start.done, len(study.get_trials(deepcopy=False)),
+                     interrupted, time.perf_counter() - t0, best)

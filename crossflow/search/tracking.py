@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from datetime import datetime
@@ -70,6 +71,9 @@ TRIAL_NUMBER_TAG = "trial_number"
 #: many milliseconds of the trial's (storages round datetimes; a study deleted and created
 #: again under the same name starts its trial 0 much later, so its trials are logged anew).
 SAME_TRIAL_MS = 1000
+
+#: Namespace of trial run ids: uuid5(namespace, "<experiment id>/<trial number>/<start ms>").
+_RUN_NAMESPACE = uuid.UUID("5f0c3b7e-6c1a-4d51-9a43-0c2f1e8d7a10")
 
 _MAX_PARAM = 6000   # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 _MAX_TAG = 8000     # MAX_TAG_VAL_LENGTH
@@ -248,11 +252,24 @@ def trial_record(trial: Any, sampler: str, metric_names: list[str]) -> dict[str,
             "metrics": metrics, "tags": tags, "start_ms": start or end, "end_ms": end or start}
 
 
+#: User attribute of a trial that found the budget full and was not evaluated (see
+#: crossflow.search.workers): it gets no run.
+SURPLUS = "surplus"
+
+
 def _finished(study: Any) -> list[Any]:
     from optuna.trial import TrialState
 
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                     TrialState.FAIL))
+    return [t for t in study.get_trials(deepcopy=False, states=(
+        TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+        if not t.user_attrs.get(SURPLUS)]
+
+
+def trial_run_id(experiment_id: str | int, number: int, start_ms: int | None) -> str:
+    """The MLflow run id of a trial's run on SQL stores: the same in every process that logs
+    it (an experiment is one study), so a trial logged twice — by a retried or restarted
+    worker, or by two launches back-filling at once — is inserted once."""
+    return uuid.uuid5(_RUN_NAMESPACE, f"{experiment_id}/{number}/{start_ms}").hex
 
 
 def is_logged(known: Mapping[int, list[int]], number: int, start_ms: int | None) -> bool:
@@ -539,16 +556,19 @@ class _Logger:
             new.append({**rec, "tags": tags})
         if not new:
             return
+        done: list[dict[str, Any]] = []
         if self.bulk:
+            from crossflow.search.storage import retrying
+
             try:
-                self._insert_runs(new)
-                self.logged_bulk += len(new)
+                inserted = retrying(lambda: self._insert_runs(new))
+                self.logged_bulk += inserted
+                self.skipped += len(new) - inserted
+                self.logged -= len(new) - inserted  # logged by another process
                 done, new = new, []
             except Exception as exc:  # rolled back: log them one by one instead
-                self.bulk, done = False, []
+                self.bulk = False
                 self.notes.append(f"batch insert disabled: {type(exc).__name__}: {exc}"[:500])
-        else:
-            done = []
         for rec in new:
             try:
                 self._create_run(rec)
@@ -569,12 +589,12 @@ class _Logger:
         self.client.set_terminated(run_id, _STATUS.get(rec["state"], "FINISHED"),
                                    end_time=rec["end_ms"])
 
-    def _insert_runs(self, recs: list[dict[str, Any]]) -> None:
+    def _insert_runs(self, recs: list[dict[str, Any]]) -> int:
         """Trial runs in one transaction of MLflow's SQL store: the rows ``create_run``,
         ``log_batch`` and ``set_terminated`` would write (finished status, run-name tag,
-        metrics with their latest values)."""
-        import uuid
-
+        metrics with their latest values), under ids of :func:`trial_run_id`.  Runs another
+        process inserted already are left alone.  Returns how many were inserted."""
+        import sqlalchemy
         from mlflow.store.tracking.dbmodels.models import (
             SqlLatestMetric,
             SqlMetric,
@@ -584,31 +604,59 @@ class _Logger:
         )
         from mlflow.utils.uri import append_to_uri_path
 
-        runs, tags, params, metrics = [], [], [], []
-        for rec in recs:
-            run_id = uuid.uuid4().hex
-            user = rec["tags"].get("mlflow.user", "unknown")
-            runs.append({
-                "run_uuid": run_id, "name": rec["tags"]["mlflow.runName"],
-                "artifact_uri": append_to_uri_path(self.artifact_location, run_id, "artifacts"),
-                "experiment_id": int(self.experiment_id), "source_type": "UNKNOWN",
-                "source_name": "", "entry_point_name": "", "user_id": user,
-                "status": _STATUS.get(rec["state"], "FINISHED"),
-                "start_time": rec["start_ms"], "end_time": rec["end_ms"], "deleted_time": None,
-                "source_version": "", "lifecycle_stage": "active"})
-            tags += [{"key": k, "value": v, "run_uuid": run_id} for k, v in rec["tags"].items()]
-            params += [{"key": k, "value": v, "run_uuid": run_id}
-                       for k, v in rec["params"].items()]
-            metrics += [{"key": k, "value": v, "timestamp": rec["end_ms"], "step": 0,
-                         "is_nan": False, "run_uuid": run_id} for k, v in rec["metrics"].items()]
-        with self._engine().begin() as conn:
-            conn.execute(SqlRun.__table__.insert(), runs)
-            conn.execute(SqlTag.__table__.insert(), tags)
-            if params:
-                conn.execute(SqlParam.__table__.insert(), params)
-            if metrics:
-                conn.execute(SqlMetric.__table__.insert(), metrics)
-                conn.execute(SqlLatestMetric.__table__.insert(), metrics)
+        by_id = {trial_run_id(self.experiment_id, r["number"], r["start_ms"]): r for r in recs}
+        for attempt in range(3):
+            try:
+                with self._engine().begin() as conn:
+                    there = dict(conn.execute(sqlalchemy.select(
+                        SqlRun.run_uuid, SqlRun.lifecycle_stage).where(
+                        SqlRun.run_uuid.in_(list(by_id)))).all())
+                    # a trial's run deleted since (by hand): restored, with fresh tags
+                    restore = [r for r, stage in there.items() if stage != "active"]
+                    if restore:
+                        conn.execute(sqlalchemy.update(SqlRun).where(
+                            SqlRun.run_uuid.in_(restore)).values(
+                            lifecycle_stage="active", deleted_time=None))
+                        conn.execute(sqlalchemy.delete(SqlTag).where(
+                            SqlTag.run_uuid.in_(restore)))
+                        conn.execute(SqlTag.__table__.insert(), [
+                            {"key": k, "value": v, "run_uuid": r}
+                            for r in restore for k, v in by_id[r]["tags"].items()])
+                    runs, tags, params, metrics = [], [], [], []
+                    for run_id, rec in by_id.items():
+                        if run_id in there:
+                            continue
+                        user = rec["tags"].get("mlflow.user", "unknown")
+                        runs.append({
+                            "run_uuid": run_id, "name": rec["tags"]["mlflow.runName"],
+                            "artifact_uri": append_to_uri_path(self.artifact_location,
+                                                               run_id, "artifacts"),
+                            "experiment_id": int(self.experiment_id), "source_type": "UNKNOWN",
+                            "source_name": "", "entry_point_name": "", "user_id": user,
+                            "status": _STATUS.get(rec["state"], "FINISHED"),
+                            "start_time": rec["start_ms"], "end_time": rec["end_ms"],
+                            "deleted_time": None, "source_version": "",
+                            "lifecycle_stage": "active"})
+                        tags += [{"key": k, "value": v, "run_uuid": run_id}
+                                 for k, v in rec["tags"].items()]
+                        params += [{"key": k, "value": v, "run_uuid": run_id}
+                                   for k, v in rec["params"].items()]
+                        metrics += [{"key": k, "value": v, "timestamp": rec["end_ms"],
+                                     "step": 0, "is_nan": False, "run_uuid": run_id}
+                                    for k, v in rec["metrics"].items()]
+                    if runs:
+                        conn.execute(SqlRun.__table__.insert(), runs)
+                        conn.execute(SqlTag.__table__.insert(), tags)
+                    if params:
+                        conn.execute(SqlParam.__table__.insert(), params)
+                    if metrics:
+                        conn.execute(SqlMetric.__table__.insert(), metrics)
+                        conn.execute(SqlLatestMetric.__table__.insert(), metrics)
+                return len(runs) + len(restore)
+            except sqlalchemy.exc.IntegrityError:  # inserted meanwhile by another process
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def _op_artifacts(self, msg: dict[str, Any]) -> None:
         if msg.get("dir"):
@@ -841,6 +889,14 @@ class StudyTracker:
         self.stats["callbacks"] += 1
         self.stats["callback_s"] += time.perf_counter() - t0
 
+    def sweep(self, study: Any) -> None:
+        """Queue every finished trial of ``study`` that has no run yet (trials that other
+        processes ran: ``study run --workers K`` sweeps the storage each second)."""
+        if not self._active:
+            raise RuntimeError("StudyTracker.sweep must be called inside the with block")
+        self._study = study
+        self._queue.put(("sweep", study))
+
     def finish(self, study: Any, best_design: dict | None) -> None:
         """Queue the parent run's summary: artifacts ``best_design.yaml`` (``best_design``,
         or the best trial's decoded parameters when None), ``trials.csv``,
@@ -959,7 +1015,7 @@ class StudyTracker:
             self.stats["send_errors"] = self.stats.get("send_errors", 0) + 1
 
     def _trial_msg(self, study: Any, trial: Any) -> dict[str, Any] | None:
-        if trial.number in self._sent:
+        if trial.number in self._sent or trial.user_attrs.get(SURPLUS):
             return None
         self._sent.add(trial.number)
         record = trial_record(trial, self._sampler(study), self._names(study))

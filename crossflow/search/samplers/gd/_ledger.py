@@ -26,6 +26,9 @@ STATE = "gd:state"
 BASE = "base"
 PROBE = "probe:"
 MOVE = "move:"
+#: User attribute of a trial the study runner did not evaluate because other workers had
+#: taken the whole budget (crossflow.search.workers): not an attempt of its role.
+SURPLUS = "surplus"
 #: Roles of trials outside the chains.
 INDEPENDENT = "independent"
 FIXED = "fixed"
@@ -128,6 +131,8 @@ class Ledger:
             chain = attrs.get(CHAIN)
             if chain is None or chain in ignore_chains or t.number == skip \
                     or ROLE not in attrs:  # (a claim being written: gd:role comes last)
+                continue
+            if t.user_attrs.get(SURPLUS):  # never evaluated: the study's budget was full
                 continue
             steps = ledger.chains.setdefault(chain, {})
             step = steps.setdefault(attrs[STEP], Step())

@@ -1,0 +1,344 @@
+"""Optuna storages for studies, made to survive workers that die and databases that blink.
+
+* A path (no ``://``) is an Optuna **journal file**: one machine, any number of worker
+  processes (the default, ``mlruns/optuna/<study>.journal``).
+* A URL is an Optuna **RDB storage** (``postgresql://…`` for workers on many machines;
+  ``sqlite:///…`` works on one), opened as :class:`ResilientRDBStorage`:
+
+  - *heartbeats*: every running trial records one each ``heartbeat_s`` seconds; a trial
+    whose worker stopped beating for ``GRACE_BEATS`` × ``heartbeat_s`` (SIGKILL, a lost
+    machine) is set FAIL by the next worker that starts a trial, and Optuna's
+    :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` enqueues a copy with the same
+    parameters (and the ``gd`` sampler's role), so nothing is lost and no RUNNING trial is
+    left behind;
+  - *reconnects*: a storage call that fails because the connection to the database was
+    lost (server restart, network blip, failover) is retried with back-off for up to
+    ``reconnect_s`` seconds (SQLAlchemy's ``pool_pre_ping`` replaces dead pooled
+    connections), so a database away for a few seconds does not end the study.
+
+Nothing here imports optuna at module import time (``crossflow.search`` is imported lazily).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+import warnings
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from crossflow.errors import ConfigError
+
+#: Seconds between two heartbeats of a running trial (RDB storages).  A killed worker's
+#: trial is retried after about GRACE_BEATS heartbeats; each beat is one small UPDATE.
+HEARTBEAT_S = 10
+#: Heartbeats a trial may miss before it is taken as dead (Optuna's grace period).
+GRACE_BEATS = 3
+#: How long a storage call keeps retrying while the database cannot be reached.
+RECONNECT_S = 60.0
+#: Attempts to retry a storage call lost with its connection wait this long first (s),
+#: doubling up to the last value.
+_BACKOFF = (0.1, 0.2, 0.5, 1.0, 2.0)
+#: Retries of an RDB storage call, over the whole process (for tests and ``study show``).
+RECONNECTS = {"retries": 0}
+
+
+def is_url(storage: str) -> bool:
+    """Whether ``storage`` is an RDB URL (else a journal file path)."""
+    return "://" in storage
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) says the database connection was lost or could not
+    be made — an error a retry can cure, unlike a constraint violation or bad data."""
+    import sqlalchemy.exc as sa
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, sa.OperationalError | sa.InterfaceError | sa.TimeoutError):
+            return True  # (TimeoutError: no pooled connection came free in time)
+        if isinstance(exc, sa.DBAPIError) and exc.connection_invalidated:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def retrying(fn, reconnect_s: float = RECONNECT_S, *, recovered=None):
+    """``fn()``, called again with back-off while it fails because the database connection
+    was lost, for up to ``reconnect_s`` seconds.  ``recovered(exc)``, if given, is asked
+    after an error that follows a lost connection whether the lost call had in fact done
+    its work (then that is returned as True)."""
+    deadline = time.monotonic() + reconnect_s
+    attempt = 0
+    lost = False
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if lost and recovered is not None and recovered(exc):
+                return True
+            if not _connection_lost(exc) or time.monotonic() >= deadline:
+                raise
+            lost = True
+            RECONNECTS["retries"] += 1
+            time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+            attempt += 1
+
+
+def _retrying(name: str, method):
+    """``method`` of :class:`ResilientRDBStorage`, retried while the connection is lost."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        recovered = None
+        if name == "set_trial_state_values":
+            def recovered(exc):
+                return _already_set(self, args, kwargs, exc)
+        return retrying(lambda: method(self, *args, **kwargs), self.reconnect_s,
+                        recovered=recovered)
+
+    return call
+
+
+def _already_set(storage, args, kwargs, exc: BaseException) -> bool:
+    """After a lost connection, whether the trial already has the state the retried
+    ``set_trial_state_values`` call asked for (its commit went through before the loss)."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    if not isinstance(exc, UpdateFinishedTrialError | RuntimeError):
+        return False
+    trial_id = kwargs.get("trial_id", args[0] if args else None)
+    state = kwargs.get("state", args[1] if len(args) > 1 else None)
+    try:
+        return storage.get_trial(trial_id).state == state
+    except Exception:  # noqa: BLE001 - the original error is the one to report
+        return False
+
+
+#: RDBStorage methods that talk to the database (public ones and those _CachedStorage and the
+#: heartbeat use).
+_DB_METHODS = (
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
+    "get_study_user_attrs", "get_study_system_attrs", "get_all_studies", "create_new_trial",
+    "set_trial_param", "get_trial_id_from_study_id_trial_number",
+    "get_trial_number_from_id", "get_trial_param", "set_trial_state_values",
+    "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",
+    "get_trial", "get_all_trials", "get_n_trials", "get_best_trial", "get_trial_params",
+    "get_trial_user_attrs", "get_trial_system_attrs", "record_heartbeat", "_get_trials",
+    "_get_stale_trial_ids", "check_trial_is_updatable", "_create_new_trial",
+    "_set_trial_param", "_get_best_trial_id",
+)
+#: A RUNNING trial that never recorded a heartbeat (its worker died between creating it and
+#: starting its heartbeat, or a lost connection duplicated it) is stale after this long
+#: (s; worker clocks may differ, so longer than a grace period).
+UNBEATEN_S = 60.0
+
+
+def _resilient_class():
+    from optuna.storages import RDBStorage
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    class _Retrying(RDBStorage):
+        reconnect_s: float = RECONNECT_S
+
+    for name in _DB_METHODS:
+        setattr(_Retrying, name, _retrying(name, getattr(RDBStorage, name)))
+
+    class ResilientRDBStorage(_Retrying):
+        """Optuna's RDBStorage whose database calls survive a lost connection for up to
+        ``reconnect_s`` seconds (see the module docstring), and which writes a trial's
+        user attributes in one transaction when the trial finishes (the objective sets a
+        dozen; one round trip each made PostgreSQL trials ~2x slower).  Only this process
+        sees a running trial's user attributes before then; system attributes, which
+        samplers share across workers (the ``gd`` sampler's claims), are written at once."""
+
+        def __init__(self, url: str, *, reconnect_s: float = RECONNECT_S, **kwargs: Any):
+            self.reconnect_s = reconnect_s
+            self._user_attrs: dict[int, dict[str, Any]] = {}
+            # the first connection too (a worker started while the database restarts)
+            retrying(lambda: RDBStorage.__init__(self, url, **kwargs), reconnect_s)
+
+        def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+            self._user_attrs.setdefault(trial_id, {})[key] = value
+
+        def _flush_user_attrs(self, trial_id: int) -> None:
+            attrs = self._user_attrs.pop(trial_id, None)
+            if not attrs:
+                return
+
+            def write() -> None:
+                with _create_scoped_session(self.scoped_session, True) as session:
+                    if self.engine.name not in ("postgresql", "sqlite"):
+                        for key, value in attrs.items():
+                            self._set_trial_attr_without_commit(
+                                session, models.TrialUserAttributeModel, trial_id, key, value)
+                        return
+                    trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+                    self.check_trial_is_updatable(trial_id, trial.state)
+                    dialect = import_module(f"sqlalchemy.dialects.{self.engine.name}")
+                    model = models.TrialUserAttributeModel
+                    insert = dialect.insert(model).values(
+                        [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
+                         for k, v in attrs.items()])
+                    session.execute(insert.on_conflict_do_update(
+                        index_elements=[model.trial_id, model.key],
+                        set_={"value_json": insert.excluded.value_json}))
+
+            retrying(write, self.reconnect_s)
+
+        def set_trial_state_values(self, trial_id: int, state, values=None) -> bool:
+            self._flush_user_attrs(trial_id)
+            return super().set_trial_state_values(trial_id, state, values)
+
+        def get_trial(self, trial_id: int):
+            trial = super().get_trial(trial_id)
+            if trial_id in self._user_attrs:
+                trial.user_attrs.update(self._user_attrs[trial_id])
+            return trial
+
+        def get_trial_user_attrs(self, trial_id: int) -> dict[str, Any]:
+            return {**super().get_trial_user_attrs(trial_id),
+                    **self._user_attrs.get(trial_id, {})}
+
+        def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+            """Optuna's stale trials (no heartbeat for the grace period), and RUNNING trials
+            older than :data:`UNBEATEN_S` that never had one (Optuna skips those, and one
+            would hold a slot of the budget for ever)."""
+            from datetime import datetime, timedelta
+
+            import sqlalchemy
+            from optuna.trial import TrialState
+
+            stale = super()._get_stale_trial_ids(study_id)
+            cutoff = datetime.now() - timedelta(seconds=max(UNBEATEN_S,
+                                                            2 * (self.grace_period or 0)))
+            t = models.TrialModel.__table__.c
+            hb = models.TrialHeartbeatModel.__table__.c
+
+            def unbeaten() -> list[int]:
+                with self.engine.connect() as conn:
+                    return list(conn.execute(
+                        sqlalchemy.select(t.trial_id).where(
+                            t.study_id == study_id, t.state == TrialState.RUNNING,
+                            t.datetime_start < cutoff,
+                            ~sqlalchemy.exists().where(hb.trial_id == t.trial_id))).scalars())
+
+            return stale + [i for i in retrying(unbeaten, self.reconnect_s) if i not in stale]
+
+        def count_live(self, study_id: int) -> int:
+            """Trials COMPLETE, PRUNED, RUNNING or WAITING: one COUNT query (Optuna's
+            get_n_trials loads every trial)."""
+            import sqlalchemy
+            from optuna.storages._rdb import models
+            from optuna.trial import TrialState
+
+            live = [TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING,
+                    TrialState.WAITING]
+
+            def count() -> int:
+                with self.engine.connect() as conn:
+                    return int(conn.execute(
+                        sqlalchemy.select(sqlalchemy.func.count(models.TrialModel.trial_id))
+                        .where(models.TrialModel.study_id == study_id,
+                               models.TrialModel.state.in_(live))).scalar_one())
+
+            return retrying(count, self.reconnect_s)
+
+        def __getstate__(self):
+            state = super().__getstate__()
+            state["reconnect_s"] = self.reconnect_s
+            state["_user_attrs"] = {}
+            return state
+
+    return ResilientRDBStorage
+
+
+@functools.cache
+def resilient_rdb_storage_class():
+    """The :class:`ResilientRDBStorage` class (built on first use: it subclasses Optuna's)."""
+    return _resilient_class()
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if not is_url(url):
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}  # replace connections the server dropped
+    if url.startswith(("postgresql", "postgres")):
+        # fail a connection attempt in seconds (the retry loop waits), and notice a peer that
+        # vanished without closing the socket
+        kwargs["connect_args"] = {"connect_timeout": 5, "keepalives": 1,
+                                  "keepalives_idle": 10, "keepalives_interval": 5,
+                                  "keepalives_count": 3}
+    return kwargs
+
+
+def _check_driver(url: str) -> None:
+    """A clear error when the database driver a URL needs is not installed."""
+    driver = {"postgresql://": "psycopg", "postgres://": "psycopg",
+              "postgresql+psycopg://": "psycopg", "postgresql+psycopg2://": "psycopg2"}
+    module = next((m for prefix, m in driver.items() if url.startswith(prefix)), None)
+    if module is not None:
+        try:
+            __import__(module)
+        except ImportError:
+            raise ConfigError(f"PostgreSQL needs the {module} driver: pip install "
+                              "'crossflow[postgres]' (psycopg 3)", key="storage",
+                              value=redact(url)) from None
+
+
+def make_storage(url: str, *, heartbeat_s: float | None = None,
+                 reconnect_s: float = RECONNECT_S):
+    """An Optuna storage for ``url``: an RDB URL (``://``) gives a
+    :class:`ResilientRDBStorage` with heartbeats every ``heartbeat_s`` seconds (default
+    :data:`HEARTBEAT_S`) and stale-trial retry; anything else is a journal file path
+    (created with its folder)."""
+    import optuna
+
+    if is_url(url):
+        if url.startswith("sqlite:///"):
+            path = Path(url[len("sqlite:///"):])
+            if str(path) not in ("", ":memory:"):
+                path.parent.mkdir(parents=True, exist_ok=True)
+        _check_driver(url)
+        from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+        beat = max(1, round(heartbeat_s if heartbeat_s is not None else HEARTBEAT_S))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            try:
+                return resilient_rdb_storage_class()(
+                    url, reconnect_s=reconnect_s, engine_kwargs=_engine_kwargs(url),
+                    heartbeat_interval=beat, grace_period=GRACE_BEATS * beat,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                        max_retry=2))
+            except ImportError as exc:
+                raise ConfigError(f"the database driver is missing ({exc})", key="storage",
+                                  value=redact(url)) from None
+            except Exception as exc:
+                if _connection_lost(exc):
+                    raise ConfigError(f"cannot connect to the database "
+                                      f"({str(exc).strip().splitlines()[0]})",
+                                      key="storage", value=redact(url)) from None
+                raise
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    path = Path(url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))

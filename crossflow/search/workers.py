@@ -1,0 +1,341 @@
+"""Workers: any number of processes, on any number of machines, finishing one study's budget.
+
+Every process that runs trials of a study — the one ``crossflow study run`` starts, the K
+that ``study run --workers K`` starts, one ``crossflow study worker`` on another machine —
+runs :func:`work`.  The study's storage is the only thing they share, and it is enough:
+
+* **Exactly ``n_trials`` finished trials.**  The *live* trials (finished COMPLETE or
+  PRUNED, running, or waiting to run) in trial-number order hold the budget's slots; a
+  trial runs only if it holds one of the first ``n_trials``.  A worker asks for a trial
+  only while a slot is free, so a race is rare (two workers asking for the last slot at
+  once), and it is settled by the trial numbers the storage hands out: the one left
+  without a slot is not evaluated but recorded FAIL with the user attribute ``surplus``
+  (no MLflow run, no ``gd`` attempt).  A worker whose every slot is taken by trials
+  running elsewhere waits for them: they finish, or their worker died and the trial is
+  retried (then it runs the retry).
+* **Dead workers.**  On RDB storages a trial without a heartbeat is failed and retried (see
+  :mod:`crossflow.search.storage`).  Journal files have no heartbeats: a running trial
+  whose worker (user attribute ``worker``: host:pid) is a process of this machine that no
+  longer exists is failed and retried the same way (:func:`fail_orphans`); one from
+  another machine or an older CrossFlow counts as dead after :data:`STALE_RUNNING`.
+* **Ctrl-C** (:class:`GracefulStop`) ends the trial in progress first.
+
+:func:`run_workers` is ``study run --workers K``: it starts K ``crossflow study worker``
+processes on one launch, logs their trials to MLflow from the storage (one tracker), shows
+one progress line, and forwards Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from crossflow.errors import CrossflowError
+
+#: A RUNNING trial older than this, of no live worker of this machine, is taken as left
+#: behind by a dead worker (journal files have no heartbeat) and no longer holds a slot.
+STALE_RUNNING = timedelta(minutes=10)
+#: User attributes: the worker that ran a trial (host:pid), a trial that found no slot.
+WORKER = "worker"
+SURPLUS = "surplus"
+#: Seconds between two looks at the storage while waiting for trials running elsewhere.
+POLL_S = 0.5
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Surplus(Exception):
+    """A trial that found every slot of the budget taken (raised before evaluating it)."""
+
+
+class GracefulStop:
+    """Ctrl-C (SIGINT) stops the work after the trial in progress, so no trial is left
+    half-written; a second Ctrl-C interrupts at once (Optuna records that trial FAIL).
+    Only in the main thread.  Also an Optuna callback (stops the study when requested)."""
+
+    def __init__(self, message: str = "stopping after the trial in progress") -> None:
+        self.requested = False
+        self.message = message
+        self._previous = None
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\ncrossflow: {self.message} (Ctrl-C again to abort)", file=sys.stderr,
+              flush=True)
+
+    def __call__(self, study, trial) -> None:
+        if self.requested:
+            study.stop()
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+# --- the budget -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Census:
+    """Where a study stands against its budget of ``total`` finished trials."""
+
+    total: int
+    done: int            # COMPLETE + PRUNED
+    live: list[Any]      # done, running (not stale) and waiting trials, by number
+    waiting_in_budget: int
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+    @property
+    def free(self) -> int:
+        """Trials a worker may ask for now (new slots, and waiting trials holding one)."""
+        return max(0, self.total - len(self.live)) + self.waiting_in_budget
+
+
+def census(study, total: int, *, heartbeats: bool) -> Census:
+    """The study's live trials against ``total`` (``heartbeats``: the storage fails dead
+    trials itself, so every RUNNING trial is live; else stale ones are not)."""
+    from optuna.trial import TrialState
+
+    now = datetime.now()
+    live, done = [], 0
+    for t in study.get_trials(deepcopy=False, states=(
+            TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)):
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            done += 1
+        elif (t.state == TrialState.RUNNING and not heartbeats
+              and t.datetime_start is not None and now - t.datetime_start > STALE_RUNNING
+              and not _local_alive(t.user_attrs.get(WORKER))):
+            continue
+        live.append(t)
+    live.sort(key=lambda t: t.number)
+    waiting = sum(1 for t in live[:total] if t.state == TrialState.WAITING)
+    return Census(total, done, live, waiting)
+
+
+def _local_alive(worker: Any) -> bool:
+    """Whether ``worker`` (host:pid) is a live process of this machine."""
+    if not isinstance(worker, str) or ":" not in worker:
+        return False
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_orphans(study) -> list[int]:
+    """Fail the RUNNING trials whose worker was a process of this machine that is gone (a
+    journal file has no heartbeat), and enqueue a copy of each (Optuna's retry callback:
+    same parameters, the ``gd`` role kept).  Returns the numbers failed by this call."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from optuna.trial import TrialState
+
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get(WORKER)
+        if not isinstance(worker, str) or worker.rpartition(":")[0] != socket.gethostname():
+            continue
+        if _local_alive(worker):
+            continue
+        try:
+            ok = study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except RuntimeError:  # another worker failed it first
+            continue
+        if ok is False:
+            continue
+        failed.append(t.number)
+        RetryHeartbeatStaleTrialCallback(max_retry=2)(study, study._storage.get_trial(
+            t._trial_id))
+    return failed
+
+
+class Budgeted:
+    """The objective, run only by a trial that holds one of the budget's slots (else
+    :class:`Surplus`); records which worker ran each trial."""
+
+    def __init__(self, objective, total: int, *, heartbeats: bool) -> None:
+        self.objective, self.total, self.heartbeats = objective, total, heartbeats
+        self.worker = worker_id()
+
+    def __call__(self, trial):
+        trial.set_user_attr(WORKER, self.worker)
+        # a trial's rank among the live trials is at most its number: below the budget,
+        # it holds a slot without looking
+        if trial.number >= self.total and not self.holds_slot(trial):
+            trial.set_user_attr(SURPLUS, True)
+            trial.study.stop()
+            raise Surplus(f"trial {trial.number}: the budget of {self.total} trials is "
+                          "taken by other workers")
+        return self.objective(trial)
+
+    def holds_slot(self, trial) -> bool:
+        c = census(trial.study, self.total, heartbeats=self.heartbeats)
+        return any(t.number == trial.number for t in c.live[:self.total])
+
+
+def _live_below(study, total: int) -> bool:
+    """Cheaply, whether the study has fewer than ``total`` live trials (then a slot is
+    free); False when that needs a full :func:`census` to tell."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    count = getattr(backend, "count_live", None)
+    return count is not None and count(study._study_id) < total
+
+
+def work(study, objective, total: int, *, callbacks: list[Any], stop: GracefulStop,
+         heartbeats: bool, on_wait=None) -> None:
+    """Run trials of ``study`` until it has ``total`` finished ones (other workers may run
+    some), or ``stop`` is requested.  ``on_wait()`` is called while waiting for trials
+    running elsewhere."""
+    import optuna
+
+    budgeted = Budgeted(objective, total, heartbeats=heartbeats)
+
+    def full(study, trial) -> None:  # no slot left: let the outer loop wait or end
+        if not _live_below(study, total) and \
+                census(study, total, heartbeats=heartbeats).free <= 0:
+            study.stop()
+
+    while not stop.requested:
+        if heartbeats:
+            with _quiet():
+                optuna.storages.fail_stale_trials(study)
+        else:
+            fail_orphans(study)
+        c = census(study, total, heartbeats=heartbeats)
+        if c.finished:
+            return
+        if c.free <= 0:  # every slot is taken by trials running elsewhere
+            if on_wait is not None:
+                on_wait()
+            time.sleep(POLL_S)
+            continue
+        study.optimize(budgeted, n_trials=c.free, callbacks=[*callbacks, full, stop],
+                       catch=(Surplus,), gc_after_trial=False)
+
+
+@contextlib.contextmanager
+def _quiet():
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
+# --- K local worker processes ---------------------------------------------------------------
+
+
+@dataclass
+class WorkerProcess:
+    index: int
+    proc: subprocess.Popen
+    log: Path
+
+    def tail(self, n: int = 1500) -> str:
+        with contextlib.suppress(OSError):
+            return self.log.read_text(errors="replace")[-n:].strip()
+        return ""
+
+
+def start_workers(study_ref: str, storage: str, launch_key: str, k: int, *,
+                  heartbeat_s: float | None, cwd: str | None = None) -> list[WorkerProcess]:
+    """K ``crossflow study worker`` processes on one launch, each in its own session (so a
+    terminal's Ctrl-C reaches only the coordinator, which forwards it once)."""
+    import crossflow
+
+    root = str(Path(crossflow.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    out = []
+    for i in range(k):
+        cmd = [sys.executable, "-m", "crossflow", "study", "worker", study_ref,
+               "--storage", storage, "--launch", launch_key, "--worker-index", str(i),
+               "--no-tracking", "--quiet"]
+        if heartbeat_s is not None:
+            cmd += ["--heartbeat", str(heartbeat_s)]
+        log = Path(tempfile.mkstemp(prefix=f"crossflow-worker{i}-", suffix=".log")[1])
+        with log.open("w") as fh:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
+                                    env=env, cwd=cwd, start_new_session=True)
+        out.append(WorkerProcess(i, proc, log))
+    return out
+
+
+def supervise(workers: list[WorkerProcess], *, tick, interval_s: float = 1.0) -> bool:
+    """Wait for the workers, calling ``tick()`` every ``interval_s``; Ctrl-C is forwarded to
+    each of them (once per Ctrl-C: the first lets them finish their trial, a second aborts
+    it).  Returns whether the user interrupted."""
+    interrupted = 0
+
+    def forward(signum, frame) -> None:
+        nonlocal interrupted
+        interrupted += 1
+        print("\ncrossflow: stopping the workers after their trials in progress"
+              if interrupted == 1 else "\ncrossflow: aborting the workers' trials",
+              file=sys.stderr, flush=True)
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, forward) \
+        if threading.current_thread() is threading.main_thread() else None
+    try:
+        while any(w.proc.poll() is None for w in workers):
+            deadline = time.monotonic() + interval_s
+            while time.monotonic() < deadline and any(w.proc.poll() is None for w in workers):
+                time.sleep(0.05)
+            tick()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return interrupted > 0
+
+
+def check_workers(workers: list[WorkerProcess], *, interrupted: bool,
+                  finished: bool) -> list[str]:
+    """The workers that exited for a reason other than Ctrl-C, as lines to warn about;
+    raises CrossflowError when they left the study unfinished (with a log's tail)."""
+    ok = (0, 130, -signal.SIGINT) if interrupted else (0,)
+    bad = [w for w in workers if w.proc.returncode not in ok]
+    for w in workers:
+        if w not in bad:
+            with contextlib.suppress(OSError):
+                w.log.unlink()
+    if bad and not finished and not interrupted:
+        w = bad[0]
+        raise CrossflowError(f"{len(bad)} of {len(workers)} worker processes failed and the "
+                             f"study is not finished; worker {w.index} exited with status "
+                             f"{w.proc.returncode}; its log ({w.log}) ends:\n{w.tail()}")
+    return [f"worker {w.index} (pid {w.proc.pid}) exited with status {w.proc.returncode}; "
+            f"its trials were retried by the others (log: {w.log})" for w in bad]
