@@ -329,3 +329,171 @@ def test_database_away_for_seconds_does_not_kill_the_study(postgres_url, tmp_pat
     assert states(study)["COMPLETE"] == total
     assert_nothing_left_running(study)
     assert_one_run_per_trial(study, child_runs(tmp_path))
+
+
+# --- without PostgreSQL: journal files, the pieces -------------------------------------------
+
+
+def test_two_workers_on_the_journal_file_finish_exactly(tmp_path):
+    proc = crossflow("study", "run", QUICKSTART, "--trials", 60, "--workers", 2, cwd=tmp_path)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "(2 workers)" in out
+    storage = str(tmp_path / "mlruns" / "optuna" / f"{QUICKSTART}.journal")
+    study = load(storage)
+    assert states(study)["COMPLETE"] == 60
+    assert_nothing_left_running(study)
+    assert len({t.user_attrs["worker"] for t in study.trials}) == 2
+    assert_one_run_per_trial(study, child_runs(tmp_path))
+
+
+def test_a_dead_local_workers_trial_on_a_journal_is_failed_and_retried(tmp_path):
+    import optuna
+
+    from crossflow.search.storage import make_storage
+    from crossflow.search.workers import WORKER, census, fail_orphans
+
+    study = optuna.create_study(study_name="s", storage=make_storage(str(tmp_path / "s.log")))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr(WORKER, f"{socket.gethostname()}:{dead.pid}")
+    alive = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    alive.set_user_attr(WORKER, f"{socket.gethostname()}:{os.getpid()}")
+    assert census(study, 5, heartbeats=False).free == 3
+    assert fail_orphans(study) == [trial.number]
+    assert fail_orphans(study) == []  # once
+    by_number = {t.number: t for t in study.trials}
+    assert by_number[trial.number].state.name == "FAIL"
+    assert by_number[alive.number].state.name == "RUNNING"
+    retry = [t for t in study.trials if t.system_attrs.get("failed_trial") == trial.number]
+    assert len(retry) == 1 and retry[0].state.name == "WAITING"
+    assert retry[0].params == by_number[trial.number].params
+    c = census(study, 2, heartbeats=False)
+    assert c.free == 1 and c.waiting_in_budget == 1  # the retry holds a slot
+
+
+def test_budget_slots_and_surplus(tmp_path):
+    """Trial numbers settle a race for the last slots: a trial beyond them is surplus."""
+    import optuna
+
+    from crossflow.search.workers import SURPLUS, Budgeted, Surplus
+
+    study = optuna.create_study()
+    for _ in range(3):
+        study.ask()  # three trials running elsewhere
+    budgeted = Budgeted(lambda trial: 1.0, total=3, heartbeats=True)
+    trial = study.ask()
+    with pytest.raises(Surplus):
+        budgeted(trial)
+    assert study.trials[-1].user_attrs[SURPLUS] is True
+    budgeted = Budgeted(lambda trial: 1.0, total=5, heartbeats=True)
+    assert budgeted(study.ask()) == 1.0  # trials 0-2 and 4 are live: trial 4 holds a slot
+
+
+@pytest.mark.parametrize("args, key", [
+    (("study", "run", QUICKSTART, "--workers", 0), "--workers"),
+    (("study", "run", QUICKSTART, "--heartbeat", 0), "--heartbeat"),
+    (("study", "worker", QUICKSTART, "--storage", "nowhere/x.journal"), "storage"),
+])
+def test_bad_worker_arguments_are_errors(cli, tmp_path, monkeypatch, args, key):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(*args)
+    assert code == 2 and key in err and "Traceback" not in err
+
+
+def test_joining_an_unknown_launch_is_an_error(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli("study", "run", QUICKSTART, "--trials", 3, "--no-tracking", "--quiet")[0] == 0
+    storage = str(tmp_path / "mlruns" / "optuna" / f"{QUICKSTART}.journal")
+    code, _, err = cli("study", "worker", QUICKSTART, "--storage", storage,
+                       "--launch", "launch.9999.nothere", "--no-tracking")
+    assert code == 2 and "--launch" in err and "launch.0000." in err
+    # joining the latest launch when the budget is done: nothing to run
+    code, out, _ = cli("study", "worker", QUICKSTART, "--storage", storage, "--no-tracking",
+                       "--quiet")
+    assert code == 0 and "ran 0 trials" in out
+
+
+def test_worker_seeds():
+    from crossflow.search.study import worker_seed
+
+    assert worker_seed("tpe", 5, 0) == 5
+    assert len({worker_seed("tpe", 5, i) for i in range(8)}) == 8
+    assert {worker_seed("gd", 5, i) for i in range(8)} == {5}  # gd: the chains' streams
+    assert worker_seed("random", None, 3) is None
+
+
+def test_passwords_are_redacted():
+    from crossflow.search.storage import redact
+
+    assert redact("postgresql://u:secret@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact("mlruns/optuna/x.journal") == "mlruns/optuna/x.journal"
+
+
+def test_lost_connections_are_retried_and_other_errors_are_not():
+    import sqlalchemy.exc as sa
+    from optuna.exceptions import StorageInternalError
+
+    from crossflow.search import storage
+
+    lost = sa.OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+    wrapped = StorageInternalError("commit failed")
+    wrapped.__cause__ = lost
+    assert storage._connection_lost(lost) and storage._connection_lost(wrapped)
+    assert not storage._connection_lost(sa.IntegrityError("INSERT", {}, Exception("dup")))
+    assert not storage._connection_lost(ValueError("bad value"))
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise wrapped
+        return "ok"
+
+    before = storage.RECONNECTS["retries"]
+    assert storage.retrying(flaky, reconnect_s=10) == "ok" and len(calls) == 3
+    assert storage.RECONNECTS["retries"] - before == 2
+    with pytest.raises(StorageInternalError):
+        storage.retrying(lambda: (_ for _ in ()).throw(wrapped), reconnect_s=0.0)
+    with pytest.raises(ValueError):
+        storage.retrying(lambda: int("x"), reconnect_s=10)
+
+
+def test_user_attributes_are_written_when_the_trial_finishes(tmp_path):
+    import optuna
+
+    from crossflow.search.storage import make_storage
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    study = optuna.create_study(study_name="s", storage=make_storage(url))
+    trial = study.ask()
+    trial.set_user_attr("a", 1)
+    trial.set_user_attr("b", {"c": [1, 2]})
+    assert trial.user_attrs == {"a": 1, "b": {"c": [1, 2]}}  # this process sees them
+    other = optuna.load_study(study_name="s", storage=url)
+    assert other.trials[0].user_attrs == {}  # not written yet
+    study.tell(trial, 0.5)
+    other = optuna.load_study(study_name="s", storage=url)
+    assert other.trials[0].user_attrs == {"a": 1, "b": {"c": [1, 2]}}
+
+
+def test_two_trackers_back_filling_at_once_insert_each_run_once(tmp_path):
+    import optuna
+
+    from crossflow.search.tracking import StudyTracker
+
+    study = optuna.create_study(study_name="race")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=30)
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    trackers = [StudyTracker("race", uri, {"sampler": "random"}, {}, study=study,
+                             mode="thread") for _ in range(2)]
+    with trackers[0], trackers[1]:
+        pass
+    runs = child_runs(tmp_path, uri, "race")
+    assert sorted(int(r.data.tags["trial_number"]) for r in runs) == list(range(30))
+    logged = [t.stats["worker"]["runs_logged"] for t in trackers]
+    assert sum(logged) == 30, logged  # inserted once, not inserted twice and deleted
+    assert all(t.stats["worker"].get("duplicates_removed", 0) == 0 for t in trackers)

@@ -173,8 +173,9 @@ def fail_orphans(study) -> list[int]:
         if ok is False:
             continue
         failed.append(t.number)
-        RetryHeartbeatStaleTrialCallback(max_retry=2)(study, study._storage.get_trial(
-            t._trial_id))
+        with _quiet():
+            RetryHeartbeatStaleTrialCallback(max_retry=2)(study, study._storage.get_trial(
+                t._trial_id))
     return failed
 
 
@@ -191,8 +192,7 @@ class Budgeted:
         # a trial's rank among the live trials is at most its number: below the budget,
         # it holds a slot without looking
         if trial.number >= self.total and not self.holds_slot(trial):
-            trial.set_user_attr(SURPLUS, True)
-            trial.study.stop()
+            trial.set_user_attr(SURPLUS, True)  # (the callback of work() then stops)
             raise Surplus(f"trial {trial.number}: the budget of {self.total} trials is "
                           "taken by other workers")
         return self.objective(trial)
