@@ -618,7 +618,9 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    states = Counter(t.state.name for t in trials)
+    # a FAIL trial is a retried one (its worker died) or a surplus one (no slot was left)
+    states = Counter("FAIL_surplus" if t.state == TrialState.FAIL and t.user_attrs.get(
+        "surplus") else t.state.name for t in trials)
     infeasible = sum(1 for t in trials
                      if t.state == TrialState.COMPLETE and not is_feasible(t))
     launches = [v for k, v in sorted(study.user_attrs.items()) if k.startswith("launch.")]

@@ -1,0 +1,279 @@
+"""``crossflow ui`` in a real browser: a small study's trials in the MLflow UI.
+
+Runs ``crossflow study run quickstart`` in a temporary folder, starts ``crossflow ui`` there
+and drives Debian's Chromium (``/usr/bin/chromium``, installed by ``.ci/run``; Playwright
+never downloads a browser here) through the UI as a user would: switch to the model-training
+view, open the experiment list, click the study's experiment, expand the launch's parent run
+to show the trials' child runs, and pick a parameter and the metric as table columns.  The
+page must list every trial with its parameter and ``iteration_time_s`` values (compared with
+what MLflow stored); a full-page screenshot goes to ``test-artifacts/mlflow-ui.png``
+(``$CROSSFLOW_TEST_ARTIFACTS`` overrides the folder).
+
+Without Chromium or Playwright the test skips, except under ``CI=true``, where it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: Debian's Chromium (``$CROSSFLOW_TEST_CHROMIUM`` overrides it)
+CHROMIUM = os.environ.get("CROSSFLOW_TEST_CHROMIUM") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--no-proxy-server"]  # the server is local, whatever *_proxy says
+TRIALS = 12
+# MLflow's own SQLAlchemy models trigger this when its store is first used
+pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*:DeprecationWarning")
+PARAM = "logic_node"            # a searched parameter of the quickstart study
+PARAM2 = "area_fractions.core"  # a decoded one
+METRIC = "iteration_time_s"
+
+
+#: urllib without proxies (the servers are on 127.0.0.1, whatever *_proxy says)
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("CROSSFLOW_TEST_ARTIFACTS") or REPO / "test-artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def need(reason: str):
+    """Skip for ``reason``; under CI=true fail instead."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {reason} (.ci/run installs chromium and pip installs "
+                    "'.[test]')", pytrace=False)
+    pytest.skip(f"{reason} (apt-get install chromium fonts-dejavu-core; "
+                "pip install -e '.[test]')")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # the checkout under test, also when another one is pip-installed
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    env.setdefault("DO_NOT_TRACK", "true")
+    return env
+
+
+@contextlib.contextmanager
+def ui_server(cwd: Path, *args: str, timeout_s: float = 90):
+    """``crossflow ui --port P ARGS`` running in ``cwd``; yields its base URL.  The server
+    (and MLflow's uvicorn / gunicorn workers) run in their own process group, killed at
+    exit."""
+    port = free_port()
+    log = open(cwd / "ui.log", "w+b")  # noqa: SIM115 - closed in the finally
+    proc = subprocess.Popen([sys.executable, "-m", "crossflow.cli", "ui", "--port", str(port),
+                             *args], cwd=cwd, env=server_env(), stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"crossflow ui exited with {proc.returncode}:\n{tail(log)}")
+            try:
+                with LOCAL.open(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"crossflow ui did not answer on {url} in {timeout_s:.0f} s:\n"
+                            f"{tail(log)}")
+            time.sleep(0.25)
+        yield url
+    finally:
+        stop_group(proc)
+        log.close()
+
+
+def tail(log, n: int = 4000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read().decode(errors="replace")[-n:]
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # the group's other members (MLflow's workers) may outlive the leader briefly
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+
+
+def stored_trials(cwd: Path) -> dict[str, dict]:
+    """{run name: {"params": ..., "metrics": ...}} of the child runs MLflow stored."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{cwd / 'mlruns' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("quickstart")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    return {r.info.run_name: {"params": r.data.params, "metrics": r.data.metrics}
+            for r in runs if "mlflow.parentRunId" in r.data.tags}
+
+
+# The runs table (ag-grid) as {row index: {column id: text}}; a row is split between the
+# pinned-left and the scrolling containers, joined by its row-index.
+GRID_JS = """() => {
+  const rows = {};
+  for (const row of document.querySelectorAll('.ag-row[row-index]')) {
+    const i = row.getAttribute('row-index');
+    rows[i] = rows[i] || {};
+    for (const cell of row.querySelectorAll('[role="gridcell"][col-id]')) {
+      rows[i][cell.getAttribute('col-id')] = cell.innerText.trim();
+    }
+  }
+  return rows;
+}"""
+
+
+def cell(row: dict[str, str], name: str) -> str | None:
+    """The text of the column whose id names ``name`` (``params.`logic_node``` etc.)."""
+    for col, text in row.items():
+        if re.search(rf"(^|[.`]){re.escape(name)}(`|$)", col):
+            return text
+    return None
+
+
+def toggle_column(page, title: str) -> None:
+    """Tick / untick ``title`` in the runs table's column selector (an open tree)."""
+    title_re = re.compile(rf"^\s*{re.escape(title)}\s*$")
+    node = page.locator('[class*="-tree-treenode"]').filter(
+        has=page.locator('[class*="-tree-title"]', has_text=title_re))
+    deadline = time.monotonic() + 15
+    while not node.first.is_visible():
+        # a group (Metrics, Parameters, ...) may be collapsed: open it
+        for switch in page.locator('[class*="-tree-switcher_close"]').all():
+            with contextlib.suppress(Exception):
+                switch.click(timeout=1000)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no column {title!r} in the column selector")
+        page.wait_for_timeout(200)
+    node.first.locator('[class*="-tree-checkbox"]').first.click()
+
+
+def test_mlflow_ui_shows_trials_in_chromium(cli, tmp_path, monkeypatch):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if sync_playwright is None:
+        need("playwright is not installed")
+    if not os.access(CHROMIUM, os.X_OK):
+        need(f"{CHROMIUM} is not installed")
+
+    work = tmp_path / "study"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code, out, err = cli("study", "run", "quickstart", "--trials", TRIALS, "--quiet")
+    assert code == 0, out + err
+    stored = stored_trials(work)
+    assert len(stored) == TRIALS, sorted(stored)
+
+    shot = artifacts_dir() / "mlflow-ui.png"
+    profile = tempfile.mkdtemp(prefix="crossflow-chromium-")
+    try:
+        with ui_server(work) as url, sync_playwright() as p:
+            ctx = p.chromium.launch_persistent_context(
+                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                viewport={"width": 1600, "height": 1000})
+            try:
+                ctx.set_default_timeout(20_000)
+                page = ctx.new_page()
+                page.goto(url, wait_until="load")
+                # MLflow 3 opens in its GenAI view; trials are runs of the model-training view
+                experiments = page.get_by_role("link", name="Experiments", exact=True).first
+                experiments.wait_for()
+                training = page.get_by_text("Model training", exact=True)
+                if training.count():
+                    training.first.click()
+                experiments.click()
+                page.get_by_role("link", name="quickstart", exact=True).first.click()
+                page.get_by_text("matching runs").first.wait_for()
+                assert "/experiments/" in page.url and "/runs" in page.url, page.url
+                close = page.get_by_role("button", name="Close", exact=True)
+                if close.count():  # the assistant side panel takes a third of the width
+                    close.first.click()
+                # columns: the trials' parameters and metric instead of dataset / source /
+                # models
+                page.get_by_role("button", name="Columns").click()
+                for name in ("Dataset", "Source", "Models"):
+                    toggle_column(page, name)
+                search = page.get_by_placeholder("Search columns")
+                for name in (METRIC, PARAM, PARAM2):
+                    search.fill(name)
+                    toggle_column(page, name)
+                search.fill("")
+                page.keyboard.press("Escape")
+                # the launch's parent run: expand it to show the trials' child runs
+                launch = page.locator(".ag-row").filter(
+                    has=page.get_by_role("link", name=re.compile(r"^launch-")))
+                launch.first.wait_for()
+                launch.first.locator("button").first.click()
+                page.get_by_role("link", name=f"trial-{TRIALS - 1:05d}").wait_for()
+                page.get_by_role("link", name="trial-00000", exact=True).wait_for()
+                page.wait_for_timeout(500)  # let the grid settle for the screenshot
+                page.screenshot(path=str(shot), full_page=True)
+
+                headers = page.locator(".ag-header-cell").all_inner_texts()
+                text = " ".join(headers)
+                for name in (METRIC, PARAM, PARAM2):
+                    assert name in text, f"column {name} not in the header {headers}"
+                rows = page.evaluate(GRID_JS)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(shot.with_name("mlflow-ui-failure.png")),
+                                    full_page=True)
+                raise
+            finally:
+                ctx.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+    shown: dict[str, dict[str, str]] = {}
+    for row in rows.values():
+        names = [v for k, v in row.items() if "Run Name" in k]
+        if names:
+            shown[names[0].splitlines()[-1].strip()] = row
+    trial_rows = {k: v for k, v in shown.items() if k.startswith("trial-")}
+    assert set(trial_rows) == set(stored), (sorted(shown), sorted(stored))
+    assert any(k.startswith("launch-") for k in shown), sorted(shown)
+    for name, row in trial_rows.items():
+        want = stored[name]
+        assert cell(row, PARAM) == want["params"][PARAM], (name, row)
+        assert math.isclose(float(cell(row, PARAM2)), float(want["params"][PARAM2]),
+                            rel_tol=1e-6), (name, row)
+        assert math.isclose(float(cell(row, METRIC)), want["metrics"][METRIC],
+                            rel_tol=1e-6), (name, row)
+    assert shot.stat().st_size > 10_000
