@@ -135,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("crossflow: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (crossflow ... | head)
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:

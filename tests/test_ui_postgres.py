@@ -76,3 +76,30 @@ def test_ui_serves_a_study_tracked_in_postgres(cli, postgres_url, tmp_path, monk
         assert "iteration_time_s" in metrics, metrics
         assert float(metrics["iteration_time_s"]) > 0
     assert numbers == set(range(TRIALS))
+
+
+def test_workers_log_to_a_tracking_server_on_postgres(postgres_url, tmp_path):
+    """``--tracking-uri http://…``: a study with 2 workers logs through a tracking server
+    (``crossflow ui`` on a PostgreSQL store, MLflow's REST API, no direct SQL): one run per
+    trial."""
+    import subprocess
+    import sys
+
+    from test_ui_browser import server_env
+
+    server_dir, work = tmp_path / "server", tmp_path / "study"
+    server_dir.mkdir()
+    work.mkdir()
+    with ui_server(server_dir, "--tracking-uri", postgres_url) as base:
+        run = subprocess.run(
+            [sys.executable, "-m", "crossflow", "study", "run", "quickstart", "--trials", "30",
+             "--workers", "2", "--quiet", "--tracking-uri", base],
+            cwd=work, env=server_env(), capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "MLflow logging had errors" not in run.stderr, run.stderr
+        exp = api(base, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=quickstart")
+        runs = all_runs(base, exp["experiment"]["experiment_id"])
+    children = [r for r in runs if "mlflow.parentRunId" in kv(r["data"].get("tags"))]
+    numbers = sorted(int(kv(r["data"]["tags"])["trial_number"]) for r in children)
+    assert numbers == list(range(30))
+    assert all("iteration_time_s" in kv(r["data"].get("metrics")) for r in children)
