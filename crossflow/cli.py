@@ -329,9 +329,10 @@ def _print_best(setup, design, full: bool = False) -> None:
 def _print_summary(s: dict) -> None:
     print(f"{s['study']}: {s['description']}")
     print(f"  storage     {s['storage']}")
-    print(f"  sampler     {s['sampler']} ({len(s['launches'])} launches)")
+    workers = f", {s['workers']} worker processes" if s.get("workers", 0) > 1 else ""
+    print(f"  sampler     {s['sampler']} ({len(s['launches'])} launches{workers})")
     print(f"  objectives  {', '.join(s['objectives'])}")
-    print(f"  trials      {s['trials']} of {s['n_trials']}: "
+    print(f"  trials      {s['finished']} finished of {s['n_trials']}: "
           + ", ".join(f"{k} {v}" for k, v in s["states"].items() if v))
     if not s["best"]:
         print("  best        no feasible trial yet")

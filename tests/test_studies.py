@@ -191,7 +191,7 @@ def test_cli_quickstart_show_best_export_and_predict(tmp_path, monkeypatch, cli)
     assert (tmp_path / "mlruns" / "mlflow.db").is_file()
     code, out, err = cli("study", "show", "quickstart")
     assert code == 0, err
-    assert "200 of 200" in out and "best" in out and "tpe" in out
+    assert "200 finished of 200" in out and "best" in out and "tpe" in out
     code, out, err = cli("study", "best", "quickstart", "--export", "out/design.yaml")
     assert code == 0, err
     design = yaml.safe_load(Path("out/design.yaml").read_text())

@@ -630,7 +630,9 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
         "description": setup.spec.description,
         "storage": setup.storage,
         "objectives": list(setup.objectives),
-        "n_trials": setup.spec.n_trials,
+        "n_trials": int(launches[-1].get("n_trials", setup.spec.n_trials)) if launches
+        else setup.spec.n_trials,
+        "finished": states.get("COMPLETE", 0) + states.get("PRUNED", 0),
         "trials": len(trials),
         "states": {"COMPLETE_feasible": states.get("COMPLETE", 0) - infeasible,
                    "COMPLETE_infeasible": infeasible,
@@ -641,6 +643,7 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
                   "values": dict(zip(setup.objectives, t.values, strict=True)),
                   "design": best_design(setup, study, t)["design"]} for t in best[:10]],
         "pareto_size": len(best) if len(setup.objectives) > 1 else None,
+        "workers": len({t.user_attrs["worker"] for t in trials if "worker" in t.user_attrs}),
     }
 
 
