@@ -796,7 +796,7 @@ def worker_seed(sampler: str, seed: int | None, index: int) -> int | None:
     other samplers get distinct seeds, or the workers would propose the same points."""
     if seed is None or sampler == "gd" or index == 0:
         return seed
-    return seed + 7919 * index
+    return (seed + 7919 * index) % 2**32  # numpy's seed range
 
 
 def run_study(setup: StudySetup, *, n_trials: int | None = None, sampler: str | None = None,
@@ -922,7 +922,7 @@ def _join(setup: StudySetup, storage, launch_key, worker_index, tracking_uri, tr
                           allowed=", ".join(sorted(launches)))
     launch = launches[launch_key]
     if worker_index is None:  # a worker joining from anywhere: a seed of its own
-        worker_index = 1 + (os.getpid() * 1_000_003 + time.time_ns()) % 999_983
+        worker_index = 1 + (os.getpid() * 1_000_003 + time.time_ns()) % 99_991
     seed = worker_seed(launch["sampler"], launch.get("seed"), worker_index)
     study.sampler = make_sampler(launch["sampler"], seed=seed,
                                  options=launch.get("sampler_options") or {},
