@@ -68,6 +68,18 @@ def child_runs(cwd: Path, tracking_uri: str | None = None, name: str = QUICKSTAR
     return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
 
 
+def wait_for_complete(storage: str, n: int, proc: subprocess.Popen,
+                      timeout: float = 120) -> int:
+    """Wait until the study has ``n`` COMPLETE trials (or ``proc`` ended); returns the count."""
+    deadline = time.monotonic() + timeout
+    done = 0
+    while time.monotonic() < deadline and proc.poll() is None and done < n:
+        time.sleep(0.5)
+        with contextlib.suppress(Exception):  # (the study may not be created yet)
+            done = states(load(storage)).get("COMPLETE", 0)
+    return done
+
+
 def assert_one_run_per_trial(study, runs) -> None:
     """Exactly one run per finished trial (COMPLETE, PRUNED, FAIL), none for surplus ones."""
     numbers = Counter(int(r.data.tags["trial_number"]) for r in runs)
@@ -165,11 +177,28 @@ def test_sigkilled_worker_trial_is_retried(postgres_url, tmp_path):
     assert_one_run_per_trial(study, child_runs(tmp_path))
 
 
-def _best(storage: str) -> float:
+def _best(storage: str, name: str = QUICKSTART) -> float:
     from crossflow.search.study import is_feasible
 
-    return min(t.value for t in load(storage).trials
+    return min(t.value for t in load(storage, name).trials
                if t.state.name == "COMPLETE" and is_feasible(t))
+
+
+#: quickstart's search by the gd sampler alone: without the baseline trials (the
+#: template's design under each logic node) gd's own chains must find the best design.
+GD_STUDY = """\
+kind: study
+name: gd-scaleout
+description: quickstart's search space by the gd sampler alone
+workload: gemm-8192
+hardware: deepflow-case-study
+search_space: quickstart
+objectives: [iteration_time_s]
+sampler: gd
+seed: 0
+n_trials: 150
+baseline: false
+"""
 
 
 def test_gd_on_two_workers_matches_one_worker(postgres_server, tmp_path):
@@ -179,6 +208,8 @@ def test_gd_on_two_workers_matches_one_worker(postgres_server, tmp_path):
 
     import psycopg
 
+    study_file = tmp_path / "gd-scaleout.yaml"
+    study_file.write_text(GD_STUDY)
     budget, seeds = 150, (0, 1, 2)
     best: dict[int, list[float]] = {1: [], 2: []}
     for workers in (1, 2):
@@ -191,37 +222,34 @@ def test_gd_on_two_workers_matches_one_worker(postgres_server, tmp_path):
             url = urlunsplit(urlsplit(postgres_server)._replace(path=f"/{db}"))
             cwd = tmp_path / f"w{workers}s{seed}"
             cwd.mkdir()
-            procs.append((url, crossflow("study", "run", QUICKSTART, "--sampler", "gd",
-                                         "--seed", seed, "--trials", budget, "--workers",
-                                         workers, "--no-tracking", "--quiet", "--storage",
-                                         url, cwd=cwd)))
+            procs.append((url, crossflow("study", "run", study_file, "--seed", seed,
+                                         "--trials", budget, "--workers", workers,
+                                         "--no-tracking", "--quiet", "--storage", url,
+                                         cwd=cwd)))
         for url, proc in procs:
             out = finish(proc, timeout=600)
             assert proc.returncode == 0, out[-3000:]
-            study = load(url)
+            study = load(url, "gd-scaleout")
             assert states(study)["COMPLETE"] == budget
             assert_nothing_left_running(study)
             # no gd role was evaluated twice: (chain, step, role) unique among finished
             roles = Counter((t.system_attrs["gd:chain"], t.system_attrs["gd:step"],
                              t.system_attrs["gd:role"]) for t in study.trials
                             if t.state.name == "COMPLETE" and "gd:chain" in t.system_attrs)
-            assert max(roles.values()) == 1, [r for r, k in roles.items() if k > 1]
-            best[workers].append(_best(url))
+            assert roles and max(roles.values()) == 1, \
+                [r for r, k in roles.items() if k > 1]
+            best[workers].append(_best(url, "gd-scaleout"))
+    print(f"gd best over seeds {seeds}: 1 worker {best[1]}, 2 workers {best[2]}")
+    assert len(set(best[1])) > 1, "the seeds should lead gd to different designs"
     spread = max(max(b) - min(b) for b in best.values())
     m1, m2 = statistics.median(best[1]), statistics.median(best[2])
-    print(f"gd best over seeds {seeds}: 1 worker {best[1]}, 2 workers {best[2]}")
-    assert abs(m2 - m1) <= spread + 1e-12, (best, spread)
+    assert abs(m2 - m1) <= spread, (best, spread)
 
 
 def test_ctrl_c_stops_every_worker_cleanly_and_resumes(postgres_url, tmp_path):
     proc = crossflow("study", "run", QUICKSTART, "--trials", 100000, "--workers", 2,
                      "--storage", postgres_url, cwd=tmp_path)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        time.sleep(1.0)
-        with contextlib.suppress(Exception):
-            if states(load(postgres_url)).get("COMPLETE", 0) >= 20:
-                break
+    assert wait_for_complete(postgres_url, 20, proc) >= 20
     os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends the foreground process
     out = finish(proc, timeout=120)
     assert proc.returncode == 130, out[-3000:]
@@ -316,14 +344,8 @@ def test_database_away_for_seconds_does_not_kill_the_study(postgres_url, tmp_pat
         total = 150
         proc = crossflow("study", "run", QUICKSTART, "--trials", total, "--workers", 2,
                          "--storage", url, cwd=tmp_path)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            with contextlib.suppress(Exception):
-                if states(load(postgres_url)).get("COMPLETE", 0) >= 30:
-                    break
-        before = states(load(postgres_url)).get("COMPLETE", 0)
-        assert before < total, "the study ended before the outage"
+        assert wait_for_complete(postgres_url, 30, proc) < total, \
+            "the study ended before the outage"
         proxy.outage(4.0)
         out = finish(proc)
     finally:
@@ -510,12 +532,7 @@ def test_a_worker_joining_from_elsewhere_logs_each_trial_once(postgres_url, tmp_
     total = 300
     coordinator = crossflow("study", "run", QUICKSTART, "--trials", total, "--workers", 2,
                             "--storage", postgres_url, cwd=tmp_path)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and coordinator.poll() is None:
-        time.sleep(0.5)
-        with contextlib.suppress(Exception):
-            if states(load(postgres_url)).get("COMPLETE", 0) >= 10:
-                break
+    wait_for_complete(postgres_url, 10, coordinator)
     joined = crossflow("study", "worker", QUICKSTART, "--storage", postgres_url, "--quiet",
                        cwd=tmp_path)
     out = finish(coordinator) + finish(joined)
