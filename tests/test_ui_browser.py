@@ -274,6 +274,10 @@ def test_mlflow_ui_shows_trials_in_chromium(cli, tmp_path, monkeypatch):
         assert cell(row, PARAM) == want["params"][PARAM], (name, row)
         assert math.isclose(float(cell(row, PARAM2)), float(want["params"][PARAM2]),
                             rel_tol=1e-6), (name, row)
-        assert math.isclose(float(cell(row, METRIC)), want["metrics"][METRIC],
-                            rel_tol=1e-6), (name, row)
+        if METRIC in want["metrics"]:
+            assert math.isclose(float(cell(row, METRIC)), want["metrics"][METRIC],
+                                rel_tol=1e-6), (name, row)
+        else:  # an infeasible design: no time (its penalty is penalty.iteration_time_s)
+            assert cell(row, METRIC) in ("-", ""), (name, row)
+    assert sum(METRIC in w["metrics"] for w in stored.values()) >= len(stored) // 2
     assert shot.stat().st_size > 10_000

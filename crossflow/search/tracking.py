@@ -205,7 +205,8 @@ def trial_record(trial: Any, sampler: str, metric_names: list[str]) -> dict[str,
     flattened to ``name.key``); a raw parameter a decoded attribute replaces (the encoded
     simplex coordinate ``area.core``) is kept as ``encoded.<name>``.  Metrics are the trial's
     values (named by ``metric_names``) and the numeric user attributes whose names end in a
-    unit (:data:`METRIC_SUFFIXES`); non-finite values are left out."""
+    unit (:data:`METRIC_SUFFIXES`); non-finite values are left out.  An infeasible trial's
+    values (the study's graded penalty) are ``penalty.<name>``."""
     params: dict[str, Any] = dict(trial.params)
     metrics: dict[str, float] = {}
     user = trial.user_attrs
@@ -225,14 +226,17 @@ def trial_record(trial: Any, sampler: str, metric_names: list[str]) -> dict[str,
             params[f"encoded.{k}"] = params[k]
         params[k] = v
     values = trial.values or []
+    constraints = getattr(trial, "constraints", None) or {}
+    infeasible = user.get("feasible") is False or any(c > 0 for c in constraints.values())
     for name, v in zip(metric_names, values, strict=False):
         if v is not None and math.isfinite(v):
-            metrics.setdefault(_key(name), float(v))
+            # an infeasible design's value is the study's penalty, not a time or an energy:
+            # kept apart, so a metric column and its sorting show real values only
+            metrics.setdefault(_key(f"penalty.{name}" if infeasible else name), float(v))
     state = trial.state.name
     tags = {TRIAL_NUMBER_TAG: str(trial.number), "state": state, "sampler": sampler,
             "mlflow.runName": f"trial-{trial.number:05d}"}
     reason = user.get(INFEASIBLE_REASON)
-    constraints = getattr(trial, "constraints", None) or {}
     if constraints:
         violated = {k: c for k, c in constraints.items() if c > 0}
         tags["feasible"] = "false" if violated or reason else "true"
