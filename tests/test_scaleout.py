@@ -136,23 +136,15 @@ def _worker_pids(coordinator: int) -> list[int]:
     return pids
 
 
-def _running(storage: str) -> set[int]:
-    return {t.number for t in load(storage).get_trials(deepcopy=False)
-            if t.state.name == "RUNNING"}
-
-
 def _caught_in_a_trial(victim: int, storage: str) -> int | None:
-    """Freeze ``victim`` (SIGSTOP) and find its trial: the one trial that stays RUNNING
-    while the other workers' trials finish.  None (and the victim resumed) if it was
-    between trials."""
+    """Freeze ``victim`` (SIGSTOP) and return its running trial (user attribute ``worker``,
+    written as the trial starts); None, and the victim resumed, if it is between trials."""
     os.kill(victim, signal.SIGSTOP)
-    stuck = _running(storage)
-    deadline = time.monotonic() + 4.0  # < the grace period of 3 heartbeats of 2 s
-    while len(stuck) > 1 and time.monotonic() < deadline:
-        time.sleep(0.3)
-        stuck &= _running(storage)
-    if len(stuck) == 1:
-        return stuck.pop()
+    mine = f"{socket.gethostname()}:{victim}"
+    running = [t.number for t in load(storage).get_trials(deepcopy=False)
+               if t.state.name == "RUNNING" and t.user_attrs.get("worker") == mine]
+    if running:
+        return running[0]
     os.kill(victim, signal.SIGCONT)
     return None
 

@@ -227,7 +227,7 @@ def test_mlflow_ui_shows_trials_in_chromium(cli, tmp_path, monkeypatch):
                     close.first.click()
                 # columns: the trials' parameters and metric instead of dataset / source /
                 # models
-                page.get_by_role("button", name="Columns").click()
+                page.get_by_role("button", name="Columns", exact=True).click()
                 for name in ("Dataset", "Source", "Models"):
                     toggle_column(page, name)
                 search = page.get_by_placeholder("Search columns")

@@ -135,7 +135,7 @@ _DB_METHODS = (
 #: A RUNNING trial that never recorded a heartbeat (its worker died between creating it and
 #: starting its heartbeat, or a lost connection duplicated it) is stale after this long
 #: (s; worker clocks may differ, so longer than a grace period).
-UNBEATEN_S = 60.0
+UNBEATEN_S = 30.0
 
 
 def _resilient_class():
@@ -151,10 +151,10 @@ def _resilient_class():
 
     class ResilientRDBStorage(_Retrying):
         """Optuna's RDBStorage whose database calls survive a lost connection for up to
-        ``reconnect_s`` seconds (see the module docstring), and which writes a trial's
-        user attributes in one transaction when the trial finishes (the objective sets a
-        dozen; one round trip each made PostgreSQL trials ~2x slower).  Only this process
-        sees a running trial's user attributes before then; system attributes, which
+        ``reconnect_s`` seconds (see the module docstring), and which writes a trial's user
+        attributes in one transaction when the trial finishes (the objective sets a dozen;
+        one round trip each made PostgreSQL trials ~2x slower).  Until then only this
+        process sees them, except ``worker``, written at once; system attributes, which
         samplers share across workers (the ``gd`` sampler's claims), are written at once."""
 
         def __init__(self, url: str, *, reconnect_s: float = RECONNECT_S, **kwargs: Any):
@@ -163,8 +163,15 @@ def _resilient_class():
             # the first connection too (a worker started while the database restarts)
             retrying(lambda: RDBStorage.__init__(self, url, **kwargs), reconnect_s)
 
+        #: User attributes written at once all the same: which worker runs a trial (so a
+        #: running trial's process can be found from anywhere).
+        immediate_user_attrs = frozenset({"worker"})
+
         def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-            self._user_attrs.setdefault(trial_id, {})[key] = value
+            if key in self.immediate_user_attrs:
+                super().set_trial_user_attr(trial_id, key, value)
+            else:
+                self._user_attrs.setdefault(trial_id, {})[key] = value
 
         def _flush_user_attrs(self, trial_id: int) -> None:
             attrs = self._user_attrs.pop(trial_id, None)
