@@ -465,6 +465,20 @@ def test_passwords_are_redacted():
     assert redact("mlruns/optuna/x.journal") == "mlruns/optuna/x.journal"
 
 
+def failing_twice(exc: Exception):
+    """A function that raises ``exc`` on its first two calls, then returns "ok"; and the
+    list of its calls."""
+    calls: list[int] = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise exc
+        return "ok"
+
+    return flaky, calls
+
+
 def test_lost_connections_are_retried_and_other_errors_are_not():
     import sqlalchemy.exc as sa
     from optuna.exceptions import StorageInternalError
@@ -478,14 +492,7 @@ def test_lost_connections_are_retried_and_other_errors_are_not():
     assert not storage._connection_lost(sa.IntegrityError("INSERT", {}, Exception("dup")))
     assert not storage._connection_lost(ValueError("bad value"))
 
-    calls = []
-
-    def flaky():
-        calls.append(1)
-        if len(calls) < 3:
-            raise wrapped
-        return "ok"
-
+    flaky, calls = failing_twice(wrapped)
     before = storage.RECONNECTS["retries"]
     assert storage.retrying(flaky, reconnect_s=10) == "ok" and len(calls) == 3
     assert storage.RECONNECTS["retries"] - before == 2
@@ -548,3 +555,21 @@ def test_a_worker_joining_from_elsewhere_logs_each_trial_once(postgres_url, tmp_
     assert_nothing_left_running(study)
     assert len({t.user_attrs["worker"] for t in study.trials}) == 3
     assert_one_run_per_trial(study, child_runs(tmp_path))
+
+
+def test_nested_storage_calls_retry_only_at_the_outside():
+    """Storage methods call one another (both retried): only the outer call retries, so
+    the time limit and the retry count are those of one call."""
+    import sqlalchemy.exc as sa
+
+    from crossflow.search import storage
+
+    lost = sa.OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+    flaky, calls = failing_twice(lost)
+    before = storage.RECONNECTS["retries"]
+    assert storage.retrying(lambda: storage.retrying(flaky, 10), 10) == "ok"
+    assert len(calls) == 3 and storage.RECONNECTS["retries"] - before == 2
+    calls.clear()
+    with pytest.raises(sa.OperationalError):  # the outer limit holds for the inner call
+        storage.retrying(lambda: storage.retrying(flaky, 10), 0.0)
+    assert len(calls) == 1

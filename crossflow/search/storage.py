@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 import time
 import warnings
 from importlib import import_module
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import ConfigError
+from crossflow.search.workers import WORKER
 
 #: Seconds between two heartbeats of a running trial (RDB storages).  A killed worker's
 #: trial is retried after about GRACE_BEATS heartbeats; each beat is one small UPDATE.
@@ -66,26 +68,39 @@ def _connection_lost(exc: BaseException) -> bool:
     return False
 
 
+#: Whether this thread is inside a :func:`retrying` call: storage methods call one another
+#: (``set_trial_param`` calls ``_set_trial_param``, both retried), and only the outermost
+#: retries, so the time limit is ``reconnect_s`` however deep the calls go.
+_RETRYING = threading.local()
+
+
 def retrying(fn, reconnect_s: float = RECONNECT_S, *, recovered=None):
     """``fn()``, called again with back-off while it fails because the database connection
     was lost, for up to ``reconnect_s`` seconds.  ``recovered(exc)``, if given, is asked
     after an error that follows a lost connection whether the lost call had in fact done
-    its work (then that is returned as True)."""
+    its work (then that is returned as True).  Inside another ``retrying`` call, ``fn()`` is
+    called once (the outer call retries)."""
+    if getattr(_RETRYING, "active", False):
+        return fn()
     deadline = time.monotonic() + reconnect_s
     attempt = 0
     lost = False
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if lost and recovered is not None and recovered(exc):
-                return True
-            if not _connection_lost(exc) or time.monotonic() >= deadline:
-                raise
-            lost = True
-            RECONNECTS["retries"] += 1
-            time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
-            attempt += 1
+    _RETRYING.active = True
+    try:
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if lost and recovered is not None and recovered(exc):
+                    return True
+                if not _connection_lost(exc) or time.monotonic() >= deadline:
+                    raise
+                lost = True
+                RECONNECTS["retries"] += 1
+                time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+                attempt += 1
+    finally:
+        _RETRYING.active = False
 
 
 def _retrying(name: str, method):
@@ -129,7 +144,7 @@ _DB_METHODS = (
     "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr",
     "get_trial", "get_all_trials", "get_n_trials", "get_best_trial", "get_trial_params",
     "get_trial_user_attrs", "get_trial_system_attrs", "record_heartbeat", "_get_trials",
-    "_get_stale_trial_ids", "check_trial_is_updatable", "_create_new_trial",
+    "_get_stale_trial_ids", "_create_new_trial",
     "_set_trial_param", "_get_best_trial_id",
 )
 #: A RUNNING trial that never recorded a heartbeat (its worker died between creating it and
@@ -165,7 +180,7 @@ def _resilient_class():
 
         #: User attributes written at once all the same: which worker runs a trial (so a
         #: running trial's process can be found from anywhere).
-        immediate_user_attrs = frozenset({"worker"})
+        immediate_user_attrs = frozenset({WORKER})
 
         def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
             if key in self.immediate_user_attrs:
@@ -241,7 +256,6 @@ def _resilient_class():
             """Trials COMPLETE, PRUNED, RUNNING or WAITING: one COUNT query (Optuna's
             get_n_trials loads every trial)."""
             import sqlalchemy
-            from optuna.storages._rdb import models
             from optuna.trial import TrialState
 
             live = [TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING,

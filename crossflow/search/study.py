@@ -63,6 +63,7 @@ from crossflow.search.space import (
     resolve,
 )
 from crossflow.search.storage import is_url, make_storage, redact
+from crossflow.search.workers import SURPLUS, WORKER
 
 #: Where studies keep their state by default, relative to the current directory.
 MLRUNS = "mlruns"
@@ -418,8 +419,6 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
     heartbeats of running trials on an RDB storage (see :mod:`crossflow.search.storage`)."""
     import optuna
 
-    from crossflow.search.storage import redact
-
     url = storage or setup.storage
     if not create and "://" not in url and not Path(url).is_file():
         raise ConfigError(f"no study {setup.name!r}: {url} does not exist; run it first "
@@ -620,7 +619,7 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
     trials = study.get_trials(deepcopy=False)
     # a FAIL trial is a retried one (its worker died) or a surplus one (no slot was left)
     states = Counter("FAIL_surplus" if t.state == TrialState.FAIL and t.user_attrs.get(
-        "surplus") else t.state.name for t in trials)
+        SURPLUS) else t.state.name for t in trials)
     infeasible = sum(1 for t in trials
                      if t.state == TrialState.COMPLETE and not is_feasible(t))
     launches = [v for k, v in sorted(study.user_attrs.items()) if k.startswith("launch.")]
@@ -643,7 +642,7 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
                   "values": dict(zip(setup.objectives, t.values, strict=True)),
                   "design": best_design(setup, study, t)["design"]} for t in best[:10]],
         "pareto_size": len(best) if len(setup.objectives) > 1 else None,
-        "workers": len({t.user_attrs["worker"] for t in trials if "worker" in t.user_attrs}),
+        "workers": len({t.user_attrs[WORKER] for t in trials if WORKER in t.user_attrs}),
     }
 
 
@@ -715,6 +714,7 @@ class _Progress:
         self.tty = enabled and sys.stderr.isatty()
         self.step = max(1, (total - done) // 10)
         self.shown = 0        # steps printed (not a terminal)
+        self._last_done = done
         self.best: float | None = None
         self.infeasible = 0
         self.printed = False  # the current count is on the last line (not a terminal)
@@ -748,7 +748,7 @@ class _Progress:
         if not self.enabled:
             return
         now = time.perf_counter()
-        if self.done != getattr(self, "_last_done", None):
+        if self.done != self._last_done:
             self._last_done, self.printed = self.done, False
         steps = (self.done - self.start_done) // self.step
         if self.tty and now - self.last > 0.1:

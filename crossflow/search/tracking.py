@@ -61,6 +61,8 @@ from typing import Any
 
 import yaml
 
+from crossflow.search.workers import SURPLUS  # a trial never evaluated: it gets no run
+
 #: User attributes with these name endings are metrics (their unit is in the name).
 METRIC_SUFFIXES = ("_s", "_J", "_W", "_bytes", "_flops_per_s")
 #: User attributes that become tags, not parameters.
@@ -254,11 +256,6 @@ def trial_record(trial: Any, sampler: str, metric_names: list[str]) -> dict[str,
     return {"number": trial.number, "state": state,
             "params": {_key(k): _text(v, _MAX_PARAM) for k, v in params.items()},
             "metrics": metrics, "tags": tags, "start_ms": start or end, "end_ms": end or start}
-
-
-#: User attribute of a trial that found the budget full and was not evaluated (see
-#: crossflow.search.workers): it gets no run.
-SURPLUS = "surplus"
 
 
 def _finished(study: Any) -> list[Any]:
@@ -560,15 +557,15 @@ class _Logger:
             new.append({**rec, "tags": tags})
         if not new:
             return
-        done: list[dict[str, Any]] = []
+        done: list[dict[str, Any]] = []  # runs that exist now
         if self.bulk:
             from crossflow.search.storage import retrying
 
             try:
                 inserted = retrying(lambda: self._insert_runs(new))
+                self.logged += inserted
                 self.logged_bulk += inserted
-                self.skipped += len(new) - inserted
-                self.logged -= len(new) - inserted  # logged by another process
+                self.skipped += len(new) - inserted  # logged by another process
                 done, new = new, []
             except Exception as exc:  # rolled back: log them one by one instead
                 self.bulk = False
@@ -577,12 +574,12 @@ class _Logger:
             try:
                 self._create_run(rec)
                 done.append(rec)
+                self.logged += 1
             except Exception as exc:
                 if len(self.errors) < 20:
                     self.errors.append(f"trial {rec['number']}: {type(exc).__name__}: {exc}"[:500])
         for rec in done:
             self.known.setdefault(rec["number"], []).append(rec["start_ms"])
-        self.logged += len(done)
 
     def _create_run(self, rec: dict[str, Any]) -> None:
         """One trial run through the public API: create_run + log_batch + set_terminated."""
@@ -594,10 +591,23 @@ class _Logger:
                                    end_time=rec["end_ms"])
 
     def _insert_runs(self, recs: list[dict[str, Any]]) -> int:
-        """Trial runs in one transaction of MLflow's SQL store: the rows ``create_run``,
-        ``log_batch`` and ``set_terminated`` would write (finished status, run-name tag,
-        metrics with their latest values), under ids of :func:`trial_run_id`.  Runs another
-        process inserted already are left alone.  Returns how many were inserted."""
+        """Trial runs in one transaction of MLflow's SQL store (:meth:`_write_runs`), under
+        ids of :func:`trial_run_id`; runs another process inserted already are left alone.
+        Returns how many were inserted (or restored)."""
+        import sqlalchemy
+
+        by_id = {trial_run_id(self.experiment_id, r["number"], r["start_ms"]): r for r in recs}
+        for _ in range(2):
+            try:
+                return self._write_runs(by_id)
+            except sqlalchemy.exc.IntegrityError:  # inserted meanwhile by another process
+                pass
+        return self._write_runs(by_id)
+
+    def _write_runs(self, by_id: dict[str, dict[str, Any]]) -> int:
+        """The rows ``create_run``, ``log_batch`` and ``set_terminated`` would write
+        (finished status, run-name tag, metrics with their latest values) for the runs of
+        ``by_id`` (run id -> record) not in the store yet, in one transaction."""
         import sqlalchemy
         from mlflow.store.tracking.dbmodels.models import (
             SqlLatestMetric,
@@ -608,59 +618,50 @@ class _Logger:
         )
         from mlflow.utils.uri import append_to_uri_path
 
-        by_id = {trial_run_id(self.experiment_id, r["number"], r["start_ms"]): r for r in recs}
-        for attempt in range(3):
-            try:
-                with self._engine().begin() as conn:
-                    there = dict(conn.execute(sqlalchemy.select(
-                        SqlRun.run_uuid, SqlRun.lifecycle_stage).where(
-                        SqlRun.run_uuid.in_(list(by_id)))).all())
-                    # a trial's run deleted since (by hand): restored, with fresh tags
-                    restore = [r for r, stage in there.items() if stage != "active"]
-                    if restore:
-                        conn.execute(sqlalchemy.update(SqlRun).where(
-                            SqlRun.run_uuid.in_(restore)).values(
-                            lifecycle_stage="active", deleted_time=None))
-                        conn.execute(sqlalchemy.delete(SqlTag).where(
-                            SqlTag.run_uuid.in_(restore)))
-                        conn.execute(SqlTag.__table__.insert(), [
-                            {"key": k, "value": v, "run_uuid": r}
-                            for r in restore for k, v in by_id[r]["tags"].items()])
-                    runs, tags, params, metrics = [], [], [], []
-                    for run_id, rec in by_id.items():
-                        if run_id in there:
-                            continue
-                        user = rec["tags"].get("mlflow.user", "unknown")
-                        runs.append({
-                            "run_uuid": run_id, "name": rec["tags"]["mlflow.runName"],
-                            "artifact_uri": append_to_uri_path(self.artifact_location,
-                                                               run_id, "artifacts"),
-                            "experiment_id": int(self.experiment_id), "source_type": "UNKNOWN",
-                            "source_name": "", "entry_point_name": "", "user_id": user,
-                            "status": _STATUS.get(rec["state"], "FINISHED"),
-                            "start_time": rec["start_ms"], "end_time": rec["end_ms"],
-                            "deleted_time": None, "source_version": "",
-                            "lifecycle_stage": "active"})
-                        tags += [{"key": k, "value": v, "run_uuid": run_id}
-                                 for k, v in rec["tags"].items()]
-                        params += [{"key": k, "value": v, "run_uuid": run_id}
-                                   for k, v in rec["params"].items()]
-                        metrics += [{"key": k, "value": v, "timestamp": rec["end_ms"],
-                                     "step": 0, "is_nan": False, "run_uuid": run_id}
-                                    for k, v in rec["metrics"].items()]
-                    if runs:
-                        conn.execute(SqlRun.__table__.insert(), runs)
-                        conn.execute(SqlTag.__table__.insert(), tags)
-                    if params:
-                        conn.execute(SqlParam.__table__.insert(), params)
-                    if metrics:
-                        conn.execute(SqlMetric.__table__.insert(), metrics)
-                        conn.execute(SqlLatestMetric.__table__.insert(), metrics)
-                return len(runs) + len(restore)
-            except sqlalchemy.exc.IntegrityError:  # inserted meanwhile by another process
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        with self._engine().begin() as conn:
+            there = dict(conn.execute(sqlalchemy.select(
+                SqlRun.run_uuid, SqlRun.lifecycle_stage).where(
+                SqlRun.run_uuid.in_(list(by_id)))).all())
+            # a trial's run deleted since (by hand): restored, with fresh tags
+            restore = [r for r, stage in there.items() if stage != "active"]
+            if restore:
+                conn.execute(sqlalchemy.update(SqlRun).where(
+                    SqlRun.run_uuid.in_(restore)).values(
+                    lifecycle_stage="active", deleted_time=None))
+                conn.execute(sqlalchemy.delete(SqlTag).where(SqlTag.run_uuid.in_(restore)))
+                conn.execute(SqlTag.__table__.insert(), [
+                    {"key": k, "value": v, "run_uuid": r}
+                    for r in restore for k, v in by_id[r]["tags"].items()])
+            runs, tags, params, metrics = [], [], [], []
+            for run_id, rec in by_id.items():
+                if run_id in there:
+                    continue
+                runs.append({
+                    "run_uuid": run_id, "name": rec["tags"]["mlflow.runName"],
+                    "artifact_uri": append_to_uri_path(self.artifact_location, run_id,
+                                                       "artifacts"),
+                    "experiment_id": int(self.experiment_id), "source_type": "UNKNOWN",
+                    "source_name": "", "entry_point_name": "",
+                    "user_id": rec["tags"].get("mlflow.user", "unknown"),
+                    "status": _STATUS.get(rec["state"], "FINISHED"),
+                    "start_time": rec["start_ms"], "end_time": rec["end_ms"],
+                    "deleted_time": None, "source_version": "", "lifecycle_stage": "active"})
+                tags += [{"key": k, "value": v, "run_uuid": run_id}
+                         for k, v in rec["tags"].items()]
+                params += [{"key": k, "value": v, "run_uuid": run_id}
+                           for k, v in rec["params"].items()]
+                metrics += [{"key": k, "value": v, "timestamp": rec["end_ms"], "step": 0,
+                             "is_nan": False, "run_uuid": run_id}
+                            for k, v in rec["metrics"].items()]
+            if runs:
+                conn.execute(SqlRun.__table__.insert(), runs)
+                conn.execute(SqlTag.__table__.insert(), tags)
+            if params:
+                conn.execute(SqlParam.__table__.insert(), params)
+            if metrics:
+                conn.execute(SqlMetric.__table__.insert(), metrics)
+                conn.execute(SqlLatestMetric.__table__.insert(), metrics)
+        return len(runs) + len(restore)
 
     def _op_artifacts(self, msg: dict[str, Any]) -> None:
         if msg.get("dir"):
@@ -968,11 +969,9 @@ class StudyTracker:
         return self.sampler_name
 
     def _start_process(self) -> bool:
-        import crossflow
+        from crossflow.search.workers import child_env
 
-        root = str(Path(crossflow.__file__).resolve().parents[1])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env = child_env()
         with tempfile.NamedTemporaryFile(prefix="crossflow-mlflow-", suffix=".log",
                                          delete=False) as err:
             self._stderr_path = err.name

@@ -57,6 +57,17 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a CrossFlow child process (workers, the MLflow logger): this one,
+    with this CrossFlow's source tree first on ``PYTHONPATH``."""
+    import crossflow
+
+    root = str(Path(crossflow.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
 class Surplus(Exception):
     """A trial that found every slot of the budget taken (raised before evaluating it)."""
 
@@ -136,20 +147,28 @@ def census(study, total: int, *, heartbeats: bool) -> Census:
     return Census(total, done, live, waiting)
 
 
-def _local_alive(worker: Any) -> bool:
-    """Whether ``worker`` (host:pid) is a live process of this machine."""
-    if not isinstance(worker, str) or ":" not in worker:
-        return False
+def _local_pid(worker: Any) -> int | None:
+    """The process id of ``worker`` (host:pid) if it is a process of this machine."""
+    if not isinstance(worker, str):
+        return None
     host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
+    return int(pid) if host == socket.gethostname() and pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # another user's process
         return True
     return True
+
+
+def _local_alive(worker: Any) -> bool:
+    """Whether ``worker`` (host:pid) is a live process of this machine."""
+    pid = _local_pid(worker)
+    return pid is not None and _alive(pid)
 
 
 def fail_orphans(study) -> list[int]:
@@ -161,10 +180,8 @@ def fail_orphans(study) -> list[int]:
 
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker = t.user_attrs.get(WORKER)
-        if not isinstance(worker, str) or worker.rpartition(":")[0] != socket.gethostname():
-            continue
-        if _local_alive(worker):
+        pid = _local_pid(t.user_attrs.get(WORKER))
+        if pid is None or _alive(pid):
             continue
         try:
             ok = study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
@@ -211,10 +228,9 @@ def _live_below(study, total: int) -> bool:
 
 
 def work(study, objective, total: int, *, callbacks: list[Any], stop: GracefulStop,
-         heartbeats: bool, on_wait=None) -> None:
+         heartbeats: bool) -> None:
     """Run trials of ``study`` until it has ``total`` finished ones (other workers may run
-    some), or ``stop`` is requested.  ``on_wait()`` is called while waiting for trials
-    running elsewhere."""
+    some), or ``stop`` is requested."""
     import optuna
 
     budgeted = Budgeted(objective, total, heartbeats=heartbeats)
@@ -234,8 +250,6 @@ def work(study, objective, total: int, *, callbacks: list[Any], stop: GracefulSt
         if c.finished:
             return
         if c.free <= 0:  # every slot is taken by trials running elsewhere
-            if on_wait is not None:
-                on_wait()
             time.sleep(POLL_S)
             continue
         study.optimize(budgeted, n_trials=c.free, callbacks=[*callbacks, full, stop],
@@ -269,14 +283,10 @@ class WorkerProcess:
 
 
 def start_workers(study_ref: str, storage: str, launch_key: str, k: int, *,
-                  heartbeat_s: float | None, cwd: str | None = None) -> list[WorkerProcess]:
+                  heartbeat_s: float | None) -> list[WorkerProcess]:
     """K ``crossflow study worker`` processes on one launch, each in its own session (so a
     terminal's Ctrl-C reaches only the coordinator, which forwards it once)."""
-    import crossflow
-
-    root = str(Path(crossflow.__file__).resolve().parents[1])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env = child_env()
     out = []
     for i in range(k):
         cmd = [sys.executable, "-m", "crossflow", "study", "worker", study_ref,
@@ -287,7 +297,7 @@ def start_workers(study_ref: str, storage: str, launch_key: str, k: int, *,
         log = Path(tempfile.mkstemp(prefix=f"crossflow-worker{i}-", suffix=".log")[1])
         with log.open("w") as fh:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
-                                    env=env, cwd=cwd, start_new_session=True)
+                                    env=env, start_new_session=True)
         out.append(WorkerProcess(i, proc, log))
     return out
 

@@ -17,6 +17,10 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+# a trial the study runner did not evaluate because other workers had taken the whole
+# budget: not an attempt of its role
+from crossflow.search.workers import SURPLUS
+
 CHAIN = "gd:chain"
 STEP = "gd:step"
 ROLE = "gd:role"
@@ -26,9 +30,6 @@ STATE = "gd:state"
 BASE = "base"
 PROBE = "probe:"
 MOVE = "move:"
-#: User attribute of a trial the study runner did not evaluate because other workers had
-#: taken the whole budget (crossflow.search.workers): not an attempt of its role.
-SURPLUS = "surplus"
 #: Roles of trials outside the chains.
 INDEPENDENT = "independent"
 FIXED = "fixed"
