@@ -252,9 +252,6 @@ def _cmd_study(args: argparse.Namespace) -> int:
               f"{result.elapsed_s:.1f} s; {result.total} in the study")
         return 130 if result.interrupted else EXIT_OK
     if args.study_command == "run":
-        if args.workers < 1:
-            raise ConfigError("must be >= 1", file="command line", key="--workers",
-                              value=args.workers)
         result = studies.run_study(
             setup, n_trials=args.trials, sampler=args.sampler,
             seed=args.seed if args.seed is not None else "study", storage=args.storage,
@@ -271,7 +268,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
     study = studies.open_study(setup, args.storage, create=False)
     if args.study_command == "show":
         summary = studies.study_summary(setup, study)
-        summary["storage"] = args.storage or setup.storage
+        summary["storage"] = redact(args.storage or setup.storage)
         if args.json:
             print(json.dumps(summary, indent=2, default=str))
             return EXIT_OK
