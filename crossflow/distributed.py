@@ -123,7 +123,7 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None) -> MemoryChe
 
     The bytes per device depend on the workload and the strategy only (not on the chip's
     speeds, the system or the mapping order), so they come from the chip-independent plan
-    the full prediction uses (:func:`crossflow.sim.graph_sim.graph_plan`, or
+    the full prediction uses (:func:`crossflow.sim.graph_sim.graph_memory`, or
     :func:`crossflow.sim.training.transformer_memory`), cached per strategy: a check costs
     microseconds and agrees exactly with :func:`crossflow.predict`'s memory verdict, which
     runs this check first.  Raises ConfigError for a strategy that does not fit the workload.
@@ -152,10 +152,10 @@ def _memory_breakdown(spec, strategy, par) -> dict[str, float]:
             spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.zero1 if par else False)
-    from crossflow.sim.graph_sim import graph_plan
+    from crossflow.sim.graph_sim import graph_memory
     from crossflow.workloads import compute_graph
 
-    return graph_plan(compute_graph(spec), strategy).memory_breakdown
+    return graph_memory(compute_graph(spec), strategy)
 
 
 def _memory_check(spec, strategy, par, arch: MicroArch) -> MemoryCheck:

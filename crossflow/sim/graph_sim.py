@@ -167,37 +167,49 @@ class GraphPlan:
         )
 
 
+@lru_cache(maxsize=64)
+def schedule_order(graph: nx.DiGraph) -> tuple:
+    """The nodes in the order the simulator submits them: phase (forward, backward,
+    optimizer), step, layer, name, as a topological order.  Sharding changes neither the
+    edges nor these keys, so one order serves every strategy (cached per graph object)."""
+    nodes = graph.nodes
+    return tuple(nx.lexicographical_topological_sort(
+        graph, key=lambda n: (_PHASE_ORDER[nodes[n]["phase"]], nodes[n].get("step", 0),
+                              nodes[n]["layer"], str(n))))
+
+
 @lru_cache(maxsize=1024)
 def graph_plan(graph: nx.DiGraph, strategy) -> GraphPlan:
     """Compile ``graph`` sharded by ``strategy`` (cached per graph object and strategy).
 
     Everything here is independent of the chip and of the device mapping: the schedule order
-    (a lexicographic topological sort, the costliest step), each node's kernel, the
-    collectives and transfers it needs, and the bytes each device holds.  A study prices the
-    same few strategies on thousands of chips, and a screen prices every strategy and
-    mapping order on one chip: both reuse the plan.
+    (:func:`schedule_order`), each node's kernel, the collectives and transfers it needs,
+    and the bytes each device holds (:func:`graph_memory`).  A study prices the same few
+    strategies on thousands of chips, and a screen prices every strategy and mapping order
+    on one chip: both reuse the plan.  It reads the shards of
+    :func:`crossflow.parallel.supergraph.shard_graph` (what ``local_graph`` holds) without
+    building a networkx graph: a node's dependencies are its in-edges in the order
+    ``local_graph`` adds them.
     """
-    from crossflow.parallel import local_graph
+    from crossflow.parallel.supergraph import shard_graph
 
-    lg = local_graph(graph, strategy)
-    order = list(nx.lexicographical_topological_sort(
-        lg, key=lambda n: (_PHASE_ORDER[lg.nodes[n]["phase"]], lg.nodes[n].get("step", 0),
-                           lg.nodes[n]["layer"], str(n))))
+    shards, edges, _ = shard_graph(graph, strategy)
+    preds: dict = {}
+    for u, v, e in edges:
+        preds.setdefault(v, []).append((u, e))
     kernels: dict[tuple, int] = {}
     collectives: dict[tuple, int] = {}
     p2p: dict[float, int] = {}
     node_kernels, optimizer, tasks, p2p_order = [], [], [], []
     index: dict = {}
-    weights: dict = {}
     wgrad: dict = {}
     flops = 0.0
-    for name in order:
-        a = lg.nodes[name]
+    for name in schedule_order(graph):
+        a = shards[name]
         stage = a["stage"]
         k = kernels.setdefault(kernel_key(a), len(kernels))
         node_kernels.append(k)
         flops += a["flops"]
-        weights[stage] = weights.get(stage, 0.0) + a["params"]
         if a["phase"] == "optimizer":
             optimizer.append((stage, k))
             continue
@@ -205,8 +217,8 @@ def graph_plan(graph: nx.DiGraph, strategy) -> GraphPlan:
         c = _kernel_collective_key(a, strategy)
         c = -1 if c is None else collectives.setdefault(c, len(collectives))
         deps = []
-        for pred, _, e in lg.in_edges(name, data=True):
-            if lg.nodes[pred]["phase"] == "optimizer":
+        for pred, e in preds.get(name, ()):
+            if shards[pred]["phase"] == "optimizer":
                 continue
             if e.get("cross") and e["kind"] in ("act", "grad"):
                 lag = p2p.setdefault(e["bytes"], len(p2p))
@@ -218,18 +230,33 @@ def graph_plan(graph: nx.DiGraph, strategy) -> GraphPlan:
         tasks.append((k, c, a["op"] == "gemm", stage, tuple(deps)))
     precision_bytes = BYTES_PER_ELEMENT[graph.graph["precision"]]
     dp_bytes = tuple(n * precision_bytes for n in wgrad.values() if n) if strategy.dp > 1 else ()
+    return GraphPlan(strategy, tuple(kernels), tuple(collectives), tuple(p2p),
+                     tuple(node_kernels), tuple(optimizer), tuple(tasks), tuple(p2p_order),
+                     dp_bytes, flops, graph_memory(graph, strategy))
+
+
+@lru_cache(maxsize=4096)
+def graph_memory(graph: nx.DiGraph, strategy) -> dict[str, float]:
+    """Bytes per device of ``graph`` under ``strategy``: the busiest stage's weights and
+    gradients, the stashed activations per stage, and the largest kernel's operands (cached
+    per graph object and strategy; no kernel is priced)."""
+    from crossflow.parallel.supergraph import shard_graph
+
+    shards, edges, _ = shard_graph(graph, strategy)
+    weights: dict = {}
+    for name in schedule_order(graph):
+        a = shards[name]
+        weights[a["stage"]] = weights.get(a["stage"], 0.0) + a["params"]
+    precision_bytes = BYTES_PER_ELEMENT[graph.graph["precision"]]
     stage_weights = max(weights.values(), default=0.0)
-    activations = sum(e["bytes"] for _, _, e in lg.edges(data=True) if e["kind"] == "stash")
+    activations = sum(e["bytes"] for _, _, e in edges if e["kind"] == "stash")
     # The largest single kernel's operands must be resident too (all of A, B and C when the
     # workload is a bare GEMM with no stored weights).
     has_weights = stage_weights > 0
-    workspace = max((_operand_bytes(lg.nodes[n], has_weights) for n in lg.nodes), default=0.0)
-    memory_breakdown = {
+    workspace = max((_operand_bytes(a, has_weights) for a in shards.values()), default=0.0)
+    return {
         "weights_bytes": stage_weights * precision_bytes,
         "gradients_bytes": stage_weights * precision_bytes,
         "activations_bytes": activations / max(1, len(weights)),
         "workspace_bytes": workspace,
     }
-    return GraphPlan(strategy, tuple(kernels), tuple(collectives), tuple(p2p),
-                     tuple(node_kernels), tuple(optimizer), tuple(tasks), tuple(p2p_order),
-                     dp_bytes, flops, memory_breakdown)
