@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     sr = ss.add_parser("run", help="run a study (re-running resumes it)")
     sr.add_argument("name", help="study name or YAML file")
     sr.add_argument("--trials", type=int, help="the study's total number of trials")
-    sr.add_argument("--sampler", choices=["gd", "tpe", "cmaes", "random", "nsga2"])
+    sr.add_argument("--sampler", choices=["structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2"])
     sr.add_argument("--seed", type=int, help="sampler seed (default: the study's)")
     sr.add_argument("--storage", help="Optuna storage URL or journal file")
     sr.add_argument("--tracking-uri", help="MLflow tracking URI")

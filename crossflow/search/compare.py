@@ -44,7 +44,7 @@ from crossflow.search.study import MLRUNS
 
 FRACTIONS = (0.10, 0.25, 0.50, 1.00)
 TOLERANCES = (0.01, 0.05)
-COMPARE_SAMPLERS = ("gd", "tpe", "cmaes", "random")
+COMPARE_SAMPLERS = ("structured", "gd", "tpe", "cmaes", "random")
 
 
 def run_name(study: str, sampler: str, seed: int) -> str:

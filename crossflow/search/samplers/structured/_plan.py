@@ -1,0 +1,163 @@
+"""The driver's plan: screen the discrete choices, search the split, re-screen, polish.
+
+:func:`plan` is a generator: it yields batches of points (parameter dicts; the points of a
+batch may be evaluated side by side) and receives their values (``inf`` for an infeasible
+design).  It is deterministic given its seed, its budget and the values it receives, so
+the sampler can rebuild it from a study's storage by replaying the recorded values.
+
+Phases, for a budget of B evaluations (every point yielded is one evaluation: one trial):
+
+1. **Memory screen** (no evaluation): every discrete combination (strategy × technology ×
+   other categoricals) is checked for memory at the template's split; the rejected ones are
+   recorded in ``records`` (the sampler stores them with the study), never evaluated.
+2. **Discrete screen**: every memory-feasible combination at the template's split, in one
+   mapping order (the first of its order classes).  More than B/2 of them: a seeded random
+   subset of that size (the template's own combination always in).
+3. **Order screen**: the ``top_k`` best combinations in one representative of every other
+   class of equivalent mapping orders (orders differing only where size-1 grid dimensions
+   sit give the same time).
+4. **Inner search** of the best combination's budget split with the inner method
+   (:mod:`._inner`), 3/4 of what is left after reserving the re-screen.
+5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
+   again (each in its best order); the winner gets the rest of the budget (inner search
+   again, from the split found).
+6. **Polish** (past B, when a study is extended): inner searches from the best point with
+   smaller steps, for ever.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import numpy as np
+
+from crossflow.search.samplers.structured._inner import METHODS
+from crossflow.search.samplers.structured._problem import Cont, Problem
+from crossflow.search.space import MAPPING_ORDER
+
+Plan = Generator[list[dict[str, Any]], list[float], None]
+
+
+def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
+         inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
+         rescreen: int = 8, records: list[dict[str, Any]] | None = None) -> Plan:
+    rng = np.random.default_rng(seed)
+    method = METHODS[inner]
+    options = dict(inner_options or {})
+    used = 0
+    x0, base_discrete = P.start()
+    combos = P.combos()
+
+    # 1. memory screen
+    feasible = []
+    for combo in combos:
+        verdict = P.memory_check(x0, combo)
+        if verdict is not None and not verdict.feasible:
+            if records is not None:
+                records.append({**combo, "need_bytes": verdict.need_bytes,
+                                "capacity_bytes": verdict.capacity_bytes})
+            continue
+        feasible.append(combo)
+    if not feasible:
+        feasible = combos  # nothing fits: evaluate anyway (infeasible trials say why)
+    cap = max(1, budget // 2)
+    if len(feasible) > cap:
+        own = {k: v for k, v in base_discrete.items() if k != MAPPING_ORDER}
+        keep = [c for c in feasible if c == own]
+        others = [c for c in feasible if c != own]
+        picks = rng.choice(len(others), size=cap - len(keep), replace=False)
+        feasible = keep + [others[i] for i in sorted(picks)]
+
+    # 2. discrete screen at the template's split
+    points = [{**c, **_order(P, c, P.canonical_order(c))} for c in feasible]
+    values = yield [P.params(x0, d) for d in points]
+    used += len(points)
+    ranked = sorted(((v, i) for i, v in enumerate(values)), key=lambda t: t[0])
+    best_value = {i: v for v, i in ranked}
+    best_order = {i: P.canonical_order(feasible[i]) for i in range(len(feasible))}
+
+    # 3. order classes of the best combinations
+    if P.has_order:
+        top = [i for v, i in ranked[:top_k] if math.isfinite(v)]
+        batch, owners = [], []
+        for i in top:
+            for order in P.order_classes(feasible[i])[1:]:
+                batch.append({**feasible[i], **_order(P, feasible[i], order)})
+                owners.append((i, order))
+        room = max(0, budget - used - 1)
+        batch, owners = batch[:room], owners[:room]
+        if batch:
+            got = yield [P.params(x0, d) for d in batch]
+            used += len(batch)
+            for (i, order), v in zip(owners, got, strict=True):
+                if v < best_value[i]:
+                    best_value[i], best_order[i] = v, order
+    ranking = sorted(best_value, key=best_value.__getitem__)
+    winner = ranking[0]
+    discrete = {**feasible[winner], **_order(P, feasible[winner], best_order[winner])}
+    x, fx = x0, best_value[winner]
+
+    # 4. inner search of the winner's split
+    reserve = min(rescreen, len(ranking) - 1, max(0, (budget - used) // 10))
+    first = max(0, (budget - used - reserve) * 3 // 4) if reserve else budget - used
+    x, fx, n = yield from _inner(P, method, discrete, x, fx, first, rng, options)
+    used += n
+
+    # 5. re-screen at the split found, then the rest of the budget for the winner
+    if reserve > 0:
+        others = [i for i in ranking if i != winner][:reserve]
+        batch = [{**feasible[i], **_order(P, feasible[i], best_order[i])} for i in others]
+        got = yield [P.params(x, d) for d in batch]
+        used += len(batch)
+        for d, v in zip(batch, got, strict=True):
+            if v < fx:
+                discrete, fx = d, v
+        x, fx, n = yield from _inner(P, method, discrete, x, fx, budget - used, rng, options)
+        used += n
+
+    # 6. polish for ever (a study extended past its budget)
+    scale = 0.5
+    while True:
+        x, fx, n = yield from _inner(P, METHODS["exchange"], discrete, x, fx, 50, rng,
+                                     {"step": 0.2 * scale})
+        scale = max(0.05, scale * 0.5) if n < 50 else 1.0
+        if n == 0:  # converged and nothing left to try: perturb
+            moved = x
+            for c in P.coords:
+                moved = P.move(moved, c, float(rng.normal(0.0, 0.1)))
+            (v,) = yield [P.params(moved, discrete)]
+            if v < fx:
+                x, fx = moved, v
+
+
+def _order(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
+    return {MAPPING_ORDER: order} if P.has_order and order is not None else {}
+
+
+def _inner(P: Problem, method, discrete: Mapping[str, Any], x: Cont, fx: float, budget: int,
+           rng: np.random.Generator, options: Mapping[str, Any]):
+    """Run an inner method (batches of Cont) as batches of parameter dicts; returns
+    (best point, its value, evaluations spent)."""
+    if budget <= 0:
+        return x, fx, 0
+    gen = method(P, discrete, x, fx, budget, rng, **options)
+    used = 0
+    try:
+        batch = next(gen)
+        while True:
+            batch = batch[:max(0, budget - used)]
+            if not batch:
+                gen.close()
+                return x, fx, used
+            got = yield [P.params(b, discrete) for b in batch]
+            used += len(batch)
+            for b, v in zip(batch, got, strict=True):
+                if v < fx:
+                    x, fx = b, v
+            batch = gen.send(list(got))
+    except StopIteration as done:
+        if done.value is not None and done.value[1] < fx:
+            x, fx = done.value
+        return x, fx, used
