@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from crossflow.arch.age import generate
 from crossflow.arch.cliffs import (
+    CONVENTIONS,
     FEASIBLE,
     SIMPLEXES,
     Step,
+    coordinate_overrides,
     coordinate_range,
     edges,
     quantities,
@@ -94,9 +96,8 @@ def test_core_area_bundle_steps_are_closed_form():
         pytest.approx(3.04 / 815, abs=1e-9), FEASIBLE, 0, 1)
 
 
-def _register_cliff(overrides: dict) -> tuple[float, int]:
+def _register_cliff(found: list[Step]) -> tuple[float, int]:
     """(fraction, bundles above it) of the core-area step where registers per MCU drop."""
-    found = steps(SPECS["deepflow-case-study"], overrides, "area", "core", 0.6, 0.7)
     regs = [s for s in found if s.quantity == "registers.capacity_per_instance_B"]
     assert [(s.below, s.above) for s in regs] == [(48 * 1024, 32 * 1024)]
     (bundles,) = [s for s in found if s.quantity == "core.bundles" and s.fraction == regs[0].fraction]
@@ -104,28 +105,33 @@ def _register_cliff(overrides: dict) -> tuple[float, int]:
 
 
 def test_lstm512_register_cliff():
-    """The issue's cliff: past ~176 bundles registers per MCU drop from 48 to 32 KiB."""
+    """The issue's cliff: 177 bundles drop registers per MCU from 48 to 32 KiB."""
     spec = SPECS["deepflow-case-study"]
     q = quantities(generate(spec, overrides=LSTM512_BEST))
     assert q["core.bundles"] == 175 and q["registers.capacity_per_instance_B"] == 48 * 1024
-    # room for the core: 0.03 of the area taken from L2 into the slack
+    # moving the core share as the softmax encoding does (the others, registers included,
+    # scale by (1 - f) / (1 - f0)): registers fall to 0.07261 of the area at 177 bundles,
+    # 2.99 banks per MCU -> the issue's cliff at exactly 177 bundles
+    found = steps(spec, LSTM512_BEST, "area", "core", 0.6, 0.7, convention="proportional")
+    t, bundles = _register_cliff(found)
+    assert bundles == 177 and t == pytest.approx(177 * 8 * 0.38 / 815, abs=1e-9)   # 0.660221
+    e = edges(spec, LSTM512_BEST, "area", "core", 0.657, k=1, both_sides=True,
+              convention="proportional", only=("core.bundles",))
+    assert len(e) == 4
+
+    def at(x: float) -> dict:
+        return quantities_at(spec, coordinate_overrides(spec, LSTM512_BEST, "area", "core", x,
+                                                        convention="proportional"))
+
+    assert (at(max(x for x in e if x < t))["registers.capacity_per_instance_B"],
+            at(min(x for x in e if x > t))["registers.capacity_per_instance_B"]) == (49152, 32768)
+    assert [at(x)["core.bundles"] for x in e] == [175, 176, 176, 177]
+    # with the registers share held at 0.073726 (60.09 mm2; L2 lowered to 0.12 to give the
+    # core room), 3 banks per MCU last while 8 b x 0.013981 mm2 x 3 <= 60.09 mm2: the step
+    # is at 180 bundles
     room = {**LSTM512_BEST, "area_fractions": {**LSTM512_BEST["area_fractions"], "L2": 0.12}}
-    # registers held at 0.073726: 3 banks per MCU while 8 b x 0.013981 mm2 x 3 <= 60.09 mm2,
-    # i.e. up to 179 bundles; the 180th bundle (core share 180 x 3.04 / 815) drops them
-    t, bundles = _register_cliff(room)
+    t, bundles = _register_cliff(steps(spec, room, "area", "core", 0.6, 0.7))
     assert bundles == 180 and t == pytest.approx(180 * 8 * 0.38 / 815, abs=1e-9)
-    # the issue's 177: a search that moves the core share by the softmax encoding shrinks
-    # registers in proportion, to 0.073726 x (1 - 0.6602) / (1 - 0.654956) = 0.07261 at 177
-    # bundles; with the registers share there the step is at 177 bundles
-    shrunk = {**room, "area_fractions": {**room["area_fractions"], "registers": 0.07261}}
-    t, bundles = _register_cliff(shrunk)
-    assert bundles == 177 and t == pytest.approx(177 * 8 * 0.38 / 815, abs=1e-9)
-    # the search's edges around the design include the two sides of that cliff
-    e = edges(spec, shrunk, "area", "core", 0.657, k=1, both_sides=True)
-    below = quantities_at(spec, _with(shrunk, "area", "core", max(x for x in e if x < t)))
-    above = quantities_at(spec, _with(shrunk, "area", "core", min(x for x in e if x > t)))
-    assert below["core.bundles"] == 176 and below["registers.capacity_per_instance_B"] == 49152
-    assert above["core.bundles"] == 177 and above["registers.capacity_per_instance_B"] == 32768
 
 
 def test_range_is_clipped_to_the_slack():
@@ -181,14 +187,15 @@ def coordinates(draw):
     simplex = draw(st.sampled_from(sorted(SIMPLEXES)))
     keys = PERIMETER_KEYS if simplex == "perimeter" else spec.budget_keys
     component = draw(st.sampled_from(keys))
-    _, f_max = coordinate_range(spec, overrides, simplex, component)
+    convention = draw(st.sampled_from(CONVENTIONS))
+    _, f_max = coordinate_range(spec, overrides, simplex, component, convention=convention)
     if draw(st.booleans()):
         lo, hi = 0.0, 1.0
     else:
         width = f_max * 10 ** draw(st.floats(-3.0, 0.0))
         lo = draw(st.floats(0.0, 1.0)) * max(0.0, f_max - width)
         hi = lo + width
-    return spec, overrides, simplex, component, lo, hi
+    return spec, overrides, simplex, component, convention, lo, hi
 
 
 def _changed(a: dict, b: dict) -> list[str]:
@@ -199,14 +206,19 @@ def _changed(a: dict, b: dict) -> list[str]:
     return [q for q in a if a[q] != b[q]]
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=50, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(coordinates())
 def test_steps_match_a_brute_force_scan(case):
-    spec, overrides, simplex, component, lo, hi = case
-    _, f_max = coordinate_range(spec, overrides, simplex, component)
+    spec, overrides, simplex, component, convention, lo, hi = case
+    _, f_max = coordinate_range(spec, overrides, simplex, component, convention=convention)
     lo, hi = max(0.0, lo), min(hi, f_max)
-    found = steps(spec, overrides, simplex, component, lo, hi)
+    found = steps(spec, overrides, simplex, component, lo, hi, convention=convention)
+
+    def at(x: float) -> dict:
+        return quantities_at(spec, coordinate_overrides(spec, overrides, simplex, component, x,
+                                                        convention=convention))
+
     assert all(lo < s.fraction <= hi for s in found)
     assert [s.fraction for s in found] == sorted(s.fraction for s in found)
     if not hi > lo:
@@ -226,7 +238,7 @@ def test_steps_match_a_brute_force_scan(case):
 
     # completeness: every change the scan sees lies in its grid cell next to a reported step
     grid = np.linspace(lo, hi, 250)
-    scan = [quantities_at(spec, _with(overrides, simplex, component, x)) for x in grid]
+    scan = [at(x) for x in grid]
     for i in range(len(grid) - 1):
         for q in _changed(scan[i], scan[i + 1]):
             assert reported(q, grid[i], grid[i + 1]), (q, grid[i], grid[i + 1], scan[i].get(q),
@@ -236,8 +248,7 @@ def test_steps_match_a_brute_force_scan(case):
         x_below, x_above = s.fraction - HAIR, min(hi, s.fraction + HAIR)
         if x_below < lo:
             continue
-        below = quantities_at(spec, _with(overrides, simplex, component, x_below))
-        above = quantities_at(spec, _with(overrides, simplex, component, x_above))
+        below, above = at(x_below), at(x_above)
         if s.quantity == FEASIBLE:
             assert (below[FEASIBLE], above[FEASIBLE]) == (s.below, s.above), s
         else:
@@ -259,3 +270,18 @@ def test_paper_check_rows():
     assert ndr["age_Bps"] == pytest.approx(317.5e9, rel=1e-3)
     assert ndr["units"] == 6 and ndr["count_limit"] == "power"
     assert ndr["ratio"] == pytest.approx(ndr["age_Bps"] / 100e9)
+
+
+def test_proportional_convention_scales_the_others_and_the_slack():
+    spec = SPECS["v100-like-n12"]              # power fractions sum to 0.95815
+    o = coordinate_overrides(spec, None, "power", "core", 0.5, convention="proportional")
+    p = o["power_fractions"]
+    scale = (1 - 0.5) / (1 - 0.3745)
+    assert p["core"] == 0.5 and p["registers"] == pytest.approx(0.3022 * scale)
+    slack = 1 - sum(spec.power_fractions.values())                     # 0.04185
+    assert 1 - sum(p.values()) == pytest.approx(slack * scale)
+    assert coordinate_range(spec, None, "power", "core", convention="proportional") == (0.0, 1.0)
+    held = coordinate_overrides(spec, None, "power", "core", 0.4)["power_fractions"]
+    assert held["registers"] == 0.3022 and held["core"] == 0.4
+    with pytest.raises(ConfigError):
+        steps(spec, None, "power", "core", convention="softmax")

@@ -18,10 +18,16 @@ Along it every *other* fraction of that simplex keeps its value (the template's,
 ``overrides``), and so do the other two simplexes; the simplex's slack ``1 − Σ fractions``
 absorbs the change (it grows when ``f`` falls and shrinks when ``f`` rises).  ``f`` is
 therefore valid on ``[0, f_max]`` with ``f_max = 1 − Σ_{other components} fractions``, and
-a requested range ``[lo, hi]`` is clipped to it.  A step at ``t`` means: every ``f`` in
-the plateau just below ``t`` builds ``below`` and ``f = t`` (up to ~1e-15 of float
-rounding, see :func:`edges`) up to the next step builds ``above``.  Reported steps lie in
-``lo < t <= hi``.
+a requested range ``[lo, hi]`` is clipped to it.  This is the default,
+``convention="held"``.  With ``convention="proportional"`` the other fractions of the
+simplex *and its slack* scale by ``(1 − f) / (1 − f₀)`` (``f₀`` the component's fraction
+in ``overrides``), which is what moving one logit of the searches' softmax encoding does;
+``f`` is then valid on ``[0, 1]`` and every component's units step along the coordinate.
+:func:`coordinate_overrides` gives the AGE overrides of the design at any ``f``.
+
+A step at ``t`` means: every ``f`` in the plateau just below ``t`` builds ``below`` and
+``f = t`` (up to ~1e-15 of float rounding, see :func:`edges`) up to the next step builds
+``above``.  Reported steps lie in ``lo < t <= hi``.
 
 **Infeasible designs.**  Where the AGE raises
 :class:`~crossflow.errors.InfeasibleDesignError` (a component that cannot build or run one
@@ -35,8 +41,8 @@ forms in ``docs/age-cliffs.md``), so the candidate thresholds are known in close
 integer part of the AGE is then evaluated once, vectorised, on one point inside every
 plateau between candidates (an exact replica of the AGE's integer arithmetic, same
 floating-point operations), and a step is reported where two neighbouring plateaus differ.
-No bisection, no ``generate()`` call: :func:`steps` costs about as much as a few
-``generate()`` calls (numbers in ``docs/age-cliffs.md``).
+No bisection, no ``generate()`` call: a held coordinate costs about 5–10 ``generate()``
+calls, plus ~1.5 µs per reported step (numbers in ``docs/age-cliffs.md``).
 
 This module is in the arch layer: it imports nothing from :mod:`crossflow.search`.
 """
@@ -44,10 +50,9 @@ This module is in the arch layer: it imports nothing from :mod:`crossflow.search
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,12 +62,14 @@ from crossflow.config.template import PERIMETER_KEYS, ArchitectureTemplateSpec
 from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.tech.library import TechLibrary, library
 
-__all__ = ["SIMPLEXES", "FEASIBLE", "Step", "quantities", "quantities_at", "steps", "edges",
-           "coordinate_range"]
+__all__ = ["SIMPLEXES", "CONVENTIONS", "FEASIBLE", "Step", "quantities", "quantities_at",
+           "steps", "edges", "coordinate_range", "coordinate_overrides"]
 
 #: Budget simplexes and the override key that holds each one's fractions.
 SIMPLEXES: Mapping[str, str] = {"area": "area_fractions", "power": "power_fractions",
                                 "perimeter": "perimeter_fractions"}
+#: How the other fractions of the moving simplex follow the coordinate (module docstring).
+CONVENTIONS: tuple[str, ...] = ("held", "proportional")
 #: Name of the pseudo-quantity whose steps mark where a design becomes (in)feasible.
 FEASIBLE = "feasible"
 
@@ -72,10 +79,10 @@ _SCOPES = ("mcu", "bundle", "global")
 Template = ArchitectureTemplateSpec | str | Path | Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     """One cliff on a coordinate: ``quantity`` is ``below`` for fractions just under
-    ``fraction`` and ``above`` from ``fraction`` on (until the next step)."""
+    ``fraction`` and ``above`` from ``fraction`` on (until the next step).  A named tuple
+    (cheap to build by the thousand); tuples sort by fraction, then quantity."""
 
     fraction: float
     quantity: str
@@ -153,12 +160,33 @@ def _fit_units(units_max: np.ndarray, unit_dynamic_W: float, unit_static_W: floa
     return np.where(ratio < r_min, shed, units_max), ok
 
 
+def _crossings_each(g: tuple[float, float], alpha: np.ndarray, a: np.ndarray,
+                    b: np.ndarray) -> np.ndarray:
+    """Where alpha_i·(g0 + g1·f) crosses an integer (less the AGE's 1e-9) on [a_i, b_i],
+    for every plateau i at once (a superset: one more crossing at each end)."""
+    g0, g1 = g
+    va, vb = alpha * (g0 + g1 * a), alpha * (g0 + g1 * b)
+    m_lo = np.maximum(1.0, np.floor(np.minimum(va, vb)))
+    m_hi = np.minimum(np.ceil(np.maximum(va, vb)) + 1.0, 5e6)
+    counts = np.maximum(0, (m_hi - m_lo + 1.0)).astype(np.int64)
+    if not counts.sum():
+        return np.empty(0)
+    idx = np.repeat(np.arange(alpha.size), counts)
+    start = np.repeat(np.cumsum(counts) - counts, counts)
+    m = m_lo[idx] + (np.arange(idx.size) - start)
+    return ((m - _EPS) / alpha[idx] - g0) / g1
+
+
 class _Coordinate:
     """One template + overrides, resolved once; evaluates the integer quantities for an
     array of values of one coordinate (simplex, component)."""
 
     def __init__(self, template: Template, overrides: Mapping[str, Any] | None,
-                 simplex: str, component: str, tech: TechLibrary | None) -> None:
+                 simplex: str, component: str, tech: TechLibrary | None,
+                 convention: str = "held") -> None:
+        if convention not in CONVENTIONS:
+            raise ConfigError("unknown coordinate convention", key="convention",
+                              value=convention, allowed=", ".join(CONVENTIONS))
         if simplex not in SIMPLEXES:
             raise ConfigError("unknown budget simplex", key="simplex", value=simplex,
                               allowed=", ".join(SIMPLEXES))
@@ -188,9 +216,39 @@ class _Coordinate:
         self.T = inp.tdp_W
         self.perimeter_mm = 4.0 * math.sqrt(inp.chip_area_mm2)
         fractions = {"area": inp.area, "power": inp.power, "perimeter": inp.perimeter}[simplex]
-        self.base = float(fractions.get(component, 0.0))
-        others = sum(v for key, v in fractions.items() if key != component)
-        self.f_max = min(1.0, max(0.0, 1.0 - others))
+        keys = PERIMETER_KEYS if simplex == "perimeter" else spec.budget_keys
+        self.fractions = {key: float(fractions.get(key, 0.0)) for key in keys}
+        self.base = self.fractions[component]
+        others = sum(v for key, v in self.fractions.items() if key != component)
+        # proportional with the component at 1 already: the others are 0, as when held
+        self.proportional = convention == "proportional" and self.base < 1.0
+        self.f_max = 1.0 if self.proportional else min(1.0, max(0.0, 1.0 - others))
+
+    def simplex_at(self, f: Any) -> dict[str, Any]:
+        """The moving simplex's fractions at coordinate value(s) ``f``."""
+        if not self.proportional:
+            return {**self.fractions, self.component: f}
+        scale = (1.0 - f) / (1.0 - self.base)
+        return {key: f if key == self.component else v * scale
+                for key, v in self.fractions.items()}
+
+    def overrides_at(self, x: float) -> dict[str, Any]:
+        """AGE overrides that build the design at coordinate value ``x``."""
+        key = SIMPLEXES[self.simplex]
+        return {**self.overrides, key: {k: float(v) for k, v in self.simplex_at(x).items()}}
+
+    def linear(self, simplex: str, key: str) -> tuple[float, float]:
+        """(g0, g1): fraction ``key`` of ``simplex`` is g0 + g1·f along the coordinate."""
+        if simplex != self.simplex:
+            inp = self.inp
+            return float({"area": inp.area, "power": inp.power,
+                          "perimeter": inp.perimeter}[simplex].get(key, 0.0)), 0.0
+        if key == self.component:
+            return 0.0, 1.0
+        v = self.fractions.get(key, 0.0)
+        if not self.proportional:
+            return v, 0.0
+        return v / (1.0 - self.base), -v / (1.0 - self.base)
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -199,10 +257,8 @@ class _Coordinate:
         coordinate values ``f`` — the AGE's integer arithmetic, operation for operation."""
         inp, A, T = self.inp, self.A, self.T
         f = np.asarray(f, dtype=float)
-        area = dict(inp.area)
-        power = dict(inp.power)
-        perim = dict(inp.perimeter)
-        {"area": area, "power": power, "perimeter": perim}[self.simplex][self.component] = f
+        area, power, perim = dict(inp.area), dict(inp.power), dict(inp.perimeter)
+        {"area": area, "power": power, "perimeter": perim}[self.simplex].update(self.simplex_at(f))
         out: dict[str, np.ndarray] = {}
         with np.errstate(divide="ignore", invalid="ignore"):
             # core (age._core)
@@ -268,6 +324,8 @@ class _Coordinate:
     def candidates(self, hi: float) -> np.ndarray:
         """A superset of the fractions in (0, hi] where a quantity or feasibility can change
         (closed forms; see docs/age-cliffs.md)."""
+        if self.proportional:
+            return self._candidates_proportional(0.0, hi)
         s, c, A, T = self.simplex, self.component, self.A, self.T
         none = np.empty(0)
 
@@ -335,6 +393,77 @@ class _Coordinate:
             return upto(min(by_area, by_edge) // lpp + 1) * one / T
         return none                              # a component the template does not use
 
+    def _candidates_proportional(self, lo: float, hi: float) -> np.ndarray:
+        """Candidates when every fraction of the simplex moves (linearly in f): each floor
+        site's integer crossings, the SRAM sites per bundle plateau."""
+        A, T, Pm = self.A, self.T, self.perimeter_mm
+        inp = self.inp
+        found: list[np.ndarray] = []
+
+        def crossings(g: tuple[float, float], alpha: float, eps: float, step: int = 1,
+                      cap: float = 5e6, a: float = lo, b: float = hi) -> None:
+            g0, g1 = g
+            if g1 == 0.0 or not alpha > 0.0 or not b > a:
+                return
+            va, vb = alpha * (g0 + g1 * a), alpha * (g0 + g1 * b)
+            m_lo = max(1, math.floor(min(va, vb) / step))
+            m_hi = min(math.ceil(max(va, vb) / step) + 1, math.floor(cap / step) + 1)
+            if m_hi < m_lo:
+                return
+            m = np.arange(m_lo, m_hi + 1, dtype=float) * step
+            found.append(((m - eps) / alpha - g0) / g1)
+
+        def ends(g: tuple[float, float], alpha: float) -> float:
+            return max(alpha * (g[0] + g[1] * lo), alpha * (g[0] + g[1] * hi))
+
+        # core: MCUs by area (bundles at multiples of k), bundles by power
+        vf = self.core_vf
+        one = self.k * self.mcu_power * vf.power_ratio(vf.min_V)
+        core_a = self.linear("area", "core")
+        crossings(core_a, A / self.mcu_area, _EPS, self.k)
+        crossings(self.linear("power", "core"), T / one, 0.0,
+                  cap=ends(core_a, A / self.mcu_area) / self.k + 1)
+        # SRAM levels, per bundle plateau (instances and clients are constant on one)
+        cuts = np.unique(np.concatenate([lo, hi, *found], axis=None))
+        cuts = cuts[(cuts >= lo) & (cuts <= hi)]
+        if cuts.size >= 2:
+            mids = 0.5 * (cuts[:-1] + cuts[1:])
+            at = self.evaluate(mids)
+            inner = np.asarray(at["core.mcus"])
+            for level, sram in zip(self.levels[:-1], self.srams, strict=True):
+                n = np.maximum(np.asarray(at[f"{level.name}.instances"]), 1.0)
+                clients = np.maximum(1.0, inner // n)
+                per_bank = sram.bank_area_mm2 + clients * sram.crossbar_area_per_port_mm2
+                banks = np.asarray(at[f"{level.name}.banks_per_instance"])
+                g_area, g_power = self.linear("area", level.name), self.linear("power", level.name)
+                static_T = banks * n * sram.bank_static_power_W / T
+                a, b = cuts[:-1], cuts[1:]
+                if g_area[1] != 0.0:
+                    found.append(_crossings_each(g_area, A / n / per_bank, a, b))
+                if g_power[1] != 0.0:
+                    t = (static_T - g_power[0]) / g_power[1]
+                    found.append(t[(a <= t) & (t <= b)])
+                inner = np.asarray(at[f"{level.name}.instances"])
+        # main memory: controller area, perimeter and power sites
+        d = self.dram
+        pkg = math.floor((inp.node_area_mm2 - A) / d.device_area_mm2 + _EPS)
+        crossings(self.linear("area", "dram_ctrl"), A / d.controller_area_mm2, _EPS, cap=pkg)
+        crossings(self.linear("perimeter", "dram"), Pm * d.link_density_per_mm / d.links_per_device,
+                  _EPS, cap=pkg)
+        one = d.device_static_power_W + d.device_power_W * d.vf.power_ratio(d.vf.min_V)
+        crossings(self.linear("power", "dram_ctrl"), T / one, 0.0, cap=pkg + 1)
+        # links: lanes by area and by edge (ports at multiples of lanes per port), power
+        for kind, lt in self.links.items():
+            key, lpp = f"{kind}_links", lt.lanes_per_port
+            g_a, a_alpha = self.linear("area", key), A / lt.lane_area_mm2
+            g_e, e_alpha = self.linear("perimeter", kind), Pm * lt.lane_density_per_mm
+            crossings(g_a, a_alpha, _EPS, lpp, cap=ends(g_e, e_alpha) + lpp)
+            crossings(g_e, e_alpha, _EPS, lpp, cap=ends(g_a, a_alpha) + lpp)
+            one = lt.port_power_W * lt.vf.power_ratio(lt.vf.min_V)
+            crossings(self.linear("power", key), T / one, 0.0,
+                      cap=min(ends(g_a, a_alpha), ends(g_e, e_alpha)) / lpp + 1)
+        return np.concatenate(found) if found else np.empty(0)
+
     def clip(self, lo: float, hi: float) -> tuple[float, float]:
         return max(0.0, float(lo)), min(self.f_max, float(hi))
 
@@ -354,15 +483,25 @@ class _Coordinate:
 
 
 def coordinate_range(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
-                     component: str) -> tuple[float, float]:
-    """``(0, f_max)``: the range of the coordinate's fraction that keeps its simplex valid
-    with every other fraction held (``f_max = 1 − Σ other fractions``)."""
-    return 0.0, _Coordinate(template, overrides, simplex, component, None).f_max
+                     component: str, *, convention: str = "held") -> tuple[float, float]:
+    """``(0, f_max)``: the range of the coordinate's fraction that keeps its simplex valid:
+    ``f_max = 1 − Σ other fractions`` when they are held, 1 when they scale."""
+    return 0.0, _Coordinate(template, overrides, simplex, component, None, convention).f_max
+
+
+def coordinate_overrides(template: Template, overrides: Mapping[str, Any] | None,
+                         simplex: str, component: str, fraction: float, *,
+                         convention: str = "held") -> dict[str, Any]:
+    """The AGE overrides of the design at ``fraction`` on the coordinate: ``overrides``
+    with the simplex's fractions as the convention moves them (all of that simplex's
+    keys written out)."""
+    coord = _Coordinate(template, overrides, simplex, component, None, convention)
+    return coord.overrides_at(float(fraction))
 
 
 def steps(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
           component: str, lo: float = 0.0, hi: float = 1.0, *,
-          tech: TechLibrary | None = None) -> list[Step]:
+          convention: str = "held", tech: TechLibrary | None = None) -> list[Step]:
     """Every step of an integer quantity of the AGE's design along one budget coordinate.
 
     Args:
@@ -373,8 +512,11 @@ def steps(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
         component: a key of that simplex (``core``, a memory level such as ``registers``,
             ``dram_ctrl``, ``intra_links``, ``inter_links``; for perimeter ``dram``,
             ``intra``, ``inter``).
-        lo, hi: the range of the component's fraction, clipped to ``[0, f_max]`` (see the
-            module docstring: every other fraction held, the slack absorbs the change).
+        lo, hi: the range of the component's fraction, clipped to ``[0, f_max]``.
+        convention: how the other fractions of the simplex move (module docstring):
+            ``"held"`` (default: they keep their values, the slack absorbs the change) or
+            ``"proportional"`` (they and the slack scale by ``(1 − f) / (1 − f₀)``, as a
+            move of one logit of the searches' softmax encoding does).
 
     Returns:
         The steps with ``lo < fraction <= hi``, sorted by fraction (then quantity name), one
@@ -383,7 +525,7 @@ def steps(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
         float rounding of the AGE's own arithmetic (~1e-15); :func:`edges` returns
         fractions verified against ``generate()``.
     """
-    coord = _Coordinate(template, overrides, simplex, component, tech)
+    coord = _Coordinate(template, overrides, simplex, component, tech, convention)
     return _steps(coord, *coord.clip(lo, hi))
 
 
@@ -411,17 +553,14 @@ def _diff(cand: np.ndarray, vals: Mapping[str, np.ndarray]) -> list[Step]:
         idx = np.nonzero(both & (v[1:] != v[:-1]))[0]
         below, above = v[idx].astype(np.int64).tolist(), v[idx + 1].astype(np.int64).tolist()
         out.extend(map(Step, [ts[i] for i in idx.tolist()], [q] * len(idx), below, above))
-    out.sort(key=_order)
+    out.sort()
     return out
-
-
-def _order(step: Step) -> tuple[float, str]:
-    return step.fraction, step.quantity
 
 
 def edges(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
           component: str, fraction: float, k: int = 2, *, both_sides: bool = False,
-          hair: float = 1e-10, tech: TechLibrary | None = None) -> list[float]:
+          hair: float = 1e-10, convention: str = "held", only: Collection[str] | None = None,
+          tech: TechLibrary | None = None) -> list[float]:
     """The fractions a search should evaluate around ``fraction`` on one coordinate.
 
     Takes the ``k`` nearest step thresholds ``t <= fraction`` and the ``k`` nearest
@@ -432,15 +571,23 @@ def edges(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
     the plateau above ``t`` (the hair is grown tenfold, up to 1e-6, until it does).  With
     ``both_sides`` also ``t − hair``, checked to build the plateau below ``t`` (the most of
     the lower unit count: on a power coordinate, the highest voltage before the next unit).
+    ``only`` restricts the thresholds to steps of those quantities (a name ending in ``.``,
+    e.g. ``"core."``, matches every quantity with that prefix; ``"feasible"`` may be named);
+    useful with ``convention="proportional"``, where every component's units step.
     """
     if k < 1:
         return []
-    coord = _Coordinate(template, overrides, simplex, component, tech)
+    coord = _Coordinate(template, overrides, simplex, component, tech, convention)
     lo, hi = coord.clip(0.0, 1.0)
     if not hi > lo:
         return []
     cand, vals = coord.plateaus(lo, hi)
-    thresholds = np.unique([s.fraction for s in _diff(cand, vals)])
+    found = _diff(cand, vals)
+    if only is not None:
+        names = tuple(only)
+        found = [s for s in found if s.quantity in names
+                 or any(n.endswith(".") and s.quantity.startswith(n) for n in names)]
+    thresholds = np.unique([s.fraction for s in found])
     i = int(np.searchsorted(thresholds, fraction, side="right"))
     picked = thresholds[max(0, i - k):i + k].tolist()
     want: list[tuple[float, int, dict[str, int]]] = []
@@ -473,7 +620,4 @@ def _settle(coord: _Coordinate, t: float, side: int, want: dict[str, int], hair:
 
 
 def _generates(coord: _Coordinate, x: float) -> dict[str, int]:
-    key = SIMPLEXES[coord.simplex]
-    o = dict(coord.overrides)
-    o[key] = {**(o.get(key) or {}), coord.component: x}
-    return quantities_at(coord.spec, o, tech=coord.tech)
+    return quantities_at(coord.spec, coord.overrides_at(x), tech=coord.tech)
