@@ -3,7 +3,12 @@
 The facade :func:`crossflow.predict` calls :func:`predict_distributed` for LSTM and
 transformer workloads and for a GEMM given a strategy.  It builds the system, maps the
 strategy's (kp1, kp2, dp, lp) grid onto it in one order of the four dimensions — or in all
-24 (``mapping_order="best"``) keeping the fastest — and runs the simulator for the workload.
+24 (``mapping_order="best"``, one per class of equivalent orders) keeping the fastest — and
+runs the simulator for the workload.
+
+For searches: :func:`memory_check` gives the memory verdict without pricing a kernel (the
+full prediction runs it first, so a design over capacity costs microseconds), and
+:func:`predict_many` prices many (strategy, mapping order) candidates on one chip at once.
 """
 
 from __future__ import annotations

@@ -166,3 +166,18 @@ def test_members_of_an_order_class_predict_the_same(strategy):
             assert preds[m].breakdown == preds[rep].breakdown
         times.add(preds[rep].time_s)
     assert len(classes) > 1
+
+
+def test_evaluate_many_generates_each_chip_once(monkeypatch):
+    from crossflow.search.study import StudySetup
+
+    setup = load_study("paper-lstm-512")
+    golden = GOLDEN["paper-lstm-512"]
+    rows = golden["time"][:12]
+    calls = []
+    real = StudySetup.arch
+    monkeypatch.setattr(StudySetup, "arch", lambda self, d: calls.append(d) or real(self, d))
+    evs = evaluate_many(setup, [_design(setup, golden, r) for r in rows])
+    assert len(calls) == len({r["chip"] for r in rows})
+    for ev, row in zip(evs, rows, strict=True):
+        _check(ev, row)
