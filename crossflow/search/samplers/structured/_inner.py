@@ -8,10 +8,10 @@ at most ``budget`` evaluations and returns ``(best point, best value)``.
 * :func:`exchange` — the default of ``structured``: a cliff-aware adaptive coordinate
   search (each coordinate's step doubles while it improves — a line search — and halves
   when neither direction does); every move lands on a step edge of the AGE.
-* :func:`gd` — the paper's eq. 6 (normalised finite-difference gradient on each simplex,
-  β-average in parameter space, exact projection) as chains run side by side, with a line
-  search along each step, coordinates a first pass shows to be flat frozen, and the chosen
-  step landed on a step edge.
+* :func:`gd` — the paper's eq. 6 (:func:`eq6`: normalised finite-difference gradient on
+  each simplex, β-average in parameter space, exact projection; chains side by side, a
+  line search along each step, coordinates a first pass shows to be flat frozen, the
+  step landed on a step edge), then :func:`exchange` across the cliffs where eq. 6 stalls.
 * :func:`cmaes` and :func:`tpe` — CMA-ES (the ``cmaes`` package) and Optuna's TPE, ask and
   tell on the encoded simplex parameters, as baselines for the inner search.
 """
@@ -41,7 +41,7 @@ def _better(a: float, b: float) -> bool:
 
 def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
              rng: np.random.Generator, *, step: float = 0.2, min_step: float = 0.004,
-             max_step: float = 1.5, donors: int = 2, tighten: bool = False) -> Inner:
+             max_step: float = 1.5, donors: int = 2) -> Inner:
     """Cliff-aware adaptive coordinate exchange.
 
     1. Sensitivity: one move up of every coordinate (one batch).  A coordinate whose move
@@ -119,16 +119,8 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
             r = min(mates, key=lambda d: up_effect[d])
             yield -1.0, lambda at, r=r: P.transfer(at, r, c, _shift(at, c, r, steps[c]))
 
-    # 2. adaptive rounds, each from the tightened incumbent (same design, budget freed)
+    # 2. adaptive rounds
     while used < budget:
-        tight = P.tighten(best, discrete) if tighten else best
-        if tight.key() != best.key():
-            (v,) = yield [tight]
-            used += 1
-            if v <= fbest * (1 + _SAME):
-                best, fbest = tight, min(v, fbest)
-            if used >= budget:
-                break
         order = sorted((c for c in live if c not in resting), key=lambda c: -gain[c])
         if not order:
             if all(steps[c] <= min_step for c in live):
@@ -174,7 +166,22 @@ def _shift(at: Cont, frm: Coord, to: Coord, s: float) -> float:
 
 
 def gd(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
-       rng: np.random.Generator, *, chains: int = 3, learning_rate: float = 0.1,
+       rng: np.random.Generator, *, polish: float = 0.7, **options: Any) -> Inner:
+    """Eq. 6 (:func:`eq6`) for the descent, then — past a fraction ``1 − polish`` of the
+    budget, or once its steps stall — the cliff-aware :func:`exchange` from the best point
+    for the rest: finite differences see no gradient across a cliff (the model is
+    piecewise constant in whole units), which is where eq. 6 stalls."""
+    first = int(budget * (1.0 - polish))
+    x, fx = yield from eq6(P, discrete, start, f0, first, rng, **options)
+    spent = first if first > 0 else 0
+    rest = budget - spent
+    if rest > 0:
+        x, fx = yield from exchange(P, discrete, x, fx, rest, rng)
+    return x, fx
+
+
+def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
+        rng: np.random.Generator, *, chains: int = 1, learning_rate: float = 0.1,
        beta: float = 0.5, probe: float = 0.05, line: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0),
        spread: float = 0.15) -> Inner:
     """The paper's eq. 6 made practical (see the module docstring).

@@ -30,7 +30,7 @@ import numpy as np
 
 from crossflow.errors import CrossflowError
 from crossflow.search import encoding
-from crossflow.search.space import MAPPING_ORDER, SIMPLEX_OVERRIDE, STRATEGY
+from crossflow.search.space import MAPPING_ORDER, STRATEGY
 
 #: Smallest share a simplex coordinate may take (the encoding's floor is exp(-2·SPAN)).
 _FLOOR = 2 * math.exp(-2 * encoding.SPAN)
@@ -173,29 +173,6 @@ class Problem:
         """The slack of a simplex as a coordinate (a donor for exchanges; never searched)."""
         return Coord(block, encoding.SLACK, len(self.simplexes[block].components))
 
-    def tighten(self, cont: Cont, discrete: Mapping[str, Any]) -> Cont:
-        """Every area and perimeter share lowered to the edge of its plateau: the same
-        whole units for less budget, the rest to the slack (where an exchange can spend
-        it).  Area and perimeter buy only whole units, so the design is the same; power
-        also sets voltages, so it is left alone."""
-        if self.setup.template is None:
-            return cont
-        out = cont
-        for c in self.coords:
-            if c.index < 0 or c.block not in ("area", "perimeter"):
-                continue
-            share = self.simplexes[c.block].share
-            value = out.simplexes[c.block][c.index] * share
-            below = [e for e in self._edges(out, c, discrete) if e <= value + 1e-12]
-            if not below or below[-1] * (1 + 1e-9) >= value:
-                continue
-            x = np.array(out.simplexes[c.block], dtype=float)
-            new = below[-1] * (1 + 1e-9) / share
-            x[-1] += x[c.index] - new
-            x[c.index] = new
-            out = Cont({**out.simplexes, c.block: x}, out.floats)
-        return out
-
     def transfer(self, cont: Cont, to: Coord, frm: Coord, s: float) -> Cont:
         """Component ``to`` scaled by exp(s) with everything it gains taken from ``frm``
         alone (same simplex), the other shares unchanged: a pairwise exchange (at most
@@ -257,39 +234,50 @@ class Problem:
 
     def _edges(self, cont: Cont, coord: Coord, discrete: Mapping[str, Any],
                donor: Coord | None = None) -> list[float]:
-        """Step thresholds of ``coord`` with the other shares of ``cont`` held (cached).
+        """Step thresholds of ``coord`` on the line a move from ``cont`` follows (cached).
 
-        :func:`crossflow.arch.cliffs.steps` holds every other share, so the coordinate can
-        only grow into the slack; to see the steps a move can reach, the edges are found
-        with room made: half of ``donor``'s share (a pairwise exchange), else a tenth of
-        every other share but the core's.  The thresholds of a component do not depend on
-        the others' shares, except through the core's unit count (MCUs and bundles are the
-        clients of the register file and L1), which is therefore kept."""
+        A move (:meth:`move`) scales the other shares in proportion: the steps of
+        :func:`crossflow.arch.cliffs.steps` with ``convention="proportional"`` (every
+        component's units step along it: one more bundle costs the register file a little
+        area, which is where the cliffs of the core coordinate are).  An exchange with a
+        ``donor`` holds the other shares: the ``held`` steps, with half of the donor's share
+        put in the slack so that the coordinate has room to grow into."""
         from crossflow.arch.cliffs import steps
 
-        x = np.array(cont.simplexes[coord.block], dtype=float)
+        convention = "proportional"
         if donor is not None:
+            x = np.array(cont.simplexes[coord.block], dtype=float)
+            x[-1] += 0.5 * x[donor.index]
             x[donor.index] *= 0.5
-        else:  # the core's share sets the unit counts the others' steps depend on
-            others = np.arange(len(x)) != coord.index
-            if coord.name != "core" and "core" in self.simplexes[coord.block].components:
-                others[self.simplexes[coord.block].components.index("core")] = False
-            x[others] *= 0.9
-        x[-1] = 0.0
-        x[-1] = max(0.0, 1.0 - x.sum())
-        cont = Cont({**cont.simplexes, coord.block: x}, cont.floats)
+            cont = Cont({**cont.simplexes, coord.block: x}, cont.floats)
+            convention = "held"
         design = self.setup.design(self.params(cont, discrete))
         overrides = self.setup.overrides(design)
-        key = (coord.block, coord.name, _freeze(overrides))
+        key = (coord.block, coord.name, convention, _freeze(overrides))
         if key not in self._edge_cache:
             if len(self._edge_cache) > 4096:
                 self._edge_cache.clear()
             try:
-                found = steps(self.setup.template, overrides, coord.block, coord.name)
+                found = steps(self.setup.template, overrides, coord.block, coord.name,
+                              convention=convention)
             except CrossflowError:
                 found = []
-            self._edge_cache[key] = sorted({round(s.fraction, 15) for s in found})
+            mine = self._quantities(coord)
+            self._edge_cache[key] = sorted({round(s.fraction, 15) for s in found
+                                            if s.quantity.startswith(mine)})
         return self._edge_cache[key]
+
+    def _quantities(self, coord: Coord) -> tuple[str, ...]:
+        """The quantities (:func:`crossflow.arch.cliffs.quantities` names, as prefixes) a
+        budget coordinate buys: its own units, and for the core also the per-unit banks of
+        the levels whose clients are its MCUs and bundles (more bundles on the same area
+        leave fewer register banks per MCU: the cliffs of the core coordinate)."""
+        main = self.setup.template.memory[-1].name
+        own = {"core": ("core.", "registers.banks", "L1.banks"), "dram_ctrl": (f"{main}.",),
+               "dram": (f"{main}.",), "intra": ("intra_links.ports",),
+               "inter": ("inter_links.ports",), "intra_links": ("intra_links.ports",),
+               "inter_links": ("inter_links.ports",)}
+        return ("feasible", *own.get(coord.name, (f"{coord.name}.",)))
 
 
 def _freeze(value: Any) -> Any:
@@ -301,5 +289,3 @@ def _freeze(value: Any) -> Any:
         return tuple(_freeze(v) for v in value)
     return value
 
-
-__all__ = ["Cont", "Coord", "Problem", "SIMPLEX_OVERRIDE"]
