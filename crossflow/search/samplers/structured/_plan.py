@@ -99,41 +99,94 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     discrete = {**feasible[winner], **_order(P, feasible[winner], best_order[winner])}
     x, fx = x0, best_value[winner]
 
-    # 4. inner search of the winner's split
+    # 4. inner search of the winner's split, paused at 3/4 for 5. the re-screen
     reserve = min(rescreen, len(ranking) - 1, max(0, (budget - used) // 10))
-    first = max(0, (budget - used - reserve) * 3 // 4) if reserve else budget - used
-    x, fx, n = yield from _inner(P, method, discrete, x, fx, first, rng, options)
-    used += n
-
-    # 5. re-screen at the split found, then the rest of the budget for the winner
+    total = budget - used - reserve
+    run = _Run(method(P, discrete, x, fx, total, rng, **options), P, discrete, x, fx)
+    used += yield from run.until(total * 3 // 4 if reserve else total)
+    x, fx = run.best, run.value
     if reserve > 0:
         others = [i for i in ranking if i != winner][:reserve]
         batch = [{**feasible[i], **_order(P, feasible[i], best_order[i])} for i in others]
         got = yield [P.params(x, d) for d in batch]
         used += len(batch)
+        switched = False
         for d, v in zip(batch, got, strict=True):
             if v < fx:
-                discrete, fx = d, v
-        x, fx, n = yield from _inner(P, method, discrete, x, fx, budget - used, rng, options)
-        used += n
+                discrete, fx, switched = d, v, True
+        if switched:  # another combination wins at this split: search its split instead
+            run.close()
+            run = _Run(method(P, discrete, x, fx, budget - used, rng, **options), P,
+                       discrete, x, fx)
+        used += yield from run.until(budget - used)
+        x, fx = run.best, run.value
 
-    # 6. polish for ever (a study extended past its budget)
-    scale = 0.5
+    # 6. converged before the budget is spent, or a study extended past it: turns of eq. 6
+    # (a gradient step moves every coordinate at once, which can leave a plateau that
+    # single and pairwise moves cannot) and the exchange, each from the best point
+    turn = 0
     while True:
-        x, fx, n = yield from _inner(P, METHODS["exchange"], discrete, x, fx, 50, rng,
-                                     {"step": 0.2 * scale})
-        scale = max(0.05, scale * 0.5) if n < 50 else 1.0
-        if n == 0:  # converged and nothing left to try: perturb
+        name = ("gd", "exchange")[turn % 2]
+        turn += 1
+        left = budget - used if used < budget else 100
+        limit = min(left, 80) if name == "gd" else left
+        run = _Run(METHODS[name](P, discrete, x, fx, limit, rng), P, discrete, x, fx)
+        n = yield from run.until(limit)
+        used += n
+        x, fx = run.best, run.value
+        if n == 0:  # nothing left to try: a random exchange of every coordinate
             moved = x
             for c in P.coords:
                 moved = P.move(moved, c, float(rng.normal(0.0, 0.1)))
             (v,) = yield [P.params(moved, discrete)]
+            used += 1
             if v < fx:
                 x, fx = moved, v
 
 
 def _order(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
     return {MAPPING_ORDER: order} if P.has_order and order is not None else {}
+
+
+class _Run:
+    """An inner method run in installments (see :func:`plan`, phases 4-5): batches of its
+    continuous points become parameter dicts of the combination ``discrete``."""
+
+    def __init__(self, gen, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float):
+        self.gen, self.P, self.discrete = gen, P, dict(discrete)
+        self.best, self.value = x, fx
+        self.pending: list[Cont] | None = None
+        self.done = False
+
+    def until(self, limit: int):
+        """Evaluate up to ``limit`` points (yields batches, receives values); returns how
+        many were evaluated."""
+        used = 0
+        while not self.done and used < limit:
+            try:
+                if self.pending is None:
+                    self.pending = next(self.gen)
+                batch = self.pending[:limit - used]
+                if not batch:
+                    break
+                got = yield [self.P.params(b, self.discrete) for b in batch]
+                used += len(batch)
+                for b, v in zip(batch, got, strict=True):
+                    if v < self.value:
+                        self.best, self.value = b, v
+                if len(batch) < len(self.pending):  # cut short: the method cannot go on
+                    self.close()
+                    break
+                self.pending = self.gen.send(list(got))
+            except StopIteration as end:
+                self.done = True
+                if end.value is not None and end.value[1] < self.value:
+                    self.best, self.value = end.value
+        return used
+
+    def close(self) -> None:
+        self.gen.close()
+        self.done = True
 
 
 def _inner(P: Problem, method, discrete: Mapping[str, Any], x: Cont, fx: float, budget: int,
