@@ -76,8 +76,8 @@ import best_known; best_known(load_study('paper-lstm-512'), refresh=True, progre
   32 inter ports, inter links 0.231 of the TDP.  Round 2, centred there, improved nothing.
   So no integer design in that box beats it at the refined power split, and the gain came
   from the power split, not from other units.
-* ``quickstart``: 2.6507 → 2.6349 ms (−0.6 %, a third HBM device once the power split is
-  refined), ~4,500 evaluations, 7 s.
+* ``quickstart``: 2.6507 → 2.6149 ms (−1.35 %, the power split refined around other unit
+  vectors), 6,073 evaluations, 6 s.
 
 Before phase 6, the value was a converged local optimum of the best screened combination, within a
 fraction of a percent of that basin's minimum; other basins are not proven worse (the
