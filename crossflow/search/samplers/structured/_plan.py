@@ -1,7 +1,8 @@
 """The driver's plan: screen the discrete choices, search the split, re-screen, polish.
 
 :func:`plan` is a generator: it yields batches of points (parameter dicts; the points of a
-batch may be evaluated side by side) and receives their values (``inf`` for an infeasible
+batch may be evaluated side by side), each with the name of its phase, and receives their
+values (``inf`` for an infeasible
 design).  It is deterministic given its seed, its budget and the values it receives, so
 the sampler can rebuild it from a study's storage by replaying the recorded values.
 
@@ -37,7 +38,9 @@ from crossflow.search.samplers.structured._inner import METHODS
 from crossflow.search.samplers.structured._problem import Cont, Problem
 from crossflow.search.space import MAPPING_ORDER
 
-Plan = Generator[list[dict[str, Any]], list[float], None]
+Plan = Generator[tuple[str, list[dict[str, Any]]], list[float], None]
+#: The phase of each batch (stored on its trials as the user attribute ``driver_phase``).
+SCREEN, ORDERS, SEARCH, RESCREEN, POLISH = "screen", "orders", "search", "rescreen", "polish"
 
 
 def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
@@ -72,7 +75,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
 
     # 2. discrete screen at the template's split
     points = [{**c, **_order(P, c, P.canonical_order(c))} for c in feasible]
-    values = yield [P.params(x0, d) for d in points]
+    values = yield SCREEN, [P.params(x0, d) for d in points]
     used += len(points)
     ranked = sorted(((v, i) for i, v in enumerate(values)), key=lambda t: t[0])
     best_value = {i: v for v, i in ranked}
@@ -89,7 +92,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
         room = max(0, budget - used - 1)
         batch, owners = batch[:room], owners[:room]
         if batch:
-            got = yield [P.params(x0, d) for d in batch]
+            got = yield ORDERS, [P.params(x0, d) for d in batch]
             used += len(batch)
             for (i, order), v in zip(owners, got, strict=True):
                 if v < best_value[i]:
@@ -108,7 +111,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     if reserve > 0:
         others = [i for i in ranking if i != winner][:reserve]
         batch = [{**feasible[i], **_order(P, feasible[i], best_order[i])} for i in others]
-        got = yield [P.params(x, d) for d in batch]
+        got = yield RESCREEN, [P.params(x, d) for d in batch]
         used += len(batch)
         switched = False
         for d, v in zip(batch, got, strict=True):
@@ -130,7 +133,8 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
         turn += 1
         left = budget - used if used < budget else 100
         limit = min(left, 80) if name == "gd" else left
-        run = _Run(METHODS[name](P, discrete, x, fx, limit, rng), P, discrete, x, fx)
+        run = _Run(METHODS[name](P, discrete, x, fx, limit, rng), P, discrete, x, fx,
+                   POLISH)
         n = yield from run.until(limit)
         used += n
         x, fx = run.best, run.value
@@ -138,7 +142,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
             moved = x
             for c in P.coords:
                 moved = P.move(moved, c, float(rng.normal(0.0, 0.1)))
-            (v,) = yield [P.params(moved, discrete)]
+            (v,) = yield POLISH, [P.params(moved, discrete)]
             used += 1
             if v < fx:
                 x, fx = moved, v
@@ -152,8 +156,9 @@ class _Run:
     """An inner method run in installments (see :func:`plan`, phases 4-5): batches of its
     continuous points become parameter dicts of the combination ``discrete``."""
 
-    def __init__(self, gen, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float):
-        self.gen, self.P, self.discrete = gen, P, dict(discrete)
+    def __init__(self, gen, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
+                 phase: str = SEARCH):
+        self.gen, self.P, self.discrete, self.phase = gen, P, dict(discrete), phase
         self.best, self.value = x, fx
         self.pending: list[Cont] | None = None
         self.done = False
@@ -169,7 +174,7 @@ class _Run:
                 batch = self.pending[:limit - used]
                 if not batch:
                     break
-                got = yield [self.P.params(b, self.discrete) for b in batch]
+                got = yield self.phase, [self.P.params(b, self.discrete) for b in batch]
                 used += len(batch)
                 for b, v in zip(batch, got, strict=True):
                     if v < self.value:
@@ -187,30 +192,3 @@ class _Run:
     def close(self) -> None:
         self.gen.close()
         self.done = True
-
-
-def _inner(P: Problem, method, discrete: Mapping[str, Any], x: Cont, fx: float, budget: int,
-           rng: np.random.Generator, options: Mapping[str, Any]):
-    """Run an inner method (batches of Cont) as batches of parameter dicts; returns
-    (best point, its value, evaluations spent)."""
-    if budget <= 0:
-        return x, fx, 0
-    gen = method(P, discrete, x, fx, budget, rng, **options)
-    used = 0
-    try:
-        batch = next(gen)
-        while True:
-            batch = batch[:max(0, budget - used)]
-            if not batch:
-                gen.close()
-                return x, fx, used
-            got = yield [P.params(b, discrete) for b in batch]
-            used += len(batch)
-            for b, v in zip(batch, got, strict=True):
-                if v < fx:
-                    x, fx = b, v
-            batch = gen.send(list(got))
-    except StopIteration as done:
-        if done.value is not None and done.value[1] < fx:
-            x, fx = done.value
-        return x, fx, used

@@ -21,6 +21,8 @@ from crossflow.search.samplers.structured._problem import Problem
 SLOT = "structured:slot"
 #: Trial system attribute: the point (every parameter).
 POINT = "structured:point"
+#: Trial user attribute: the plan's phase (screen, orders, search, rescreen, polish).
+PHASE = "driver_phase"
 #: Study user attributes: the budget the plan was made for, and its memory-only verdicts.
 BUDGET = "structured.budget"
 MEMORY = "structured.memory_rejected"
@@ -71,6 +73,7 @@ class StructuredSampler(BaseSampler):
         self._problem: Problem | None = None
         self._gen = None
         self._batch: list[dict[str, Any]] = []
+        self._phase = ""
         self._base = 0           # plan index of the current batch's first point
         self._records: list[dict[str, Any]] = []
         self._study_id: int | None = None
@@ -120,9 +123,11 @@ class StructuredSampler(BaseSampler):
             return  # an enqueued trial (the baseline), or a retry that keeps its point
         with self._lock:
             slot, point = self._claim(study, trial)
+            phase = self._phase
         storage = study._storage
         storage.set_trial_system_attr(trial._trial_id, POINT, point)
         storage.set_trial_system_attr(trial._trial_id, SLOT, slot)
+        storage.set_trial_user_attr(trial._trial_id, PHASE, phase)
         self._points[trial._trial_id] = point
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
@@ -132,16 +137,17 @@ class StructuredSampler(BaseSampler):
     # ---- the plan, rebuilt from the storage --------------------------------------------
 
     def _claim(self, study: Study, trial: FrozenTrial) -> tuple[int, dict[str, Any]]:
-        """The first point of the current batch no live trial holds (waiting while other
-        workers finish the batch's last points)."""
+        """The trial's point: the plan's point number k for the k-th trial the driver
+        proposes (trial numbers are given out atomically by the storage, so workers never
+        take the same point).  A point of a batch the plan has not made yet waits for the
+        batch before it to finish (other workers are evaluating it)."""
+        slot = sum(1 for t in study.get_trials(deepcopy=False)
+                   if t.number < trial.number and _proposed(t))
         deadline = time.monotonic() + _WAIT_S
         while True:
-            holders = self._holders(study, exclude=trial.number)
-            self._advance(study, holders)
-            for j, point in enumerate(self._batch):
-                slot = self._base + j
-                if _free(holders.get(slot, [])):
-                    return slot, point
+            self._advance(study, self._holders(study, exclude=trial.number), trial.number)
+            if slot < self._base + len(self._batch):
+                return slot, self._batch[slot - self._base]
             if time.monotonic() > deadline:
                 raise RuntimeError("the structured sampler waited 600 s for other workers' "
                                    "trials of its current batch")
@@ -155,31 +161,32 @@ class StructuredSampler(BaseSampler):
                 out.setdefault(int(slot), []).append(t)
         return out
 
-    def _advance(self, study: Study, holders: Mapping[int, list[FrozenTrial]]) -> None:
+    def _advance(self, study: Study, holders: Mapping[int, list[FrozenTrial]],
+                 current: int) -> None:
         """Feed every finished batch to the plan (from its start after a restart)."""
         if self._gen is None or self._study_id != study._study_id:
-            self._start(study)
+            self._start(study, current)
         while True:
             values = [_value(holders.get(self._base + j, [])) for j in range(len(self._batch))]
             if any(v is None for v in values):
                 return
             self._base += len(self._batch)
-            self._batch = self._gen.send(values)
+            self._phase, self._batch = self._gen.send(values)
             self._prefetch()
 
-    def _start(self, study: Study) -> None:
+    def _start(self, study: Study, current: int) -> None:
         self._study_id = study._study_id
         self._problem = Problem(self._setup)
         budget = study.user_attrs.get(BUDGET)
         if budget is None:
-            budget = self._budget or _launch_budget(study)
+            budget = self._budget or _launch_budget(study, current)
             study.set_user_attr(BUDGET, int(budget))
         self._records = []
         self._gen = plan(self._problem, budget=int(budget), seed=self._seed, inner=self._inner,
                          inner_options=self._inner_options, top_k=self._top_k,
                          rescreen=self._rescreen, records=self._records)
         self._base = 0
-        self._batch = next(self._gen)
+        self._phase, self._batch = next(self._gen)
         if self._records and MEMORY not in study.user_attrs:
             study.set_user_attr(MEMORY, self._records)
         self._prefetch()
@@ -193,33 +200,32 @@ class StructuredSampler(BaseSampler):
             prefetch(self._setup, [self._setup.design(p) for p in self._batch])
 
 
-def _launch_budget(study: Study) -> int:
+def _launch_budget(study: Study, current: int) -> int:
     launches = {k: v for k, v in study.user_attrs.items() if k.startswith("launch.")}
     if not launches:
         return 300
     total = int(launches[max(launches)].get("n_trials") or 300)
-    outside = sum(1 for t in study.get_trials(deepcopy=False) if SLOT not in t.system_attrs)
+    outside = sum(1 for t in study.get_trials(deepcopy=False)
+                  if SLOT not in t.system_attrs and t.number != current)
     return max(1, total - outside)
 
 
-def _free(trials: list[FrozenTrial]) -> bool:
-    """A slot no trial holds: none running or done, and fewer than two failures."""
-    live = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING,
-                                             TrialState.COMPLETE)]
-    failed = [t for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get(
-        "surplus")]
-    return not live and len(failed) < 2
+def _proposed(trial: FrozenTrial) -> bool:
+    """A trial the driver proposed (not an enqueued one, nor the retry of a failed one)."""
+    return "fixed_params" not in trial.system_attrs and "failed_trial" not in trial.system_attrs
 
 
 def _value(trials: list[FrozenTrial]) -> float | None:
-    """The value of a slot (inf if infeasible or failed twice), None while pending."""
+    """The value of a point from its trials (the first complete one; inf when infeasible
+    or when every trial of it failed), None while one is pending or none was seen yet."""
     from crossflow.search.study import is_feasible
 
     done = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.number)
     if done:
         t = done[0]
         return float(t.values[0]) if is_feasible(t) and t.values else math.inf
-    failed = [t for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get(
-        "surplus")]
-    return math.inf if len(failed) >= 2 else None
+    if not trials or any(t.state in (TrialState.RUNNING, TrialState.WAITING)
+                         for t in trials):
+        return None
+    return math.inf
 
