@@ -311,6 +311,11 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             w.writerow({k: "" if v is None else v for k, v in row.items()})
 
 
+#: How an objective reads on an axis: (words, unit).
+_HUMAN = {"iteration_time_s": ("iteration time", "s"), "energy_J": ("energy", "J"),
+          "power_W": ("power", "W"), "memory_per_device_bytes": ("memory per device", "B")}
+
+
 def how_known(known: Mapping[str, Any]) -> str:
     """One line: how the best-known value was obtained (:mod:`crossflow.search.best_known`)."""
     parts = [f"{_fmt(known.get('value'), 6)} after {known.get('evaluations')} evaluations "
@@ -366,10 +371,11 @@ def plot(path: Path, name: str, runs, reference: float | None, known: dict[str, 
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
             lambda v, _: f"{v:g} %"))
         label = "best known" if known.get("value") == reference else "best found"
-        ax.set_ylabel(f"gap of the best feasible {objective} to the {label} "
-                      f"({reference:.4g}), %")
+        what, unit = _HUMAN.get(objective, (objective, ""))
+        ax.set_ylabel(f"{what}: gap to the {label} ({reference:.4g} {unit}), %")
     else:
-        ax.set_ylabel(f"best feasible {objective}")
+        what, unit = _HUMAN.get(objective, (objective, ""))
+        ax.set_ylabel(f"best feasible {what} ({unit})" if unit else f"best feasible {what}")
     ax.set_xlabel("model evaluations (trials)")
     ax.set_xlim(1, max(len(r["values"]) for r in runs))
     ax.set_title(f"{name}: best design so far (median, min–max band over seeds)")
