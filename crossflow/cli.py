@@ -331,6 +331,11 @@ def _print_summary(s: dict) -> None:
     print(f"  objectives  {', '.join(s['objectives'])}")
     print(f"  trials      {s['finished']} finished of {s['n_trials']}: "
           + ", ".join(f"{k} {v}" for k, v in s["states"].items() if v))
+    if s.get("memory_rejected"):
+        print(f"  screened    {s['memory_rejected']} combinations over memory at the template's "
+              "split, rejected without an evaluation (structured.memory_rejected)")
+    if s.get("phases"):
+        print("  phases      " + ", ".join(f"{k} {v}" for k, v in s["phases"].items()))
     if not s["best"]:
         print("  best        no feasible trial yet")
     for i, b in enumerate(s["best"]):

@@ -643,6 +643,10 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
                   "design": best_design(setup, study, t)["design"]} for t in best[:10]],
         "pareto_size": len(best) if len(setup.objectives) > 1 else None,
         "workers": len({t.user_attrs[WORKER] for t in trials if WORKER in t.user_attrs}),
+        # the structured driver's memory screen and the trials of each of its phases
+        "memory_rejected": len(study.user_attrs.get("structured.memory_rejected", [])),
+        "phases": dict(Counter(t.user_attrs["driver_phase"] for t in trials
+                               if "driver_phase" in t.user_attrs)),
     }
 
 
