@@ -42,7 +42,8 @@ def _better(a: float, b: float) -> bool:
 def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
              rng: np.random.Generator, *, step: float = 0.2, min_step: float = 0.004,
              max_step: float = 1.5, donors: int = 2, every: int = 3,
-             saturate: bool = True, idle: int = 3, receivers: int = 1) -> Inner:
+             saturate: bool = True, idle: int = 3, receivers: int = 1,
+             revive_gain: float = 1e-4) -> Inner:
     """Cliff-aware adaptive coordinate exchange.
 
     1. Sensitivity: one move up of every coordinate (one batch), then a move down of those
@@ -162,7 +163,8 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
                 (v,) = yield [x]
                 used += 1
                 if _better(v, fbest):
-                    success = improved_any = True
+                    success = True
+                    improved_any = improved_any or v < fbest * (1 - revive_gain)
                     wins[c] += 1
                     gain[c] = max(gain[c], fbest - v)
                     best, fbest, direction[c] = x, v, sign
@@ -310,7 +312,7 @@ def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget:
 
 
 def cmaes(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
-          rng: np.random.Generator, *, sigma: float = 0.5) -> Inner:
+          rng: np.random.Generator, *, sigma: float = 0.5, **_: Any) -> Inner:
     """CMA-ES (package ``cmaes``) on the encoded simplex parameters and scaled floats,
     from ``start``; one generation is one batch."""
     from cmaes import CMA

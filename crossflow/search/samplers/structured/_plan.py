@@ -17,8 +17,11 @@ Phases, for a budget of B evaluations (every point yielded is one evaluation: on
 3. **Order screen**: the ``top_k`` best combinations in one representative of every other
    class of equivalent mapping orders (orders differing only where size-1 grid dimensions
    sit give the same time).
-4. **Inner search** of the best combination's budget split with the inner method
-   (:mod:`._inner`), 3/4 of what is left after reserving the re-screen.
+4. **Inner search** of the budget split with the inner method (:mod:`._inner`).  With room
+   for it (``trial`` evaluations per contender), the ``contenders`` best combinations each
+   get a first installment (40 % of the search, shared) from the template's split — a
+   combination that needs another split (more link power, say) shows it there — and the
+   best of them goes on, to 3/4 of what is left after reserving the re-screen.
 5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
    again (each in its best order); the winner gets the rest of the budget (inner search
    again, from the split found).
@@ -45,7 +48,9 @@ SCREEN, ORDERS, SEARCH, RESCREEN, POLISH = "screen", "orders", "search", "rescre
 
 def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
          inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
-         rescreen: int = 8, records: list[dict[str, Any]] | None = None) -> Plan:
+         rescreen: int = 8, contenders: int = 3, trial: int = 300,
+         polish: tuple[str, ...] = ("gd", "exchange"),
+         records: list[dict[str, Any]] | None = None) -> Plan:
     rng = np.random.default_rng(seed)
     method = METHODS[inner]
     options = dict(inner_options or {})
@@ -98,19 +103,36 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
                 if v < best_value[i]:
                     best_value[i], best_order[i] = v, order
     ranking = sorted(best_value, key=best_value.__getitem__)
-    winner = ranking[0]
-    discrete = {**feasible[winner], **_order(P, feasible[winner], best_order[winner])}
-    x, fx = x0, best_value[winner]
 
-    # 4. inner search of the winner's split, paused at 3/4 for 5. the re-screen
+    def combo(i: int) -> dict[str, Any]:
+        return {**feasible[i], **_order(P, feasible[i], best_order[i])}
+
+    # 4. inner search: with room for it (``trial`` evaluations each), the best
+    # ``contenders`` combinations each get a first installment from the template's split
+    # (a combination that needs another split — more link power, say — shows it there),
+    # then the best of them goes on; paused at 3/4 for 5. the re-screen
     reserve = min(rescreen, len(ranking) - 1, max(0, (budget - used) // 10))
     total = budget - used - reserve
-    run = _Run(method(P, discrete, x, fx, total, rng, **options), P, discrete, x, fx)
-    used += yield from run.until(total * 3 // 4 if reserve else total)
+    k = max(1, min(contenders, len(ranking), total // trial))
+    finite = [i for i in ranking if math.isfinite(best_value[i])][:k] or ranking[:1]
+    runs = {i: _Run(method(P, combo(i), x0, best_value[i], total, rng, **options), P,
+                    combo(i), x0, best_value[i]) for i in finite}
+    if len(runs) > 1:
+        share = total * 2 // (5 * len(runs))          # 40 % of the search, shared
+        for run in runs.values():
+            used += yield from run.until(share)
+    winner = min(runs, key=lambda i: runs[i].value)
+    for i, other in runs.items():
+        if i != winner:
+            other.close()
+    run = runs[winner]
+    discrete, x, fx = run.discrete, run.best, run.value
+    used += yield from run.until(max(0, budget - used - reserve - (budget - used - reserve)
+                                     // 4) if reserve else budget - used)
     x, fx = run.best, run.value
     if reserve > 0:
-        others = [i for i in ranking if i != winner][:reserve]
-        batch = [{**feasible[i], **_order(P, feasible[i], best_order[i])} for i in others]
+        others = [i for i in ranking if i not in runs][:reserve]
+        batch = [combo(i) for i in others]
         got = yield RESCREEN, [P.params(x, d) for d in batch]
         used += len(batch)
         switched = False
@@ -129,10 +151,10 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     # single and pairwise moves cannot) and the exchange, each from the best point
     turn = 0
     while True:
-        name = ("gd", "exchange")[turn % 2]
+        name = polish[turn % len(polish)]
         turn += 1
         left = budget - used if used < budget else 100
-        limit = min(left, 80) if name == "gd" else left
+        limit = min(left, 120) if name != "exchange" else left
         run = _Run(METHODS[name](P, discrete, x, fx, limit, rng), P, discrete, x, fx,
                    POLISH)
         n = yield from run.until(limit)
