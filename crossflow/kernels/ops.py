@@ -39,8 +39,13 @@ def memory_bound(
     count: int = 1,
     detail: dict[str, object] | None = None,
 ) -> KernelResult:
-    """Roofline of a streaming kernel at the level its data lives in."""
-    moved = bytes_read + bytes_written
+    """Roofline of a streaming kernel at the level its data lives in.
+
+    A software profile may say its implementation of ``name`` moves the bytes several times
+    (``arch.memory_passes``, e.g. an unfused RMSNorm) and that no kernel runs shorter than
+    ``arch.kernel_min_s``.
+    """
+    moved = (bytes_read + bytes_written) * arch.memory_passes.get(name, 1.0)
     level = home_level(arch, moved)
     efficiency = arch.memory_bound_efficiency or level.efficiency
     memory_time = moved / (level.bandwidth_Bps * efficiency) + level.latency_s
@@ -50,7 +55,7 @@ def memory_bound(
     energy = flops * arch.energy_J_per_flop.get("fp32", 0.0) + moved * level.energy_J_per_B
     return KernelResult(
         name=name,
-        time_s=(max(memory_time, compute_time) + launch) * count,
+        time_s=(max(memory_time, compute_time, arch.kernel_min_s) + launch) * count,
         flops=flops * count,
         compute_time_s=compute_time * count,
         bytes_per_level={lv.name: (moved * count if lv is level else 0.0) for lv in arch.memory},
