@@ -161,6 +161,9 @@ class MemoryPassesSpec(Spec):
     softmax: Annotated[float, Field(ge=1)] = 1.0
     elementwise: Annotated[float, Field(ge=1)] = 1.0
     embedding: Annotated[float, Field(ge=1)] = 1.0
+    #: Llama-style blocks: rotary position embedding, gated activation (SiLU-and-multiply)
+    rope: Annotated[float, Field(ge=1)] = 1.0
+    swiglu: Annotated[float, Field(ge=1)] = 1.0
 
 
 class SoftwareSpec(Spec):
