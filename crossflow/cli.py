@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     sr = ss.add_parser("run", help="run a study (re-running resumes it)")
     sr.add_argument("name", help="study name or YAML file")
     sr.add_argument("--trials", type=int, help="the study's total number of trials")
-    sr.add_argument("--sampler", choices=["gd", "tpe", "cmaes", "random", "nsga2"])
+    sr.add_argument("--sampler", choices=["structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2"])
     sr.add_argument("--seed", type=int, help="sampler seed (default: the study's)")
     sr.add_argument("--storage", help="Optuna storage URL or journal file")
     sr.add_argument("--tracking-uri", help="MLflow tracking URI")
@@ -339,6 +339,11 @@ def _print_summary(s: dict) -> None:
     print(f"  objectives  {', '.join(s['objectives'])}")
     print(f"  trials      {s['finished']} finished of {s['n_trials']}: "
           + ", ".join(f"{k} {v}" for k, v in s["states"].items() if v))
+    if s.get("memory_rejected"):
+        print(f"  screened    {s['memory_rejected']} combinations over memory at the template's "
+              "split, rejected without an evaluation (structured.memory_rejected)")
+    if s.get("phases"):
+        print("  phases      " + ", ".join(f"{k} {v}" for k, v in s["phases"].items()))
     if not s["best"]:
         print("  best        no feasible trial yet")
     for i, b in enumerate(s["best"]):

@@ -3,13 +3,19 @@
 The facade :func:`crossflow.predict` calls :func:`predict_distributed` for LSTM and
 transformer workloads and for a GEMM given a strategy.  It builds the system, maps the
 strategy's (kp1, kp2, dp, lp) grid onto it in one order of the four dimensions — or in all
-24 (``mapping_order="best"``) keeping the fastest — and runs the simulator for the workload.
+24 (``mapping_order="best"``, one per class of equivalent orders) keeping the fastest — and
+runs the simulator for the workload.
+
+For searches: :func:`memory_check` gives the memory verdict without pricing a kernel (the
+full prediction runs it first, so a design over capacity costs microseconds), and
+:func:`predict_many` prices many (strategy, mapping order) candidates on one chip at once.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -70,6 +76,13 @@ def _parallelism_spec(source):
         return load_spec({"kind": "parallelism", "strategy": source}, "parallelism")
 
 
+@lru_cache(maxsize=4096)
+def _cached_parallelism(key: tuple) -> Any:
+    """A validated ParallelismSpec per distinct dict, so the batch path and a study's many
+    trials with the same options do not re-validate the same few specs."""
+    return _parallelism_spec(dict(key))
+
+
 def _strategy(spec, parallelism):
     from crossflow.parallel import Strategy, check_strategy
 
@@ -77,61 +90,234 @@ def _strategy(spec, parallelism):
         par = None
         strategy = Strategy.megatron() if spec.kind == "transformer" else Strategy()
     else:
-        par = _parallelism_spec(parallelism)
+        par = None
+        if isinstance(parallelism, Mapping):
+            try:
+                key = tuple(sorted(parallelism.items()))
+                hash(key)
+            except TypeError:  # nested or unhashable values: validate as given
+                key = None
+            if key is not None:
+                par = _cached_parallelism(key)
+        if par is None:
+            par = _parallelism_spec(parallelism)
         strategy = par.to_strategy()
         if par.micro_batch_size and spec.kind == "transformer":
-            spec = spec.model_copy(update={"micro_batch_size": par.micro_batch_size})
+            spec = _with_micro_batch(spec, par.micro_batch_size)
     check_strategy(spec, strategy)
     return spec, strategy, par
 
 
+@lru_cache(maxsize=256)
+def _with_micro_batch(spec, micro_batch_size: int):
+    return spec.model_copy(update={"micro_batch_size": micro_batch_size})
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """The memory verdict of a (workload, device, parallelism) without pricing a kernel.
+
+    Attributes:
+        feasible: whether the bytes per device fit the device's main memory.
+        need_bytes: bytes resident on one device (the sum of ``breakdown``).
+        capacity_bytes: the main memory's capacity.
+        reason: the message the full prediction gives when it does not fit, else None.
+        breakdown: bytes per component (weights, gradients, activations, …).
+    """
+
+    feasible: bool
+    need_bytes: float
+    capacity_bytes: float
+    reason: str | None
+    breakdown: Mapping[str, float] = field(default_factory=dict)
+
+
+def memory_check(workload: Any, arch: Any, parallelism: Any = None) -> MemoryCheck:
+    """Whether ``workload`` under ``parallelism`` fits the memory of devices like ``arch``.
+
+    The bytes per device depend on the workload and the strategy only (not on the chip's
+    speeds, the system or the mapping order), so they come from the chip-independent plan
+    the full prediction uses (:func:`crossflow.sim.graph_sim.graph_memory`, or
+    :func:`crossflow.sim.training.transformer_memory`), cached per strategy: a check costs
+    microseconds and agrees exactly with :func:`crossflow.predict`'s memory verdict, which
+    runs this check first.  Raises ConfigError for a strategy that does not fit the workload.
+
+    Args:
+        workload: a workload spec, preset name, file or dict (LSTM, transformer, or a GEMM
+            with a strategy).
+        arch: a MicroArch, or a hardware preset / template (as ``crossflow.predict`` takes).
+        parallelism: a strategy name (``"RC-32-16-d1-p1"``), a parallelism spec, preset,
+            file or dict; None: one device.
+    """
+    from crossflow.predict import load_hardware
+
+    spec = workload if hasattr(workload, "kind") and hasattr(workload, "name") else load_spec(
+        workload, "workloads")
+    arch = load_hardware(arch)
+    spec, strategy, par = _strategy(spec, parallelism)
+    return _memory_check(spec, strategy, par, arch)
+
+
+def _memory_breakdown(spec, strategy, par) -> dict[str, float]:
+    if spec.kind == "transformer":
+        from crossflow.sim.training import transformer_memory
+
+        return transformer_memory(
+            spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
+            sp=strategy.sp, schedule=par.schedule if par else "1f1b",
+            zero1=par.zero1 if par else False)
+    from crossflow.sim.graph_sim import graph_memory
+    from crossflow.workloads import compute_graph
+
+    return graph_memory(compute_graph(spec), strategy)
+
+
+def _memory_check(spec, strategy, par, arch: MicroArch) -> MemoryCheck:
+    from crossflow.sim.memory import capacity_problem
+
+    breakdown = _memory_breakdown(spec, strategy, par)
+    need = sum(breakdown.values())
+    reason = capacity_problem(arch, breakdown)
+    return MemoryCheck(reason is None, need, arch.main_memory.total_capacity_B, reason,
+                       dict(breakdown))
+
+
+#: ``Prediction.details["rejected_by"]`` of a design the memory check rejected (no kernel
+#: was priced, nothing simulated).
+MEMORY_CHECK = "memory_check"
+
+
+class _Batch:
+    """One workload on one device model in one system: what every candidate shares.
+
+    Built once per :func:`predict_distributed` call, or once for all the candidates of a
+    :func:`predict_many` call; the systems (one per node count) are built once per batch,
+    and the kernel prices are shared through the price cache of the device object.
+    """
+
+    def __init__(self, spec, arch: MicroArch, system: Any) -> None:
+        self.spec, self.arch = spec, arch
+        self.sys_spec = None
+        self.run_arch = arch
+        self._systems: dict[int, Any] = {}
+        if system is not None:
+            self.sys_spec = system if hasattr(system, "devices_per_node") else load_spec(
+                system, "systems")
+            self.run_arch = with_software(arch, self.sys_spec.software)
+
+    def _system(self, nodes: int):
+        built = self._systems.get(nodes)
+        if built is None:
+            from crossflow.system import build_system
+
+            built = self._systems[nodes] = build_system(self.sys_spec, self.arch,
+                                                        num_nodes=nodes)
+        return built
+
+    def predict(self, parallelism: Any, mapping_order: str | None) -> Prediction:
+        arch = self.arch
+        spec, strategy, par = _strategy(self.spec, parallelism)
+        devices = strategy.devices
+        sys_spec = self.sys_spec
+        if sys_spec is None:
+            if devices > 1:
+                raise ConfigError(
+                    f"the strategy {strategy} needs {devices} devices: give a --system",
+                    key="system", value=None, allowed="a system preset or YAML file",
+                )
+            networks = [("local", _Local())]
+        else:
+            from crossflow.system import DIMS, ORDERS, order_classes, parse_order
+            from crossflow.system.network import MappedNetwork
+
+            if devices > sys_spec.num_devices:
+                raise ConfigError(
+                    f"the strategy {strategy} needs {devices} devices but system "
+                    f"{sys_spec.name} has {sys_spec.num_devices}", key="parallelism",
+                    value=str(strategy), allowed=f"strategies of at most "
+                    f"{sys_spec.num_devices} devices (or a system with more nodes)")
+            built = self._system(math.ceil(devices / sys_spec.devices_per_node))
+            if mapping_order == "best":
+                # One order per class of equivalent orders (crossflow.system.order_classes):
+                # the others give the same time, and the representative is the first of
+                # its class, which is the one a scan of all 24 keeping the first best picks.
+                orders = [parse_order(rep) for rep, _ in order_classes(strategy.grid)]
+            else:
+                orders = [parse_order(mapping_order) if mapping_order else DIMS]
+            networks = [("-".join(o), MappedNetwork(built.map(strategy.grid, o)))
+                        for o in orders]
+        run_arch = self.run_arch
+        # Memory first: a design over capacity is rejected without pricing a kernel.
+        check = _memory_check(spec, strategy, par, run_arch)
+        if not check.feasible:
+            p = infeasible(spec, arch.name, check.reason, check.need_bytes)
+            return replace(p, details={"strategy": str(strategy), "devices": devices,
+                                       "memory_breakdown": dict(check.breakdown),
+                                       "rejected_by": MEMORY_CHECK})
+
+        best: Prediction | None = None
+        for order, network in networks:
+            try:
+                p = _run(spec, strategy, par, run_arch, network, devices,
+                         sys_spec.software if sys_spec is not None else None)
+            except InfeasibleDesignError as exc:
+                return infeasible(spec, arch.name, str(exc), exc.memory_bytes)
+            p.details["mapping_order"] = order
+            if best is None or p.time_s < best.time_s:
+                best = p
+        assert best is not None
+        if mapping_order == "best":
+            best.details["mapping_orders_tried"] = len(ORDERS)
+        return best
+
+
 def predict_distributed(spec, arch: MicroArch, *, system: Any = None, parallelism: Any = None,
                         mapping_order: str | None = None) -> Prediction:
-    spec, strategy, par = _strategy(spec, parallelism)
-    devices = strategy.devices
-    if system is None:
-        if devices > 1:
-            raise ConfigError(
-                f"the strategy {strategy} needs {devices} devices: give a --system",
-                key="system", value=None, allowed="a system preset or YAML file",
-            )
-        networks = [("local", _Local())]
-        software = None
-    else:
-        from crossflow.system import DIMS, ORDERS, build_system, parse_order
-        from crossflow.system.network import MappedNetwork
+    return _Batch(spec, arch, system).predict(parallelism, mapping_order)
 
-        sys_spec = system if hasattr(system, "devices_per_node") else load_spec(
-            system, "systems")
-        if devices > sys_spec.num_devices:
-            raise ConfigError(
-                f"the strategy {strategy} needs {devices} devices but system "
-                f"{sys_spec.name} has {sys_spec.num_devices}", key="parallelism",
-                value=str(strategy), allowed=f"strategies of at most {sys_spec.num_devices} "
-                "devices (or a system with more nodes)")
-        nodes = math.ceil(devices / sys_spec.devices_per_node)
-        built = build_system(sys_spec, arch, num_nodes=nodes)
-        if mapping_order == "best":
-            orders = ORDERS
-        else:
-            orders = (parse_order(mapping_order) if mapping_order else DIMS,)
-        networks = [("-".join(o), MappedNetwork(built.map(strategy.grid, o))) for o in orders]
-        software = sys_spec.software
-    run_arch = with_software(arch, software)
 
-    best: Prediction | None = None
-    for order, network in networks:
+def predict_many(workload: Any, hardware: Any, system: Any,
+                 candidates: Sequence[tuple[Any, str | None]], *,
+                 return_exceptions: bool = False) -> list[Prediction]:
+    """Predict many ``(parallelism, mapping_order)`` candidates of one workload on one
+    device model and system: the batch path of a screen.
+
+    Each result is the Prediction ``crossflow.predict(workload, hardware, system,
+    parallelism, mapping_order)`` gives, to the last bit; memory-infeasible candidates are
+    infeasible Predictions (``details["rejected_by"] == "memory_check"``) that cost no
+    pricing.  The candidates share the loaded specs, the device (so every kernel is priced
+    once: shards of the same shape recur across strategies), the systems, each strategy's
+    compiled plan and memory check, and each mapping's routing.
+
+    Args:
+        workload, hardware, system: as :func:`crossflow.predict` takes them (hardware a
+            MicroArch, preset or template; system None for one device).
+        candidates: ``(parallelism, mapping_order)`` pairs; parallelism as ``predict``
+            takes it (a strategy name, a spec or dict), mapping_order an order string,
+            ``"best"`` or None.
+        return_exceptions: put a candidate's ConfigError (e.g. a strategy that does not
+            fit the workload) or InfeasibleDesignError in its place in the list instead of
+            raising it.
+    """
+    from crossflow.predict import load_hardware
+
+    spec = workload if hasattr(workload, "kind") and hasattr(workload, "name") else load_spec(
+        workload, "workloads")
+    try:
+        arch = load_hardware(hardware)
+    except InfeasibleDesignError as exc:
+        name = str(getattr(hardware, "name", hardware))
+        return [infeasible(spec, name, str(exc), None) for _ in candidates]
+    batch = _Batch(spec, arch, system)
+    out: list = []
+    for parallelism, order in candidates:
         try:
-            p = _run(spec, strategy, par, run_arch, network, devices, software)
-        except InfeasibleDesignError as exc:
-            return infeasible(spec, arch.name, str(exc), exc.memory_bytes)
-        p.details["mapping_order"] = order
-        if best is None or p.time_s < best.time_s:
-            best = p
-    assert best is not None
-    if mapping_order == "best":
-        best.details["mapping_orders_tried"] = len(networks)
-    return best
+            out.append(batch.predict(parallelism, order))
+        except (ConfigError, InfeasibleDesignError) as exc:
+            if not return_exceptions:
+                raise
+            out.append(exc)
+    return out
 
 
 def _run(spec, strategy, par, arch: MicroArch, network, devices: int,
@@ -165,7 +351,7 @@ def _graph(spec, strategy, arch, network, devices) -> Prediction:
     from crossflow.workloads import compute_graph
 
     r = graph_iteration(compute_graph(spec), strategy, arch, network)
-    check_capacity(arch, r.memory_breakdown)
+    check_capacity(arch, r.memory_breakdown)  # passes: the memory check ran first
     flops = r.flops_per_device * devices  # replicas and shards run the same work
     return _prediction(
         spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,

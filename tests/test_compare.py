@@ -64,13 +64,18 @@ def test_summary_bookkeeping():
 
 def test_best_known_cache_reuse(quickstart, tmp_path, monkeypatch):
     calls = []
-    real = bk.evaluate
+    real, real_many = bk.evaluate, bk.evaluate_many
 
     def counting(setup, design):
         calls.append(1)
         return real(setup, design)
 
+    def counting_many(setup, designs):
+        calls.extend([1] * len(designs))
+        return real_many(setup, designs)
+
     monkeypatch.setattr(bk, "evaluate", counting)
+    monkeypatch.setattr(bk, "evaluate_many", counting_many)
     first = bk.best_known(quickstart, root=tmp_path, **SMALL)
     assert not first["cached"] and first["evaluations"] == len(calls) > 0
     assert (tmp_path / "best_known" / "quickstart.json").is_file()

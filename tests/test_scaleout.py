@@ -200,7 +200,7 @@ workload: gemm-8192
 hardware: deepflow-case-study
 search_space: quickstart
 objectives: [iteration_time_s]
-sampler: gd
+sampler: gd-paper
 seed: 0
 n_trials: 150
 baseline: false

@@ -255,17 +255,19 @@ def test_sampler_factory():
         make_sampler("cmaes", seed=1, n_objectives=2)
 
 
-def test_gd_sampler_from_the_factory():
-    pytest.importorskip("crossflow.search.samplers.gd", exc_type=ImportError)
-    from crossflow.search.samplers import make_sampler, sampler_class
+def test_every_sampler_from_the_factory():
+    from crossflow.search.samplers import NAMES, make_sampler
+    from crossflow.search.samplers.gd import GDSampler
+    from crossflow.search.samplers.structured import StructuredSampler
 
-    try:
-        sampler_class("gd")
-    except Exception as exc:  # noqa: BLE001 - the package is there but not finished yet
-        pytest.skip(f"gd sampler not available: {exc}")
     setup = load_study("quickstart")
-    sampler = make_sampler("gd", seed=0, space=setup.space)
-    assert sampler is not None
+    samplers = {name: make_sampler(name, seed=0, space=setup.space, setup=setup)
+                for name in NAMES if name != "nsga2"}
+    assert isinstance(samplers["structured"], StructuredSampler)
+    assert isinstance(samplers["gd"], StructuredSampler) and samplers["gd"]._inner == "gd"
+    assert isinstance(samplers["gd-paper"], GDSampler)
+    with pytest.raises(ConfigError, match="needs the study's setup"):
+        make_sampler("structured", seed=0, space=setup.space)
 
 
 def test_importing_crossflow_does_not_import_optuna_or_mlflow():

@@ -26,6 +26,7 @@ passes (min over chains of the max of level costs, by dynamic programming from t
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -85,6 +86,34 @@ class _Grid:
         self.shape = (tm.size, tk.size, tn.size)
 
 
+@lru_cache(maxsize=512)
+def _grid(m: int, k: int, n: int) -> _Grid:
+    """The tile grid of a problem, shared by every chip it is priced on (a study prices the
+    same few shards on thousands of chips; the arrays are read-only)."""
+    return _Grid(m, k, n)
+
+
+@lru_cache(maxsize=512)
+def _traffic_terms(m: int, k: int, n: int, b: int, acc: int) -> tuple[np.ndarray, ...]:
+    """The chip-independent arrays of :func:`_level_traffic` for one problem: what each
+    loop order moves and needs resident per tile, before any capacity is compared.  Cached
+    per problem: only the capacity tests and the choice among orders depend on the chip."""
+    g = _grid(m, k, n)
+    a_el, b_el, c_el = m * k, k * n, m * n
+    partial_c = c_el * b + c_el * (2.0 * g.nk - 2.0) * acc  # final write + partial re-reads
+    stream_ab = 2.0 * (g.cm * g.ck + g.ck * g.cn) * b  # double-buffered operand tiles
+    c_tile = g.cm * g.cn * acc
+    os_bytes = (a_el * g.nn + b_el * g.nm) * b + c_el * b
+    ws_need = g.ck * g.cn * b + 2.0 * g.cm * g.ck * b + c_tile
+    ws_bytes = (a_el * g.nn + b_el) * b + partial_c
+    as_need = g.cm * g.ck * b + 2.0 * g.ck * g.cn * b + c_tile
+    as_bytes = (a_el + b_el * g.nm) * b + partial_c
+    out = (stream_ab, c_tile, os_bytes, ws_need, ws_bytes, as_need, as_bytes)
+    for array in out:
+        array.flags.writeable = False
+    return out
+
+
 def _level_traffic(
     g: _Grid, b: int, acc: int, capacity_B: float, reg_capacity_B: float, acc_fraction: float,
     allowed: tuple[str, ...],
@@ -95,11 +124,8 @@ def _level_traffic(
     where an output-stationary tile accumulates (None-like 0 means: this *is* the register
     level, so the output tile must fit in the level itself).
     """
-    m, k, n = g.m, g.k, g.n
-    a_el, b_el, c_el = m * k, k * n, m * n
-    partial_c = c_el * b + c_el * (2.0 * g.nk - 2.0) * acc  # final write + partial re-reads
-    stream_ab = 2.0 * (g.cm * g.ck + g.ck * g.cn) * b  # double-buffered operand tiles
-    c_tile = g.cm * g.cn * acc
+    stream_ab, c_tile, os_raw, ws_need, ws_raw, as_need, as_raw = _traffic_terms(
+        g.m, g.k, g.n, b, acc)
     inf = np.inf
 
     if reg_capacity_B > 0:  # accumulators live in the registers under this level
@@ -108,18 +134,26 @@ def _level_traffic(
         os_fits = (c_tile <= acc_fraction * capacity_B) & (
             stream_ab <= (1.0 - acc_fraction) * capacity_B
         )
-    os_bytes = np.where(os_fits, (a_el * g.nn + b_el * g.nm) * b + c_el * b, inf)
-    ws_fits = (g.ck * g.cn * b + 2.0 * g.cm * g.ck * b + c_tile) <= capacity_B
-    ws_bytes = np.where(ws_fits, (a_el * g.nn + b_el) * b + partial_c, inf)
-    as_fits = (g.cm * g.ck * b + 2.0 * g.ck * g.cn * b + c_tile) <= capacity_B
-    as_bytes = np.where(as_fits, (a_el + b_el * g.nm) * b + partial_c, inf)
-
-    by_order = {"ws": ws_bytes, "os": os_bytes, "as": as_bytes}
-    stacked = np.stack(
-        np.broadcast_arrays(*(by_order[o] if o in allowed else inf for o in ORDERS))
-    )
-    order = np.argmin(stacked, axis=0)
-    return np.take_along_axis(stacked, order[None], axis=0)[0], order
+    by_order = {
+        "ws": lambda: np.where(ws_need <= capacity_B, ws_raw, inf),
+        "os": lambda: np.where(os_fits, os_raw, inf),
+        "as": lambda: np.where(as_need <= capacity_B, as_raw, inf),
+    }
+    # The first order (in ORDERS) of least traffic, as np.argmin over the stacked orders
+    # would pick, with two comparisons instead of a stack, argmin and gather.
+    best = np.full(g.shape, inf)
+    order = np.zeros(g.shape, dtype=np.intp)
+    for i, name in enumerate(ORDERS):
+        if name not in allowed:
+            continue
+        traffic = by_order[name]()  # full shape: the *_need arrays span all three axes
+        if i == 0:
+            best = np.array(traffic)
+            continue
+        less = traffic < best
+        best = np.where(less, traffic, best)
+        order[less] = i
+    return best, order
 
 
 def _register_accesses(
@@ -127,24 +161,40 @@ def _register_accesses(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Register accesses (elements), dataflow and reuse factor per MCU tile (paper eq. 5).
 
+    Cached per problem and MCU array shape (integer quantities that most chips of a study
+    share), see :func:`_register_accesses_of`."""
+    return _register_accesses_of(g.m, g.k, g.n, arch.mcu_rows, arch.mcu_cols, arch.dataflow,
+                                 flops)
+
+
+@lru_cache(maxsize=512)
+def _register_accesses_of(m: int, k: int, n: int, mcu_rows: int, mcu_cols: int,
+                          dataflow: str, flops: float
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_register_accesses` of a problem on an MCU array of ``mcu_rows x mcu_cols``.
+
     The reuse factor K is how often an element held in the MCU array is used before the
     array fetches a new one: the tile extent along the streamed loop over the array extent
     (ws: rows of A streaming past a stationary B block; os: the k depth accumulated in place;
     as: columns of B streaming past a stationary A block).
     """
-    nx, ny = float(arch.mcu_rows), float(arch.mcu_cols)
+    g = _grid(m, k, n)
+    nx, ny = float(mcu_rows), float(mcu_cols)
     reuse = {
         "ws": np.maximum(g.cm / nx, 1.0),
         "os": np.maximum(g.ck / nx, 1.0),
         "as": np.maximum(g.cn / ny, 1.0),
     }
-    flows = ORDERS if arch.dataflow == "best" else (arch.dataflow,)
+    flows = ORDERS if dataflow == "best" else (dataflow,)
     factors = np.stack(np.broadcast_arrays(*(reuse[f] for f in flows)))
     per = flops * (nx * ny + factors * nx + factors * ny) / (2.0 * factors * nx * ny)
     idx = np.argmin(per, axis=0)
     pick = idx[None]
-    return (np.take_along_axis(per, pick, axis=0)[0], np.array(flows)[idx],
-            np.take_along_axis(factors, pick, axis=0)[0])
+    out = (np.take_along_axis(per, pick, axis=0)[0], np.array(flows)[idx],
+           np.take_along_axis(factors, pick, axis=0)[0])
+    for array in out:
+        array.flags.writeable = False
+    return out
 
 
 def _compute_time(arch: MicroArch, g: _Grid, per_bundle: float, fill_s: float) -> np.ndarray:
@@ -197,7 +247,7 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int,
     home = home_level(arch, (m * k + k * n + m * n) * b) if warm else arch.main_memory
     levels = arch.memory[: arch.memory.index(home) + 1]
     onchip = levels[:-1]
-    g = _Grid(m, k, n)
+    g = _grid(m, k, n)
     flops = 2.0 * m * n * k
 
     # The unit of work dealt to bundles is the tile of the outermost on-chip level that is

@@ -134,6 +134,19 @@ def local_graph(g: nx.DiGraph, s: Strategy) -> nx.DiGraph:
     ``cross`` (dim "lp").  ``graph['microbatches']`` becomes the micro-batches one replica
     runs per iteration (transformers: divided by dp).
     """
+    shards, edges, micro = shard_graph(g, s)
+    out = nx.DiGraph(**{**g.graph, "microbatches": micro, "strategy": str(s)})
+    out.add_nodes_from(shards.items())
+    out.add_edges_from(edges)
+    return nx.freeze(out)
+
+
+def shard_graph(g: nx.DiGraph, s: Strategy
+                ) -> tuple[dict[Any, dict[str, Any]], list[tuple[Any, Any, dict]], int]:
+    """The content of :func:`local_graph` without building a networkx graph (the
+    simulator's compiled plans and the memory-only check read it directly, for every
+    strategy of a screen): ``(node -> shard attributes in g's node order, edges (u, v,
+    attributes) in g's adjacency order, micro-batches per replica)``."""
     stages = assign_stages(g, s.lp, s.vp)
     mode = g.graph["dp_mode"]
     micro = g.graph["microbatches"]
@@ -142,7 +155,6 @@ def local_graph(g: nx.DiGraph, s: Strategy) -> nx.DiGraph:
             raise ConfigError(f"must divide the {micro} micro-batches of an iteration",
                               key="data_parallel", value=s.dp)
         micro //= s.dp
-    out = nx.DiGraph(**{**g.graph, "microbatches": micro, "strategy": str(s)})
     shards, ratio = {}, {}
     for n, a in g.nodes(data=True):
         la = shard_node(a, s, mode)
@@ -150,7 +162,6 @@ def local_graph(g: nx.DiGraph, s: Strategy) -> nx.DiGraph:
         shards[n] = la
         full = output_elements(a)
         ratio[n] = output_elements(la) / full if full else 1.0
-    out.add_nodes_from(shards.items())
     edges = []
     for u, nbrs in g.adjacency():
         r, stage = ratio[u], shards[u]["stage"]
@@ -160,8 +171,7 @@ def local_graph(g: nx.DiGraph, s: Strategy) -> nx.DiGraph:
             else:
                 attrs = {**e, "bytes": e["bytes"] * r, "cross": False}
             edges.append((u, v, attrs))
-    out.add_edges_from(edges)
-    return nx.freeze(out)
+    return shards, edges, micro
 
 
 def _ring(n: int) -> list[tuple[int, int]]:

@@ -21,6 +21,24 @@ five phases, and caches the result per study:
 5. **Perturbation round** — ``hops`` random perturbations of the best point (σ = 15 % of
    each parameter's range), the best of them refined (``hop_gain``: what that found).
 
+6. **Integer enumeration** (``enumerate``, default on) — the area simplex acts only through
+   whole units (bundles, SRAM banks per instance, DRAM devices, link ports), so around the
+   best point every integer vector in a box is built exactly: core bundles ±``enum_core_radius``
+   (6), every other component with at most ``enum_coarse_max`` (64) units ±``enum_radius``
+   (2; ±1 for a unit that costs more than ``enum_big_unit`` = 2 % of the area, e.g. one
+   register bank per MCU).  Each vector gets the smallest area fractions that buy its units
+   (the thresholds of :func:`crossflow.arch.cliffs.steps`, ``held`` convention, the other
+   shares halved for room; the SRAM thresholds per bundle count), the finest SRAM level (L2)
+   takes what is left, and vectors over budget are dropped without an evaluation.  The rest
+   are priced at the refined power split in batches (``evaluate_many``), and the
+   ``enum_top`` (8) best get their power split (voltages, power-limited unit counts) refined
+   by a compass search (``enum_power_evals`` = 400 each).  Repeated around the new best
+   (``enum_rounds`` = 3) until a round improves nothing.  The result records every round
+   (``enumeration``: box, vectors, evaluated, feasible, best units, value before / after,
+   ``improved``, ``gain``) and the best value after each phase (``phases``).
+
+Phases 1 and 4 price every combination of one split in one :func:`evaluate_many` call.
+
 Combinations are ranked at one split (phase 1) and re-checked at the best split (phase 4):
 a combination that is only good at some third split can be missed.
 
@@ -43,7 +61,25 @@ How close to the true optimum (measured on this 2-core VM, cold cache):
   perturbation round found nothing better.  With 3× the refinement budget per start the
   best moved by 0.37 % (0.4352 s): the compass search has converged in its basin.
 
-So the value is a converged local optimum of the best screened combination, within a
+With phase 6 (measured on this 2-core VM, other jobs running, cold cache:
+``python -c "from crossflow.search.study import load_study; from crossflow.search.best_known
+import best_known; best_known(load_study('paper-lstm-512'), refresh=True, progress=True)"``):
+
+* ``paper-lstm-512``: 26,344 evaluations in 53 s of search (69 s wall).  Phases 1–5 as above
+  reach 0.43524 s after 13,806 evaluations (23 s: batch screening made phases 1 and 4 ~2 s
+  each).  Round 1 of the enumeration: 24,375 integer vectors in the box (bundles 169–181,
+  registers 2–4 banks per MCU, L1 9–13 banks, HBM 2–6 devices, intra ports 55–59, inter
+  ports 30–34), 19,110 over the area budget, 5,265 priced, 3,510 feasible (fewer HBM
+  devices run out of memory); the best priced at the refined power split is the same unit
+  vector (0.43676 s), and refining its power split gives **0.43373 s** (−0.35 %): 174
+  bundles, 3 register banks (48 KiB) per MCU, 11 L1 banks, 202 L2 banks, 4 HBM2 devices,
+  32 inter ports, inter links 0.231 of the TDP.  Round 2, centred there, improved nothing.
+  So no integer design in that box beats it at the refined power split, and the gain came
+  from the power split, not from other units.
+* ``quickstart``: 2.6507 → 2.6149 ms (−1.35 %, the power split refined around other unit
+  vectors), 6,073 evaluations, 6 s.
+
+Before phase 6, the value was a converged local optimum of the best screened combination, within a
 fraction of a percent of that basin's minimum; other basins are not proven worse (the
 model is piecewise constant in the fractions — unit counts are integers — so no gradient
 certificate exists).  Treat "within 1 %" as "within 1 % of the best design known", and a
@@ -68,11 +104,14 @@ from typing import Any
 import numpy as np
 
 from crossflow.search import encoding
-from crossflow.search.objective import evaluate
+from crossflow.search.objective import evaluate, evaluate_many
 from crossflow.search.study import MLRUNS
 
 SETTINGS: dict[str, Any] = {"max_discrete": 5000, "top_k": 6, "samples": 300,
-                            "refine": 4, "refine_evals": 1500, "hops": 100, "seed": 0}
+                            "refine": 4, "refine_evals": 1500, "hops": 100, "seed": 0,
+                            "enumerate": True, "enum_core_radius": 6, "enum_radius": 2,
+                            "enum_big_unit": 0.02, "enum_coarse_max": 64, "enum_top": 8,
+                            "enum_power_evals": 400, "enum_rounds": 3}
 
 
 def cache_path(name: str, root: str | Path | None = None) -> Path:
@@ -134,6 +173,21 @@ class _Counter:
             self.best = (value, dict(params))
         return value
 
+    def many(self, points: list[Mapping[str, Any]], chunk: int = 512) -> list[float]:
+        """The objective of many points (one :func:`evaluate_many` call per chunk: points on
+        the same chip share every kernel price and memory check); one evaluation each."""
+        out: list[float] = []
+        for i in range(0, len(points), chunk):
+            part = points[i:i + chunk]
+            evs = evaluate_many(self.setup, [self.setup.design(p) for p in part])
+            for params, ev in zip(part, evs, strict=True):
+                self.n += 1
+                value = ev.values(self.setup.objectives)[0] if ev.feasible else math.inf
+                if value < self.best[0]:
+                    self.best = (value, dict(params))
+                out.append(value)
+        return out
+
 
 def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
@@ -162,8 +216,8 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
         while len(seen) < opts["max_discrete"]:
             seen[tuple(v[rng.integers(len(v))] for v in values)] = None
         combos = [dict(zip([d.name for d in discrete], c, strict=True)) for c in seen]
-    screen = [(f({**start, **c}), i) for i, c in enumerate(combos)]
-    screen.sort()
+    screen = sorted(zip(f.many([{**start, **c} for c in combos]), range(len(combos)), strict=True))
+    phases = [_phase("screen", f, t0)]
     _say(progress, f"screened {len(combos)} of {total} discrete combinations: "
                    f"best {screen[0][0]:.6g}")
 
@@ -178,6 +232,7 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
                 points.append((f(p), p))
     points.sort(key=lambda t: t[0])
     sampled = points[0][0]
+    phases.append(_phase("sample", f, t0))
     _say(progress, f"sampled: best {sampled:.6g} after {f.n} evaluations")
 
     # 3. local refinement of the best distinct points; 4. discrete re-check
@@ -197,15 +252,17 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     for v, p in starts:
         refined.append(_compass(f, p, v, cont_names, space, floats, opts["refine_evals"]))
     refined.sort(key=lambda t: t[0])
+    phases.append(_phase("refine", f, t0))
     if refined and cont_names and len(combos) > 1:
         v0, p0 = refined[0]
         cont = {n: p0[n] for n in cont_names}
-        again = sorted((f({**cont, **c}), i) for i, c in enumerate(combos))
+        again = sorted(zip(f.many([{**cont, **c} for c in combos]), range(len(combos)), strict=True))
         if again[0][0] < v0:
             p1 = {**cont, **combos[again[0][1]]}
             refined.append(_compass(f, p1, again[0][0], cont_names, space, floats,
                                     opts["refine_evals"]))
             refined.sort(key=lambda t: t[0])
+    phases.append(_phase("recheck", f, t0))
     # 5. basin hopping: perturb the best point, refine the best perturbation
     hop_gain = None
     if refined and cont_names and opts["hops"] > 0:
@@ -221,8 +278,25 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
         if math.isfinite(hv):
             hv, _ = _compass(f, hq, hv, cont_names, space, floats, opts["refine_evals"])
         hop_gain = (v0 - min(v0, hv)) / v0
+    phases.append(_phase("perturbation", f, t0))
+    # 6. exhaustive enumeration of the integer area designs around the best point
+    enumeration = None
+    if opts["enumerate"] and f.best[1] is not None:
+        _say(progress, f"refined: best {f.best[0]:.6g} after {f.n} evaluations")
+        v_refined, rounds = f.best[0], []
+        for _ in range(max(1, int(opts["enum_rounds"]))):
+            rounds.append(_enumerate(f, setup, f.best[1], opts, progress))
+            if not rounds[-1].get("improved"):
+                break                     # the last box, centred on the best, found nothing
+        v_enum = f.best[0]
+        enumeration = {"rounds": rounds, "value_before": v_refined, "value_after": v_enum,
+                       "improved": v_enum < v_refined,
+                       "gain": (v_refined - v_enum) / v_refined if math.isfinite(v_refined)
+                       and v_enum < v_refined else 0.0,
+                       "evaluations": sum(r.get("evaluations", 0) for r in rounds)}
+        phases.append(_phase("enumeration", f, t0))
     value, params = f.best
-    _say(progress, f"refined: best {value:.6g} after {f.n} evaluations")
+    _say(progress, f"best {value:.6g} after {f.n} evaluations")
     design = setup.design(params) if params is not None else None
     return {
         "study": setup.name,
@@ -243,8 +317,17 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
         "hop_gain": hop_gain,
         "discrete_total": total,
         "discrete_screened": len(combos),
+        "phases": phases,
+        "enumeration": enumeration,
         "settings": dict(opts),
     }
+
+
+def _phase(name: str, f: _Counter, t0: float) -> dict[str, Any]:
+    """Where the search stood after a phase: best value, evaluations and seconds so far."""
+    v = f.best[0]
+    return {"phase": name, "best": v if math.isfinite(v) else None, "evaluations": f.n,
+            "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def _sample(space, floats, rng, near_full: bool) -> dict[str, float]:
@@ -299,3 +382,185 @@ def _say(enabled: bool, text: str) -> None:
         import sys
 
         print(f"best-known: {text}", file=sys.stderr, flush=True)
+
+
+# --- phase 6: exhaustive enumeration of the integer designs near the optimum -------------------
+
+
+def _unit_key(setup, component: str) -> str | None:
+    """The :func:`crossflow.arch.cliffs.quantities` name of the units an area component
+    buys (None for a component that buys none of them)."""
+    levels = [m.name for m in setup.template.memory]
+    if component == "core":
+        return "core.bundles"
+    if component in levels[:-1]:
+        return f"{component}.banks_per_instance"
+    if component == "dram_ctrl":
+        return f"{levels[-1]}.devices"
+    if component.endswith("_links"):
+        return f"{component}.ports"
+    return None
+
+
+def _thresholds(template, overrides: Mapping[str, Any], component: str,
+                unit: str) -> dict[int, float]:
+    """count -> the smallest area fraction of ``component`` that builds ``count`` units,
+    the other fractions held (:func:`crossflow.arch.cliffs.steps`, ``held`` convention)."""
+    from crossflow.arch.cliffs import steps
+    from crossflow.errors import CrossflowError
+
+    try:
+        found = steps(template, overrides, "area", component, 0.0, 1.0, convention="held")
+    except CrossflowError:
+        return {}
+    out: dict[int, float] = {}
+    for st in found:
+        if st.quantity == unit and st.above > st.below:
+            for n in range(st.below + 1, st.above + 1):   # a jump of several units at once
+                out.setdefault(n, st.fraction)
+    return out
+
+
+def _enumerate(f: _Counter, setup, params: dict[str, Any], opts: Mapping[str, Any],
+               progress: bool) -> dict[str, Any]:
+    """Phase 6: every integer area design in a box around ``params`` (a refined optimum),
+    each at the smallest area fractions that buy its units, priced at the refined power
+    split; the best few then get their power split refined.  Returns the record."""
+    from crossflow.arch.cliffs import quantities_at
+
+    t0, n0, v0 = time.perf_counter(), f.n, f.best[0]
+    simplex = next((s for s in setup.space.simplexes if s.name == "area"), None)
+    if setup.template is None or simplex is None:
+        return {"skipped": "no architecture template or no searched area simplex"}
+    template = setup.template
+    design = setup.design(params)
+    overrides = setup.overrides(design)
+    q0 = quantities_at(template, overrides)
+    if not q0.get("feasible"):
+        return {"skipped": "the refined design cannot be built"}
+    area = dict(overrides["area_fractions"])
+    share = simplex.share
+    units = {c: _unit_key(setup, c) for c in simplex.components}
+    units = {c: u for c, u in units.items() if u is not None and u in q0}
+    # the absorber takes what the others leave: the searched SRAM level with the most
+    # (finest) units; components with more than enum_coarse_max units are held
+    levels = [m.name for m in template.memory[:-1]]
+    fine = [c for c, u in units.items() if q0[u] > opts["enum_coarse_max"] and c != "core"]
+    absorber = max((c for c in fine if c in levels), key=lambda c: q0[units[c]], default=None)
+    coarse = [c for c in units if c not in fine]
+    # room to scan each coordinate: every other searched fraction halved
+    roomy = {c: (v * 0.5 if c in simplex.components else v) for c, v in area.items()}
+
+    def with_area(fr: Mapping[str, float]) -> dict[str, Any]:
+        return {**overrides, "area_fractions": {**area, **fr}}
+
+    thr: dict[tuple, dict[int, float]] = {}
+
+    def threshold(c: str, n: int, bundles: int) -> float | None:
+        key = (c, bundles if c in levels else None)
+        if key not in thr:
+            fr = dict(roomy)
+            fr.pop(c, None)
+            if c in levels:
+                core_t = threshold("core", bundles, bundles)
+                if core_t is None:
+                    thr[key] = {}
+                    return None
+                fr["core"] = core_t * (1 + 1e-9)
+            thr[key] = _thresholds(template, with_area(fr), c, units[c])
+        return thr[key].get(n)
+
+    radius = {}
+    for c in coarse:
+        if c == "core":
+            radius[c] = int(opts["enum_core_radius"])
+            continue
+        t = threshold(c, q0[units[c]], q0["core.bundles"])
+        t1 = threshold(c, q0[units[c]] + 1, q0["core.bundles"])
+        cost = (t1 - t) if t is not None and t1 is not None else 0.0
+        radius[c] = 1 if cost > opts["enum_big_unit"] else int(opts["enum_radius"])
+    ranges = {c: [n for n in range(q0[units[c]] - radius[c], q0[units[c]] + radius[c] + 1)
+                  if n >= 1] for c in coarse}
+    held = {c: area[c] for c in fine if c != absorber}
+    floor_ = 2 * math.exp(-2 * encoding.SPAN) * share   # the encoding's smallest slack
+    cands, vectors, over = [], 0, 0
+    for combo in itertools.product(*(ranges[c] for c in coarse)):
+        vectors += 1
+        want = dict(zip(coarse, combo, strict=True))
+        bundles = want.get("core", q0["core.bundles"])
+        fr: dict[str, float] = {}
+        for c, n in want.items():
+            t = threshold(c, n, bundles)
+            if t is None:
+                break
+            fr[c] = t * (1 + 1e-9)
+        else:
+            fr.update(held)
+            # the encoding cannot give a share below exp(-2·SPAN) of the largest: a
+            # smaller one would be raised on decoding and every other share shrunk
+            low = max(fr.values()) * math.exp(-2 * encoding.SPAN) * (1 + 1e-6)
+            fr = {c: max(v, low) for c, v in fr.items()}
+            used = sum(fr.values()) + sum(v for c, v in area.items()
+                                          if c not in simplex.components)
+            left = 1.0 - used - floor_
+            if absorber is not None:
+                fr[absorber] = left
+            if left <= 0:
+                over += 1
+                continue
+            p = {**params, **simplex.params_for({c: fr.get(c, area[c])
+                                                 for c in simplex.components})}
+            cands.append((want, p))
+            continue
+        over += 1
+    _say(progress, f"enumerating {len(cands)} integer area designs "
+                   f"({vectors} in the box, {over} over budget or unbuildable)")
+    values = f.many([p for _, p in cands])
+    ranked = sorted(zip(values, range(len(cands)), strict=True), key=lambda t: t[0])
+    # the best few: their power split refined (a compass search on the power parameters)
+    power = next((s for s in setup.space.simplexes if s.name == "power"), None)
+    names = list(power.param_names) if power is not None else []
+    top = []
+    for v, i in ranked[:opts["enum_top"]]:
+        if not math.isfinite(v):
+            break
+        want, p = cands[i]
+        entry = {"units": want, "value": v}
+        if names and opts["enum_power_evals"] > 0:
+            pv, pp = _compass(f, p, v, names, setup.space, [], opts["enum_power_evals"])
+            entry["power_refined_value"] = pv
+            built = quantities_at(template, setup.overrides(setup.design(pp)))
+            entry["built_units"] = {c: built.get(u) for c, u in units.items()}
+        top.append(entry)
+    best_v, best_p = f.best
+    improved = best_v < v0
+    found_units = None
+    if best_p is not None:
+        got = quantities_at(template, setup.overrides(setup.design(best_p)))
+        found_units = {c: got.get(units[c]) for c in units}
+    best_units = top[0]["units"] if top else {}
+    _say(progress, f"enumeration: best {best_v:.6g} ({'better than' if improved else 'no better than'}"
+                   f" {v0:.6g}) after {f.n - n0} evaluations")
+    return {
+        "center": {c: q0[units[c]] for c in units},
+        "units": units,
+        "absorber": absorber,
+        "held": sorted(held),
+        "box": {c: [r[0], r[-1]] for c, r in ranges.items()},
+        "vectors": vectors,
+        "over_budget": over,
+        "evaluated": len(cands),
+        "feasible": sum(math.isfinite(v) for v in values),
+        "top": top,
+        "at_box_edge": sorted(c for c, n in (found_units or best_units).items()
+                              if c in ranges
+                              and n is not None and (n <= ranges[c][0] or n >= ranges[c][-1])
+                              and len(ranges[c]) > 1),
+        "value_before": v0 if math.isfinite(v0) else None,
+        "value_after": best_v if math.isfinite(best_v) else None,
+        "improved": bool(improved),
+        "gain": (v0 - best_v) / v0 if improved and math.isfinite(v0) else 0.0,
+        "best_units": found_units,
+        "evaluations": f.n - n0,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }

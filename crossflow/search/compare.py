@@ -15,8 +15,9 @@ the better value is the reference (and the table says so).
 
 Written to ``mlruns/compare/<study>/``: ``table.txt`` (what the terminal shows),
 ``summary.csv`` (per sampler), ``runs.csv`` (per run), ``curves.csv`` (every evaluation),
-``convergence.png`` (best-so-far vs evaluations, log x, median line and min–max band per
-sampler, the best-known value as a horizontal line) and ``best_known.json``.  The same
+``convergence.png`` (the gap of the best-so-far to the reference, in % on a log scale, vs
+evaluations: median line and min–max band per sampler, 1 % and 5 % marked) and
+``best_known.json``; the table's header says how the best-known value was obtained.  The same
 files are the artifacts of one MLflow parent run in the experiment ``<study>.compare``,
 with a child run per sampler × seed carrying its best-so-far curve as the metric
 ``best_so_far`` (step = evaluation number) and its summary metrics.
@@ -33,7 +34,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from crossflow.search.study import MLRUNS
 
 FRACTIONS = (0.10, 0.25, 0.50, 1.00)
 TOLERANCES = (0.01, 0.05)
-COMPARE_SAMPLERS = ("gd", "tpe", "cmaes", "random")
+COMPARE_SAMPLERS = ("structured", "gd", "tpe", "cmaes", "random")
 
 
 def run_name(study: str, sampler: str, seed: int) -> str:
@@ -264,6 +265,7 @@ def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seed
            f"{_fmt(known.get('value'), 6)})" if beaten else
            f"best-known search, {known.get('evaluations')} evaluations")
     lines.append(f"reference {_fmt(reference, 6)} ({src}); {elapsed:.0f} s in all")
+    lines.append(f"best-known: {how_known(known)}")
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
               for row in rows]
@@ -309,17 +311,44 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             w.writerow({k: "" if v is None else v for k, v in row.items()})
 
 
+#: How an objective reads on an axis: (words, unit).
+_HUMAN = {"iteration_time_s": ("iteration time", "s"), "energy_J": ("energy", "J"),
+          "power_W": ("power", "W"), "memory_per_device_bytes": ("memory per device", "B")}
+
+
+def how_known(known: Mapping[str, Any]) -> str:
+    """One line: how the best-known value was obtained (:mod:`crossflow.search.best_known`)."""
+    parts = [f"{_fmt(known.get('value'), 6)} after {known.get('evaluations')} evaluations "
+             f"({known.get('seconds')} s)"]
+    enum = known.get("enumeration") or {}
+    if enum:
+        rounds = enum.get("rounds") or []
+        vectors = sum(r.get("vectors", 0) for r in rounds)
+        gain = enum.get("gain")
+        parts.append(f"whole-unit neighbourhood enumerated ({len(rounds)} round(s), "
+                     f"{vectors} unit vectors): "
+                     + (f"improved the refined split by {100 * gain:.2f} %"
+                        if enum.get("improved") and gain is not None
+                        else "nothing better than the refined split"))
+    return "; ".join(parts)
+
+
 def plot(path: Path, name: str, runs, reference: float | None, known: dict[str, Any]) -> None:
-    """Best-so-far vs evaluations (log x): median and min–max band per sampler."""
+    """Best-so-far vs evaluations, median and min–max band per sampler: as the gap to the
+    reference in % (log scale, 1 % and 5 % marked) when there is one, else the value."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    ends: list[float] = []
+    relative = reference is not None and reference > 0
+    objective = known.get("objective", "objective")
     for i, sampler in enumerate(dict.fromkeys(r["sampler"] for r in runs)):
         curves = np.array([best_so_far(r["values"]) for r in runs if r["sampler"] == sampler])
+        if relative:  # the gap in %, floored so that reaching the reference stays visible
+            curves = np.maximum(100.0 * (curves / reference - 1.0), 0.01)
         x = np.arange(1, curves.shape[1] + 1)
         # the median is inf (not drawn) until most seeds have a feasible design, so it
         # stays monotone; the band spans the seeds that have one
@@ -330,22 +359,26 @@ def plot(path: Path, name: str, runs, reference: float | None, known: dict[str, 
             lo = np.nanmin(finite, axis=0)
         hi = curves.max(axis=0)
         med, hi = (np.where(np.isinf(a), np.nan, a) for a in (med, hi))
-        ends.append(np.nanmax(finite) if np.isfinite(finite).any() else np.nan)
         color = f"C{i}"
-        ax.plot(x, med, color=color, drawstyle="steps-post",
-                label=f"{sampler} (median of {len(curves)})")
-        ax.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0, step="post")
-    if reference is not None:
-        label = "best known" if known.get("value") == reference else "best found"
-        ax.axhline(reference, color="k", linestyle="--", linewidth=1,
-                   label=f"{label} {reference:.4g}")
-    ax.set_xscale("log")
-    top = np.nanmax(ends) if ends and np.isfinite(ends).any() else None
-    if reference is not None and top is not None and reference > 0 and top / reference > 20:
+        style = ("-", "--", "-.", ":")[i % 4]  # told apart where two medians overlap
+        ax.plot(x, med, color=color, linestyle=style, linewidth=1.8, drawstyle="steps-post",
+                label=f"{sampler} (median of {len(curves)} seeds)")
+        ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0, step="post")
+    if relative:
+        for tol, dash in ((1.0, "--"), (5.0, ":")):
+            ax.axhline(tol, color="k", linestyle=dash, linewidth=1, label=f"{tol:g} % gap")
         ax.set_yscale("log")
-    ax.set_xlabel("model evaluations")
-    ax.set_ylabel(f"best feasible {known.get('objective', 'objective')}")
-    ax.set_title(f"{name}: best so far (median, min–max band over seeds)")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+            lambda v, _: f"{v:g} %"))
+        label = "best known" if known.get("value") == reference else "best found"
+        what, unit = _HUMAN.get(objective, (objective, ""))
+        ax.set_ylabel(f"{what}: gap to the {label} ({reference:.4g} {unit}), %")
+    else:
+        what, unit = _HUMAN.get(objective, (objective, ""))
+        ax.set_ylabel(f"best feasible {what} ({unit})" if unit else f"best feasible {what}")
+    ax.set_xlabel("model evaluations (trials)")
+    ax.set_xlim(1, max(len(r["values"]) for r in runs))
+    ax.set_title(f"{name}: best design so far (median, min–max band over seeds)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()

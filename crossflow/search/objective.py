@@ -25,15 +25,24 @@ fraction, fixed ones included), ``strategy`` and ``mapping_order`` (the ones eva
 order the model chose when the study fixes ``mapping_order: best``), for feasible trials
 ``iteration_time_s``, ``energy_J``, ``memory_per_device_bytes`` and ``bottleneck``, and
 ``eval_time_s`` (seconds spent in CrossFlow for the trial).
+
+A design whose memory per device is over capacity is rejected by the memory-only check
+(:func:`crossflow.distributed.memory_check`) before any kernel is priced: its Evaluation
+has ``memory_only=True`` and the same reason and infeasibility as a full evaluation gives.
+:func:`evaluate_many` evaluates many designs at once, one AGE call and one batch prediction
+(:func:`crossflow.distributed.predict_many`) per distinct chip.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from crossflow.distributed import MEMORY_CHECK
 from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.search.space import Design
 
@@ -55,6 +64,9 @@ class Evaluation:
     infeasibility: float
     mapping_order: str | None = None
     eval_time_s: float = 0.0
+    #: True when the memory-only check rejected the design (memory over capacity): no
+    #: kernel was priced and nothing simulated (see crossflow.distributed.memory_check)
+    memory_only: bool = False
 
     def values(self, objectives: tuple[str, ...]) -> list[float]:
         if not self.feasible:
@@ -78,35 +90,71 @@ def metric(prediction, name: str) -> float:
 def evaluate(setup, design: Design) -> Evaluation:
     """Build and run ``design`` of study ``setup`` (a StudySetup).  Never raises for a
     design that cannot run: that is an infeasible Evaluation with the reason."""
-    from crossflow.predict import predict
+    return evaluate_many(setup, [design])[0]
 
-    t0 = time.perf_counter()
-    try:
-        arch = setup.arch(design)
-    except InfeasibleDesignError as exc:
-        return Evaluation(None, False, str(exc), 1.0, design.mapping_order,
-                          time.perf_counter() - t0)
-    except ConfigError as exc:  # e.g. a technology a searched level cannot be built in
-        return Evaluation(None, False, f"invalid hardware: {exc}", 1.0, design.mapping_order,
-                          time.perf_counter() - t0)
-    try:
-        p = predict(workload=setup.workload, hardware=arch, system=setup.system,
-                    parallelism=setup.parallelism(design), mapping_order=design.mapping_order)
-    except ConfigError as exc:  # a combination that does not fit (strategy x micro-batch)
-        return Evaluation(None, False, f"invalid combination: {exc}", 1.0,
-                          design.mapping_order, time.perf_counter() - t0)
-    except InfeasibleDesignError as exc:
-        return Evaluation(None, False, str(exc), 1.0, design.mapping_order,
-                          time.perf_counter() - t0)
+
+def evaluate_many(setup, designs: Sequence[Design]) -> list[Evaluation]:
+    """:func:`evaluate` of each design, sharing what designs on the same chip share.
+
+    Designs with the same hardware (the same AGE overrides: budget fractions and
+    technologies) are one chip: it is generated once and all their (strategy, mapping
+    order) candidates go through one :func:`crossflow.distributed.predict_many` call, which
+    prices each kernel once and rejects memory-infeasible strategies before pricing
+    anything.  Returns the Evaluations ``evaluate`` would, in order; each design's
+    ``eval_time_s`` is its chip's time divided among the chip's designs.
+    """
+    from crossflow.distributed import predict_many
+
+    results: list[Evaluation | None] = [None] * len(designs)
+    groups: dict[str, list[int]] = {}
+    for i, design in enumerate(designs):
+        groups.setdefault(_chip_key(design), []).append(i)
+    for members in groups.values():
+        t0 = time.perf_counter()
+        design = designs[members[0]]
+        outcome: list[Evaluation] = []
+        try:
+            arch = setup.arch(design)
+        except InfeasibleDesignError as exc:
+            outcome = [Evaluation(None, False, str(exc), 1.0, designs[i].mapping_order)
+                       for i in members]
+        except ConfigError as exc:  # e.g. a technology a searched level cannot be built in
+            outcome = [Evaluation(None, False, f"invalid hardware: {exc}", 1.0,
+                                  designs[i].mapping_order) for i in members]
+        else:
+            candidates = [(setup.parallelism(designs[i]), designs[i].mapping_order)
+                          for i in members]
+            predictions = predict_many(setup.workload, arch, setup.system, candidates,
+                                       return_exceptions=True)
+            outcome = [_outcome(arch, p, designs[i]) for i, p in zip(members, predictions,
+                                                                      strict=True)]
+        share = (time.perf_counter() - t0) / len(members)
+        for i, ev in zip(members, outcome, strict=True):
+            results[i] = replace(ev, eval_time_s=share)
+    return results  # type: ignore[return-value]
+
+
+def _chip_key(design: Design) -> str:
+    """Designs with equal keys run on the same chip (the AGE is deterministic)."""
+    return json.dumps(design.overrides(), sort_keys=True, default=repr)
+
+
+def _outcome(arch, p, design: Design) -> Evaluation:
+    """The Evaluation of one prediction (or the ConfigError predict_many returned)."""
+    if isinstance(p, ConfigError):  # a combination that does not fit (strategy x micro-batch)
+        return Evaluation(None, False, f"invalid combination: {p}", 1.0, design.mapping_order)
+    if isinstance(p, InfeasibleDesignError):
+        return Evaluation(None, False, str(p), 1.0, design.mapping_order)
     order = (p.details or {}).get("mapping_order", design.mapping_order)
     order = None if order == "local" else order  # one device: nothing was mapped
-    dt = time.perf_counter() - t0
     if p.feasible:
-        return Evaluation(p, True, None, 0.0, order, dt)
+        return Evaluation(p, True, None, 0.0, order)
     capacity = arch.main_memory.total_capacity_B
     need = p.memory_per_device_bytes or 0.0
     violation = need / capacity - 1.0 if capacity > 0 and need > capacity else 1.0
-    return Evaluation(p, False, p.reason or "infeasible", violation, order, dt)
+    memory_only = (p.details or {}).get("rejected_by") == MEMORY_CHECK
+    return Evaluation(p, False, p.reason or "infeasible", violation, order,
+                      memory_only=memory_only)
 
 
 class Objective:
@@ -119,10 +167,49 @@ class Objective:
         setup = self.setup
         params = setup.space.suggest(trial)
         design = setup.design(params)
-        ev = evaluate(setup, design)
+        ev = _PREFETCHED.pop(_design_key(setup, design), None) or evaluate(setup, design)
         record(trial, design, ev)
         values = ev.values(setup.objectives)
         return values[0] if len(values) == 1 else values
+
+
+#: Evaluations priced ahead by :func:`prefetch`, taken by the trial that evaluates them.
+_PREFETCHED: dict[str, Evaluation] = {}
+_PREFETCH_LIMIT = 50_000
+
+
+def prefetch(setup, designs: Sequence[Design]) -> None:
+    """Price ``designs`` in one :func:`evaluate_many` call (shared chips, kernel prices and
+    memory checks); each result is taken by the trial that evaluates that design in this
+    process (a sampler that plans a batch of trials calls this first).  The model is
+    deterministic, so a trial's outcome is the same as :func:`evaluate` would give; its
+    ``eval_time_s`` is its share of the batch."""
+    todo = [d for d in designs if _design_key(setup, d) not in _PREFETCHED]
+    if not todo:
+        return
+    if len(_PREFETCHED) + len(todo) > _PREFETCH_LIMIT:
+        _PREFETCHED.clear()
+    for design, ev in zip(todo, evaluate_many(setup, todo), strict=True):
+        _PREFETCHED[_design_key(setup, design)] = ev
+
+
+def _design_key(setup, design: Design) -> str:
+    return json.dumps([setup.name, design.overrides(), design.strategy, design.mapping_order,
+                       dict(design.parallelism)], sort_keys=True, default=repr)
+
+
+def memory_verdict(setup, design: Design):
+    """The memory-only verdict (:class:`crossflow.distributed.MemoryCheck`) of ``design``:
+    no kernel priced.  None when its chip cannot be built or it runs on one device."""
+    from crossflow.distributed import memory_check
+
+    if design.strategy is None:
+        return None
+    try:
+        arch = setup.arch(design)
+        return memory_check(setup.workload, arch, setup.parallelism(design))
+    except (InfeasibleDesignError, ConfigError):
+        return None
 
 
 def record(trial, design: Design, ev: Evaluation) -> None:

@@ -17,7 +17,7 @@ File shape (``studies/*.yaml``, ``kind: study``)::
     mapping_order: null             # a fixed order (or "best") when not searched
     search_space: joint-budgets     # search-space preset / path, or inline mapping
     objectives: [iteration_time_s]  # + energy_J / power_W / memory_per_device_bytes
-    sampler: tpe                    # gd | tpe | cmaes | random | nsga2
+    sampler: tpe                    # structured | gd | gd-paper | tpe | cmaes | random | nsga2
     sampler_options: {}             # keyword arguments of the sampler
     seed: 0
     n_trials: 500                   # the study's total: re-running resumes up to it
@@ -68,7 +68,7 @@ from crossflow.search.workers import SURPLUS, WORKER
 #: Where studies keep their state by default, relative to the current directory.
 MLRUNS = "mlruns"
 OBJECTIVES = ("iteration_time_s", "energy_J", "power_W", "memory_per_device_bytes")
-SAMPLER_NAMES = ("gd", "tpe", "cmaes", "random", "nsga2")
+SAMPLER_NAMES = ("structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2")
 
 
 class StudySpec(Spec):
@@ -88,7 +88,7 @@ class StudySpec(Spec):
     objectives: tuple[Literal["iteration_time_s", "energy_J", "power_W",
                               "memory_per_device_bytes"], ...] = Field(
         default=("iteration_time_s",), min_length=1)
-    sampler: Literal["gd", "tpe", "cmaes", "random", "nsga2"] = "tpe"
+    sampler: Literal["structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2"] = "tpe"
     sampler_options: dict[str, Any] = Field(default_factory=dict)
     seed: int | None = 0
     n_trials: int = Field(ge=1)
@@ -643,6 +643,10 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
                   "design": best_design(setup, study, t)["design"]} for t in best[:10]],
         "pareto_size": len(best) if len(setup.objectives) > 1 else None,
         "workers": len({t.user_attrs[WORKER] for t in trials if WORKER in t.user_attrs}),
+        # the structured driver's memory screen and the trials of each of its phases
+        "memory_rejected": len(study.user_attrs.get("structured.memory_rejected", [])),
+        "phases": dict(Counter(t.user_attrs["driver_phase"] for t in trials
+                               if "driver_phase" in t.user_attrs)),
     }
 
 
@@ -791,10 +795,10 @@ def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):
 
 def worker_seed(sampler: str, seed: int | None, index: int) -> int | None:
     """The sampler seed of worker ``index`` of a launch seeded ``seed``.  Worker 0 keeps the
-    launch's seed (one worker is reproducible); the ``gd`` sampler keeps it on every worker
-    (its chains' random streams are keyed by the seed, and the workers share the chains);
+    launch's seed (one worker is reproducible); ``structured``, ``gd`` and ``gd-paper`` keep
+    it on every worker (the workers share one plan, or one set of chains, keyed by it);
     other samplers get distinct seeds, or the workers would propose the same points."""
-    if seed is None or sampler == "gd" or index == 0:
+    if seed is None or sampler in ("structured", "gd", "gd-paper") or index == 0:
         return seed
     return (seed + 7919 * index) % 2**32  # numpy's seed range
 
@@ -900,7 +904,8 @@ def _run(setup: StudySetup, n_trials, sampler, seed, sampler_options, storage, t
     if workers > 1:
         return _supervise(setup, study, url, key, launch, uri, track, progress, heartbeat_s)
     study.sampler = make_sampler(sampler_name, seed=launch_seed, options=sampler_options,
-                                 space=setup.space, n_objectives=len(setup.objectives))
+                                 space=setup.space, n_objectives=len(setup.objectives),
+                                 setup=setup)
     return _work(setup, study, launch, total, uri, track, progress, summary=True)
 
 
@@ -926,7 +931,8 @@ def _join(setup: StudySetup, storage, launch_key, worker_index, tracking_uri, tr
     seed = worker_seed(launch["sampler"], launch.get("seed"), worker_index)
     study.sampler = make_sampler(launch["sampler"], seed=seed,
                                  options=launch.get("sampler_options") or {},
-                                 space=setup.space, n_objectives=len(setup.objectives))
+                                 space=setup.space, n_objectives=len(setup.objectives),
+                                 setup=setup)
     joined = {**launch, "worker_index": worker_index, "seed": seed, "role": "worker",
               "host": socket.gethostname(), "pid": os.getpid()}
     uri = tracking_uri or launch.get("tracking_uri") or setup.tracking_uri

@@ -8,14 +8,21 @@ from crossflow.arch.microarch import MicroArch
 from crossflow.errors import InfeasibleDesignError
 
 
-def check_capacity(arch: MicroArch, breakdown: Mapping[str, float]) -> float:
-    """Total bytes per device; InfeasibleDesignError (with the numbers) if over capacity."""
+def capacity_problem(arch: MicroArch, breakdown: Mapping[str, float]) -> str | None:
+    """Why ``breakdown`` (bytes per device) does not fit ``arch``'s main memory, or None."""
     used = sum(breakdown.values())
     capacity = arch.main_memory.total_capacity_B
     if used > capacity:
         shown = ", ".join(f"{k} {v / 1e9:.3g} GB" for k, v in breakdown.items())
-        raise InfeasibleDesignError(
-            f"memory per device {used / 1e9:.4g} GB exceeds the {capacity / 1e9:.4g} GB of "
-            f"{arch.main_memory.name} on {arch.name} ({shown})", memory_bytes=used,
-        )
+        return (f"memory per device {used / 1e9:.4g} GB exceeds the {capacity / 1e9:.4g} GB "
+                f"of {arch.main_memory.name} on {arch.name} ({shown})")
+    return None
+
+
+def check_capacity(arch: MicroArch, breakdown: Mapping[str, float]) -> float:
+    """Total bytes per device; InfeasibleDesignError (with the numbers) if over capacity."""
+    problem = capacity_problem(arch, breakdown)
+    used = sum(breakdown.values())
+    if problem is not None:
+        raise InfeasibleDesignError(problem, memory_bytes=used)
     return used

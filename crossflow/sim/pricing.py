@@ -35,11 +35,20 @@ def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> tuple[floa
     return r.time_s, r.energy_J
 
 
+def kernel_key(attrs: Mapping) -> tuple[str, tuple, str]:
+    """``(op, sharded shape, precision)``: what the price of a graph node depends on."""
+    op = attrs["op"]
+    return op, tuple(attrs[k] for k in SHAPE_KEYS[op]), attrs["precision"]
+
+
+def node_cost_key(arch: MicroArch, key: tuple[str, tuple, str]) -> tuple[float, float]:
+    """:func:`node_cost` of a node given by its :func:`kernel_key`."""
+    return _price(arch, *key)
+
+
 def node_cost(arch: MicroArch, attrs: Mapping) -> tuple[float, float]:
     """(seconds, joules) of one (sharded) graph node on ``arch``: the kernel model's time
     and its dynamic energy from the technology's energy per FLOP and per byte moved."""
-    op = attrs["op"]
-    shape = tuple(attrs[k] for k in SHAPE_KEYS[op])
-    return _price(arch, op, shape, attrs["precision"])
+    return _price(arch, *kernel_key(attrs))
 
 

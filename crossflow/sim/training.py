@@ -125,9 +125,7 @@ def transformer_iteration(
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
 
-    # Parameters per device: the busiest stage (the first, with the embedding table).
-    layer_params = 12 * h * h + 13 * h if ffn == 4 * h else 4 * h * h + 2 * h * ffn + 9 * h + ffn
-    stage_params = (L // pp) * layer_params / tp + V * h / tp
+    stage_params = stage_parameters(spec, tp=tp, pp=pp)
     grads = stage_params * GRAD_BYTES
     dp_time = network.collective("all_reduce", grads, "dp") if dp > 1 else 0.0
     if overlap_grad_reduce and dp_time:
@@ -174,8 +172,8 @@ def transformer_iteration(
         breakdown["host_dispatch_s"] = m * max(
             sum(host.fwd_s[c * pp + s] + host.bwd_s[c * pp + s] for c in range(vp))
             for s in range(pp)) + host_tail
-    memory = _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
-                     stage_params=stage_params, m=m, schedule=schedule)
+    memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
+                                zero1=zero1)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
@@ -291,6 +289,25 @@ def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, tp: int
 def _one_block(spec):
     """The same model with one block: all blocks are alike, so one prices them all."""
     return spec.model_copy(update={"num_layers": 1})
+
+
+def stage_parameters(spec, *, tp: int, pp: int) -> float:
+    """Parameters per device: the busiest stage (the first, with the embedding table)."""
+    L, h, V, ffn = spec.num_layers, spec.hidden_size, spec.vocab_size, spec.ffn
+    layer_params = 12 * h * h + 13 * h if ffn == 4 * h else 4 * h * h + 2 * h * ffn + 9 * h + ffn
+    return (L // pp) * layer_params / tp + V * h / tp
+
+
+def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
+                       schedule: str = "1f1b", zero1: bool = False) -> dict[str, float]:
+    """Bytes per device of :func:`transformer_iteration` with these options, without
+    pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
+    memory_check`)."""
+    if vp > 1 and schedule == "1f1b":
+        schedule = "interleaved"
+    m = spec.global_batch_size // (dp * spec.micro_batch_size)
+    return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
+                   stage_params=stage_parameters(spec, tp=tp, pp=pp), m=m, schedule=schedule)
 
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,

@@ -21,6 +21,7 @@ from crossflow.system.collectives import (
     send_recv,
     switch_group,
 )
+from crossflow.system.orders import order_classes, order_representative
 from crossflow.system.system import DIMS, ORDERS, Mapping, System, build_system, parse_order
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "build_system",
     "bus_bandwidth",
     "hierarchical_all_reduce",
+    "order_classes",
+    "order_representative",
     "parse_order",
     "reduce_scatter",
     "send_recv",

@@ -173,6 +173,7 @@ class System:
         self._maps: dict[tuple, Mapping] = {}
         self._ring_cache: dict[tuple, _Rings] = {}
         self._hier_cache: dict[tuple, tuple[Group, Group] | None] = {}
+        self._topology = _topology_id(spec)
 
     def __repr__(self) -> str:
         return (f"System({self.name!r}: {self.num_nodes} x {self.devices_per_node} "
@@ -439,15 +440,63 @@ def _members(n: int, stride: int, count: int) -> np.ndarray:
     return bases[:, None] + np.arange(n, dtype=INT) * stride
 
 
+#: Routes of ring / chain groups, shared by every System of the same topology: a study
+#: builds one System per generated chip, and chips change link bandwidths and latencies,
+#: never which links a route takes (routing reads the system spec only).  Bounded: cleared
+#: when full.
+_ROUTES: dict[tuple, tuple] = {}
+_TOPOLOGIES: dict[SystemSpec, int] = {}
+_MAX_ROUTES = 8192
+
+
+def _topology_id(spec: SystemSpec) -> int:
+    """A small id per distinct system spec (devices, nodes, levels: all routing depends on);
+    computed once per System so route lookups do not hash the spec."""
+    if len(_TOPOLOGIES) >= 256:
+        _TOPOLOGIES.clear()
+        _ROUTES.clear()
+    return _TOPOLOGIES.setdefault(spec, len(_TOPOLOGIES))
+
+
 def _ring_stats(system: System, members: np.ndarray, chain: bool = False) -> _Rings:
     """Route the rings (or chains) over the rows of ``members`` and count the sharing."""
     n = members.shape[1]
     empty = np.zeros(0, INT)
     if n == 1:
         return _Rings(1, 1, np.zeros(system.num_resources), empty, None, empty, 0.0, False)
+    key = (system._topology, chain, members.shape, members.tobytes())
+    routes = _ROUTES.get(key)
+    if routes is None:
+        if len(_ROUTES) >= _MAX_ROUTES:
+            _ROUTES.clear()
+        routes = _ROUTES[key] = _ring_routes(system, members, chain)
+    directions, src_size, edge, res, crossing, spread, loads, used, p2p = routes
+    # Latency: the longest path, plus the software step cost of the level it runs on.
+    path = np.bincount(edge, weights=system.latency[res], minlength=src_size)
+    inter_step = system.inter.step_latency_s if system.inter else 0.0
+    intra_step = system.intra.step_latency_s if system.intra else 0.0
+    latency = float(np.max(path + np.where(crossing, inter_step, intra_step)))
+    # The low-latency protocol, where every level the rings use declares one: its step
+    # latency on the same paths, and the smallest bandwidth fraction among those levels.
+    crosses = bool(crossing.any())
+    used_levels = [lv for lv, on in ((system.intra, not crossing.all()),
+                                     (system.inter, crosses)) if on and lv]
+    ll_latency, ll_fraction = None, 1.0
+    if used_levels and all(lv.ll_step_latency_s is not None for lv in used_levels):
+        inter_ll = system.inter.ll_step_latency_s if crosses else 0.0
+        intra_ll = system.intra.ll_step_latency_s if not crossing.all() else 0.0
+        ll_latency = float(np.max(path + np.where(crossing, inter_ll, intra_ll)))
+        ll_fraction = min(lv.ll_fraction for lv in used_levels)
+    return _Rings(n, directions, loads, used, spread, p2p, latency, crosses, ll_latency,
+                  ll_fraction)
+
+
+def _ring_routes(system: System, members: np.ndarray, chain: bool) -> tuple:
+    """The chip-independent part of :func:`_ring_stats` (cached in ``_ROUTES``): the routed
+    edges, which cross nodes, and the logical edges per resource (arrays read-only)."""
     if chain:
         src, dst, directions = members[:, :-1].ravel(), members[:, 1:].ravel(), 1
-    elif n == 2:
+    elif members.shape[1] == 2:
         src = np.concatenate((members[:, 0], members[:, 1]))
         dst = np.concatenate((members[:, 1], members[:, 0]))
         directions = 1
@@ -457,23 +506,8 @@ def _ring_stats(system: System, members: np.ndarray, chain: bool = False) -> _Ri
         dst = np.concatenate((nxt, members.ravel()))
         directions = 2
     edge, res = system.route(src, dst)
-    # Latency: the longest path, plus the software step cost of the level it runs on.
-    path = np.bincount(edge, weights=system.latency[res], minlength=src.size)
     dpn = system.devices_per_node
     crossing = (src // dpn) != (dst // dpn)
-    inter_step = system.inter.step_latency_s if system.inter else 0.0
-    intra_step = system.intra.step_latency_s if system.intra else 0.0
-    latency = float(np.max(path + np.where(crossing, inter_step, intra_step)))
-    # The low-latency protocol, where every level the rings use declares one: its step
-    # latency on the same paths, and the smallest bandwidth fraction among those levels.
-    used_levels = [lv for lv, used in ((system.intra, (~crossing).any()),
-                                       (system.inter, crossing.any())) if used and lv]
-    ll_latency, ll_fraction = None, 1.0
-    if used_levels and all(lv.ll_step_latency_s is not None for lv in used_levels):
-        inter_ll = system.inter.ll_step_latency_s if crossing.any() else 0.0
-        intra_ll = system.intra.ll_step_latency_s if (~crossing).any() else 0.0
-        ll_latency = float(np.max(path + np.where(crossing, inter_ll, intra_ll)))
-        ll_fraction = min(lv.ll_fraction for lv in used_levels)
     spread, routed = None, res
     if not chain and system.intra is not None and system.intra.topology == "graph":
         spread, keep = _spread(system, members, src.size)
@@ -485,8 +519,10 @@ def _ring_stats(system: System, members: np.ndarray, chain: bool = False) -> _Ri
     if spread is not None:
         p2p = np.flatnonzero(np.bincount(res, minlength=system.num_resources))
         loads += np.bincount(spread[2], minlength=system.num_resources)
-    return _Rings(n, directions, loads, used, spread, p2p, latency, bool(crossing.any()),
-                  ll_latency, ll_fraction)
+    arrays = [edge, res, crossing, loads, used, p2p, *(spread or ())]
+    for array in arrays:
+        array.flags.writeable = False
+    return directions, src.size, edge, res, crossing, spread, loads, used, p2p
 
 
 def _spread(system: System, members: np.ndarray, num_edges: int):

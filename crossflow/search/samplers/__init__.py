@@ -1,5 +1,12 @@
-"""Samplers by name: ``gd`` (the paper's §7 gradient descent), ``tpe``, ``cmaes``,
-``random``, ``nsga2`` (DESIGN.md §6).
+"""Samplers by name: ``structured`` (the structure-aware driver), ``gd`` (the paper's §7
+gradient descent inside that driver), ``gd-paper`` (the paper's method alone, from random
+starts), ``tpe``, ``cmaes``, ``random``, ``nsga2``.
+
+* ``structured`` — :class:`crossflow.search.samplers.structured.StructuredSampler`: screen
+  the discrete choices (memory-only checks first, one mapping order per class of
+  equivalent orders), search the budget split with a cliff-aware inner method, re-screen.
+* ``gd`` — the same driver with the inner method ``gd`` (eq. 6 with a line search, flat
+  coordinates frozen, chains side by side, steps landed on the AGE's step edges).
 
 * ``tpe`` — :class:`optuna.samplers.TPESampler`, multivariate (the simplex coordinates are
   coupled through the softmax) with the constant liar for parallel workers.
@@ -10,7 +17,7 @@
 * ``random`` — :class:`optuna.samplers.RandomSampler`.
 * ``nsga2`` — :class:`optuna.samplers.NSGAIISampler` (multi-objective; constrained
   domination reads the trials' ``infeasibility`` constraint).
-* ``gd`` — :class:`crossflow.search.samplers.gd.GDSampler`, imported when asked for.
+* ``gd-paper`` — :class:`crossflow.search.samplers.gd.GDSampler`: eq. 6 from random starts.
 
 A study's ``sampler_options`` are keyword arguments of the sampler class (checked against
 its signature when the study is loaded); ``seed`` is given separately.
@@ -24,26 +31,30 @@ from typing import Any
 
 from crossflow.errors import ConfigError, CrossflowError
 
-NAMES = ("gd", "tpe", "cmaes", "random", "nsga2")
+NAMES = ("structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2")
 #: Defaults a study's sampler_options can override.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "tpe": {"multivariate": True, "constant_liar": True},
     "cmaes": {},
     "random": {},
     "nsga2": {},
-    "gd": {},
+    "gd-paper": {},
+    "structured": {},
+    "gd": {"inner": "gd"},
 }
+#: Samplers that need the study itself (not only its space).
+_DRIVERS = ("structured", "gd")
 
 
 def sampler_class(name: str):
     """The sampler class of ``name`` (imports optuna, or the gd package)."""
-    if name == "gd":
-        try:
-            from crossflow.search.samplers.gd import GDSampler
-        except ImportError as exc:
-            raise CrossflowError(
-                f"the gd sampler is not available (crossflow.search.samplers.gd: {exc}); "
-                "use another sampler (--sampler tpe)") from None
+    if name in _DRIVERS:
+        from crossflow.search.samplers.structured import StructuredSampler
+
+        return StructuredSampler
+    if name == "gd-paper":
+        from crossflow.search.samplers.gd import GDSampler
+
         return GDSampler
     if name == "cmaes":
         try:
@@ -62,21 +73,16 @@ def sampler_class(name: str):
 
 
 #: Arguments the factory sets itself.
-_RESERVED = {"seed", "simplexes", "independent_sampler", "warn_independent_sampling"}
+_RESERVED = {"seed", "simplexes", "setup", "independent_sampler", "warn_independent_sampling"}
 
 
 def check_options(name: str, options: Mapping[str, Any], *, file: str | None = None) -> None:
     """Raise a ConfigError naming ``sampler_options.<key>`` unless every option is a keyword
-    argument of the sampler (gd: only checked when its package is there)."""
+    argument of the sampler."""
     if name not in NAMES:
         raise ConfigError("unknown sampler", file=file, key="sampler", value=name,
                           allowed=", ".join(NAMES))
-    try:
-        cls = sampler_class(name)
-    except CrossflowError:
-        if name == "gd":
-            return
-        raise
+    cls = sampler_class(name)
     params = inspect.signature(cls.__init__).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
@@ -89,9 +95,11 @@ def check_options(name: str, options: Mapping[str, Any], *, file: str | None = N
 
 
 def make_sampler(name: str, *, seed: int | None, options: Mapping[str, Any] | None = None,
-                 space=None, n_objectives: int = 1):
+                 space=None, n_objectives: int = 1, setup=None):
     """The Optuna sampler ``name`` for a study whose search space is ``space`` (a
-    :class:`crossflow.search.space.SearchSpace`; the ``gd`` sampler needs its simplexes)."""
+    :class:`crossflow.search.space.SearchSpace`; ``gd-paper`` needs its simplexes) and
+    whose setup is ``setup`` (a StudySetup: the ``structured`` and ``gd`` drivers read the
+    template, the workload and the system)."""
     options = {**DEFAULTS.get(name, {}), **dict(options or {})}
     check_options(name, options)
     if name == "cmaes" and n_objectives > 1:
@@ -105,7 +113,12 @@ def make_sampler(name: str, *, seed: int | None, options: Mapping[str, Any] | No
             categorical = optuna.samplers.TPESampler(seed=seed, multivariate=False)
             return cls(seed=seed, independent_sampler=categorical,
                        warn_independent_sampling=False, **options)
-        if name == "gd":
+        if name in _DRIVERS:
+            if setup is None:
+                raise ConfigError(f"the {name} sampler needs the study's setup", key="sampler",
+                                  value=name)
+            return cls(setup=setup, seed=seed, **options)
+        if name == "gd-paper":
             simplexes = space.simplex_components() if space is not None else {}
             return cls(simplexes=simplexes, seed=seed, **options)
         return cls(seed=seed, **options)

@@ -1,0 +1,468 @@
+"""Inner continuous methods: the budget split of one discrete combination.
+
+Each method is a generator ``method(problem, discrete, start, f0, budget, rng)`` that
+yields batches of continuous points (:class:`~._problem.Cont`; a batch's points can be
+evaluated side by side), receives their objective values (``inf`` when infeasible), spends
+at most ``budget`` evaluations and returns ``(best point, best value)``.
+
+* :func:`exchange` — the default of ``structured``: a cliff-aware adaptive coordinate
+  search (each coordinate's step doubles while it improves — a line search — and halves
+  when neither direction does); every move lands on a step edge of the AGE.
+* :func:`gd` — the paper's eq. 6 (:func:`eq6`: normalised finite-difference gradient on
+  each simplex, β-average in parameter space, exact projection; chains side by side, a
+  line search along each step, coordinates a first pass shows to be flat frozen, the
+  step landed on a step edge), then :func:`exchange` across the cliffs where eq. 6 stalls.
+* :func:`cmaes` and :func:`tpe` — CMA-ES (the ``cmaes`` package) and Optuna's TPE, ask and
+  tell on the encoded simplex parameters, as baselines for the inner search.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import numpy as np
+
+from crossflow.search import encoding
+from crossflow.search.samplers.gd._simplex import project_onto_simplex
+from crossflow.search.samplers.gd._update import eq6_step, simplex_gradient
+from crossflow.search.samplers.structured._problem import Cont, Coord, Problem
+
+Inner = Generator[list[Cont], list[float], tuple[Cont, float]]
+
+#: Relative change below which two values are the same (the model is deterministic).
+_SAME = 1e-9
+
+
+def _better(a: float, b: float) -> bool:
+    return a < b * (1.0 - _SAME) if math.isfinite(b) else a < b
+
+
+def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
+             rng: np.random.Generator, *, step: float = 0.2, min_step: float = 0.004,
+             max_step: float = 1.5, donors: int = 2, every: int = 3,
+             saturate: bool = True, idle: int = 3, receivers: int = 1) -> Inner:
+    """Cliff-aware adaptive coordinate exchange.
+
+    1. Sensitivity: one move up of every coordinate (one batch), then a move down of those
+       whose move up changed nothing.  Flat both ways: no effect, frozen.  Flat up and
+       worse down (``saturate``): the component has what it needs, frozen too.
+    2. Rounds over the live coordinates, the most rewarding first.  For a coordinate, in
+       order: its last good direction (the others share the change in proportion); the
+       other direction; the coordinate up, paid for by the slack or by one of the
+       ``donors`` components whose move up helped least; the coordinate down, given to the
+       ``receivers`` components whose move up helped most.  Pairwise exchanges matter
+       because the plateau around an optimum is left only by moving budget between two
+       components (more register banks from L2's area without taking a bundle from the
+       core).  The rarely useful middle moves are tried every ``every``-th attempt only.
+       A success doubles the coordinate's step; a failure halves it; a coordinate below
+       ``min_step`` rests until another one improves, and one with no success in ``idle``
+       attempts sits out two rounds of three.
+    Every move is snapped to the AGE's step edges (:meth:`Problem.snap`).
+
+    The defaults are the best of the variants measured on ``paper-lstm-512`` (budget 300
+    and 600), ``gemm-64k`` and ``quickstart`` (1000): see the README's search section.
+    """
+    best, fbest = start, f0
+    used = 0
+    coords = list(P.coords)
+    if not coords or budget <= 0:
+        return best, fbest
+    steps = {c: step for c in coords}
+    direction = {c: 1.0 for c in coords}
+    gain = {c: 0.0 for c in coords}
+    up_effect = {c: 0.0 for c in coords}   # f(up) − f: < 0 helps, > 0 hurts
+
+    def moved(c: Coord, sign: float, size: float, at: Cont) -> Cont:
+        return P.snap(at, P.move(at, c, sign * size), c, discrete)
+
+    # 1. sensitivity, up then (for the flat ones) down
+    ups = [moved(c, 1.0, steps[c], best) for c in coords][:budget]
+    values = yield ups
+    used += len(ups)
+    flat = []
+    for c, v in zip(coords, values, strict=False):
+        up_effect[c] = v - fbest if math.isfinite(v) else math.inf
+        if _better(v, fbest):
+            gain[c] = fbest - v
+        elif abs(v - fbest) <= _SAME * abs(fbest) or v == fbest:
+            flat.append(c)
+        else:
+            direction[c] = -1.0
+    downs = [moved(c, -1.0, steps[c], best) for c in flat][:max(0, budget - used)]
+    values_down: list[float] = []
+    frozen = set(flat)
+    if downs:
+        values_down = yield downs
+        used += len(downs)
+        # flat both ways: no effect; flat up and worse down: saturated (it has what it
+        # needs; only the others can use budget better).  Both rest until the end.
+        frozen = {c for c, v in zip(flat, values_down, strict=False)
+                  if saturate or abs(v - fbest) <= _SAME * abs(fbest) or v == fbest}
+        for c, v in zip(flat, values_down, strict=False):
+            if _better(v, fbest):
+                direction[c], gain[c] = -1.0, fbest - v
+    for x, v in list(zip(ups, values, strict=False)) + list(zip(downs, values_down,
+                                                                  strict=False)):
+        if _better(v, fbest):
+            best, fbest = x, v
+    live = [c for c in coords if c not in frozen] or coords
+    resting: set[Coord] = set()
+
+    fails = {c: 0 for c in coords}
+
+    def candidates(c: Coord):
+        """The moves of ``c`` in the order they are tried."""
+        full = fails[c] % every == 0
+        yield direction[c], lambda at: moved(c, direction[c], steps[c], at)
+        if full:
+            yield -direction[c], lambda at: moved(c, -direction[c], steps[c], at)
+        if c.index < 0:
+            return
+        mates = [d for d in live if d.block == c.block and d != c and d.index >= 0]
+        if full:
+            cheap = sorted(mates, key=lambda d: -up_effect[d])[:donors]
+            slack = P.slack(c.block)
+            if best.simplexes[c.block][slack.index] > 1e-3:  # free budget first
+                cheap.insert(0, slack)
+            for d in cheap:
+                yield 1.0, lambda at, d=d: P.snap_transfer(
+                    at, P.transfer(at, c, d, steps[c]), c, d, discrete)
+        for r in sorted(mates, key=lambda d: up_effect[d])[:receivers]:
+            yield -1.0, lambda at, r=r: P.transfer(at, r, c,
+                                                           _shift(at, c, r, steps[c]))
+
+    # 2. adaptive rounds
+    wins = {c: 0 for c in coords}
+    rounds = 0
+    while used < budget:
+        rounds += 1
+        # a coordinate that never paid off in ``idle`` tries sits out two rounds of three
+        order = sorted((c for c in live if c not in resting and (
+            wins[c] > 0 or fails[c] < idle or rounds % 3 == 0)), key=lambda c: -gain[c])
+        if not order:
+            if all(steps[c] <= min_step for c in live):
+                break
+            resting.clear()
+            for c in live:
+                steps[c] = max(steps[c], 8 * min_step)
+            continue
+        improved_any = False
+        for c in order:
+            if used >= budget:
+                break
+            success = False
+            for sign, make in candidates(c):
+                if used >= budget:
+                    break
+                x = make(best)
+                if x.key() == best.key():
+                    continue
+                (v,) = yield [x]
+                used += 1
+                if _better(v, fbest):
+                    success = improved_any = True
+                    wins[c] += 1
+                    gain[c] = max(gain[c], fbest - v)
+                    best, fbest, direction[c] = x, v, sign
+                    steps[c] = min(max_step, steps[c] * 2.0)
+                    break
+            if not success:
+                fails[c] += 1
+                steps[c] *= 0.5
+                gain[c] *= 0.5
+                if steps[c] < min_step:
+                    resting.add(c)
+        if improved_any:
+            resting.clear()
+    return best, fbest
+
+
+def _shift(at: Cont, frm: Coord, to: Coord, s: float) -> float:
+    """The exp-scale of ``to`` that takes the share ``frm`` loses when scaled by exp(−s)."""
+    x = at.simplexes[frm.block]
+    amount = x[frm.index] * (1.0 - math.exp(-s))
+    return math.log1p(amount / x[to.index])
+
+
+def gd(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
+       rng: np.random.Generator, *, polish: float = 0.7, **options: Any) -> Inner:
+    """Eq. 6 (:func:`eq6`) for the descent, then — past a fraction ``1 − polish`` of the
+    budget, or once its steps stall — the cliff-aware :func:`exchange` from the best point
+    for the rest: finite differences see no gradient across a cliff (the model is
+    piecewise constant in whole units), which is where eq. 6 stalls."""
+    first = int(budget * (1.0 - polish))
+    x, fx = yield from eq6(P, discrete, start, f0, first, rng, **options)
+    spent = first if first > 0 else 0
+    rest = budget - spent
+    if rest > 0:
+        x, fx = yield from exchange(P, discrete, x, fx, rest, rng)
+    return x, fx
+
+
+def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
+        rng: np.random.Generator, *, chains: int = 1, learning_rate: float = 0.1,
+       beta: float = 0.5, probe: float = 0.05, line: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0),
+       spread: float = 0.15) -> Inner:
+    """The paper's eq. 6 made practical (see the module docstring).
+
+    Chains: the first starts at ``start``, the others at random exchanges of it of
+    relative size ``spread`` (a restart near the screened optimum, not a random point).
+    One step of every chain is one batch: the mixing probes of its live coordinates
+    (:func:`~crossflow.search.samplers.gd._update.simplex_gradient`; floats by forward
+    differences), then the line search — the normalised step at each multiple of the
+    chain's learning rate in ``line`` — then the β-average of the best line point with the
+    chain's average, projected onto each simplex, snapped to the AGE's step edges.  A chain
+    whose line search finds nothing better halves its learning rate.
+    """
+    best, fbest = start, f0
+    used = 0
+    states = [start]
+    for _ in range(chains - 1):
+        x = start
+        for c in P.coords:
+            x = P.move(x, c, float(rng.normal(0.0, spread)))
+        states.append(x)
+    values = [f0]
+    if len(states) > 1:
+        extra = yield states[1:]
+        used += len(states) - 1
+        values += list(extra)
+    rates = [learning_rate] * len(states)
+    averages = [_flat(P, s) for s in states]
+    frozen: set[Coord] = set()
+    first = True
+    while used < budget:
+        batch: list[Cont] = []
+        plans = []
+        for k, x in enumerate(states):
+            probes = [c for c in P.coords if c not in frozen]
+            pts = [_probe(P, x, c, probe) for c in probes]
+            plans.append((k, probes, len(batch), len(pts)))
+            batch += pts
+        batch = batch[:max(0, budget - used)]
+        if not batch:
+            break
+        got = yield batch
+        used += len(batch)
+        if len(got) < sum(n for *_, n in plans):
+            for x, v in zip(batch, got, strict=False):
+                if _better(v, fbest):
+                    best, fbest = x, v
+            break
+        directions = []
+        for k, probes, at, n in plans:
+            fx = values[k]
+            diffs = got[at:at + n]
+            if first:  # freeze coordinates that are flat for every chain
+                flat = {c for c, v in zip(probes, diffs, strict=True)
+                        if abs(v - fx) <= _SAME * abs(fx)}
+                frozen = flat if k == 0 else frozen & flat
+            directions.append(_direction(P, states[k], probes, fx, diffs, probe))
+            for x, v in zip(batch[at:at + n], diffs, strict=True):
+                if _better(v, fbest):
+                    best, fbest = x, v
+        if len(frozen) == len(P.coords):
+            frozen = set()
+        first = False
+        # line search along each chain's normalised direction
+        line_batch, owners = [], []
+        for k, d in enumerate(directions):
+            for mult in line:
+                line_batch.append(_step(P, states[k], d, rates[k] * mult, discrete))
+                owners.append((k, mult))
+        line_batch = line_batch[:max(0, budget - used)]
+        if not line_batch:
+            break
+        got = yield line_batch
+        used += len(line_batch)
+        new_states = []
+        for k in range(len(states)):
+            mine = [(v, x, m) for (o, m), x, v in zip(owners, line_batch, got, strict=False)
+                    if o == k]
+            if not mine:
+                new_states.append(None)
+                continue
+            v, x, m = min(mine, key=lambda t: t[0])
+            if _better(v, fbest):
+                best, fbest = x, v
+            if not _better(v, values[k]):
+                rates[k] *= 0.5
+                new_states.append(None)
+                continue
+            rates[k] = min(0.5, rates[k] * m) if m > 1 else rates[k] * max(m, 0.5)
+            w, averages[k] = _average(P, averages[k], x, beta)
+            new_states.append((P.snap(states[k], w, _main(P, states[k], w), discrete), v, x))
+        moves = [(k, s) for k, s in enumerate(new_states) if s is not None]
+        if moves:
+            got = yield [s[0] for _, s in moves][:max(0, budget - used)]
+            used += len(got)
+            for (k, (w, v_line, x_line)), v in zip(moves, got, strict=False):
+                if _better(v, fbest):
+                    best, fbest = w, v
+                # eq. 6 keeps the averaged point; if it lost what the line found, the
+                # line point is where the chain goes on from
+                states[k], values[k] = (w, v) if v <= v_line else (x_line, v_line)
+        if all(r < 1e-3 for r in rates):
+            break
+    return best, fbest
+
+
+def cmaes(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
+          rng: np.random.Generator, *, sigma: float = 0.5) -> Inner:
+    """CMA-ES (package ``cmaes``) on the encoded simplex parameters and scaled floats,
+    from ``start``; one generation is one batch."""
+    from cmaes import CMA
+
+    names, x0, bounds = _encoded(P, start)
+    opt = CMA(mean=x0, sigma=sigma, bounds=bounds, seed=int(rng.integers(2**31)))
+    best, fbest, used = start, f0, 0
+    while used + opt.population_size <= budget:
+        xs = [opt.ask() for _ in range(opt.population_size)]
+        pts = [_decode(P, start, names, x) for x in xs]
+        got = yield pts
+        used += len(pts)
+        tell = []
+        for x, p, v in zip(xs, pts, got, strict=True):
+            tell.append((x, v if math.isfinite(v) else 1e30))
+            if _better(v, fbest):
+                best, fbest = p, v
+        opt.tell(tell)
+    return best, fbest
+
+
+def tpe(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
+        rng: np.random.Generator) -> Inner:
+    """Optuna's multivariate TPE, ask and tell in memory, seeded with ``start``."""
+    import optuna
+
+    names, x0, bounds = _encoded(P, start)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(
+        multivariate=True, seed=int(rng.integers(2**31))))
+    dists = {n: optuna.distributions.FloatDistribution(lo, hi)
+             for n, (lo, hi) in zip(names, bounds, strict=True)}
+    study.add_trial(optuna.trial.create_trial(
+        params=dict(zip(names, (float(v) for v in x0), strict=True)), distributions=dists,
+        value=f0 if math.isfinite(f0) else 1e30))
+    best, fbest = start, f0
+    for _ in range(budget):
+        trial = study.ask(dists)
+        x = np.array([trial.params[n] for n in names])
+        p = _decode(P, start, names, x)
+        (v,) = yield [p]
+        study.tell(trial, v if math.isfinite(v) else 1e30)
+        if _better(v, fbest):
+            best, fbest = p, v
+    return best, fbest
+
+
+METHODS = {"exchange": exchange, "gd": gd, "cmaes": cmaes, "tpe": tpe}
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+def _probe(P: Problem, x: Cont, c: Coord, h: float) -> Cont:
+    """The forward-difference probe of ``c``: a mix of ``h`` towards its vertex (floats:
+    h of the range)."""
+    if c.index < 0:
+        return P.move(x, c, h)
+    w = np.array(x.simplexes[c.block])
+    w = (1.0 - h) * w
+    w[c.index] += h
+    return Cont({**x.simplexes, c.block: w}, x.floats)
+
+
+def _direction(P: Problem, x: Cont, probes: list[Coord], fx: float, values: list[float],
+               h: float) -> dict[str, np.ndarray | float]:
+    """Per simplex the normalised descent direction in its tangent space (the slack's
+    component is 0 for no probe); per float the sign of its forward difference."""
+    out: dict[str, Any] = {}
+    for block, w in x.simplexes.items():
+        n = len(w)
+        d = np.zeros(n)
+        probed = [(c, v) for c, v in zip(probes, values, strict=True) if c.block == block]
+        if not probed:
+            continue
+        full = np.full(n, fx)
+        for c, v in probed:
+            full[c.index] = v
+        g = simplex_gradient(fx, list(full), h)
+        norm = float(np.linalg.norm(g))
+        if norm > 0:
+            d = -g / norm
+        out[block] = d
+    for c, v in zip(probes, values, strict=True):
+        if c.index < 0 and math.isfinite(v) and math.isfinite(fx):
+            out[c.name] = -math.copysign(1.0, v - fx) if v != fx else 0.0
+    return out
+
+
+def _step(P: Problem, x: Cont, d: Mapping[str, Any], eta: float,
+          discrete: Mapping[str, Any]) -> Cont:
+    simplexes = dict(x.simplexes)
+    for block, w in x.simplexes.items():
+        if block in d:
+            simplexes[block] = np.maximum(project_onto_simplex(w + eta * d[block]), 1e-6)
+            simplexes[block] /= simplexes[block].sum()
+    floats = dict(x.floats)
+    for c in P.coords:
+        if c.index < 0 and c.name in d:
+            floats[c.name] = min(c.high, max(c.low, floats[c.name] + eta * d[c.name]
+                                             * (c.high - c.low)))
+    return Cont(simplexes, floats)
+
+
+def _flat(P: Problem, x: Cont) -> dict[str, np.ndarray]:
+    return {b: np.array(w) for b, w in x.simplexes.items()}
+
+
+def _average(P: Problem, avg: dict[str, np.ndarray], x: Cont, beta: float
+             ) -> tuple[Cont, dict[str, np.ndarray]]:
+    """eq. 6's average M ← βM + (1−β)W′ and W = proj(M), per simplex."""
+    simplexes, new_avg = {}, {}
+    for block, w in x.simplexes.items():
+        proj, m = eq6_step(w, avg[block], np.zeros_like(w), learning_rate=0.0, beta=beta)
+        simplexes[block] = np.maximum(proj, 1e-6) / np.maximum(proj, 1e-6).sum()
+        new_avg[block] = m
+    return Cont(simplexes, x.floats), new_avg
+
+
+def _main(P: Problem, before: Cont, after: Cont) -> Coord:
+    """The coordinate a step moved most (the one snapped to its step edge)."""
+    best, size = P.coords[0], -1.0
+    for c in P.coords:
+        if c.index < 0:
+            continue
+        delta = abs(math.log(after.simplexes[c.block][c.index] /
+                             before.simplexes[c.block][c.index]))
+        if delta > size:
+            best, size = c, delta
+    return best
+
+
+def _encoded(P: Problem, x: Cont) -> tuple[list[str], np.ndarray, np.ndarray]:
+    names, values, bounds = [], [], []
+    for block, w in x.simplexes.items():
+        enc = encoding.encode(list(w / w.sum()))
+        for i, v in enumerate(enc):
+            names.append(f"{block}#{i}")
+            values.append(v)
+            bounds.append((-encoding.SPAN, encoding.SPAN))
+    for c in P.coords:
+        if c.index < 0:
+            names.append(c.name)
+            values.append(x.floats[c.name])
+            bounds.append((c.low, c.high))
+    return names, np.array(values, dtype=float), np.array(bounds, dtype=float)
+
+
+def _decode(P: Problem, like: Cont, names: list[str], x: np.ndarray) -> Cont:
+    simplexes: dict[str, list[float]] = {}
+    floats = dict(like.floats)
+    for n, v in zip(names, x, strict=True):
+        if "#" in n:
+            simplexes.setdefault(n.split("#")[0], []).append(float(v))
+        else:
+            floats[n] = float(v)
+    return Cont({b: np.array(encoding.decode(v)) for b, v in simplexes.items()}, floats)

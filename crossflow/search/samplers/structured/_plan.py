@@ -1,0 +1,194 @@
+"""The driver's plan: screen the discrete choices, search the split, re-screen, polish.
+
+:func:`plan` is a generator: it yields batches of points (parameter dicts; the points of a
+batch may be evaluated side by side), each with the name of its phase, and receives their
+values (``inf`` for an infeasible
+design).  It is deterministic given its seed, its budget and the values it receives, so
+the sampler can rebuild it from a study's storage by replaying the recorded values.
+
+Phases, for a budget of B evaluations (every point yielded is one evaluation: one trial):
+
+1. **Memory screen** (no evaluation): every discrete combination (strategy × technology ×
+   other categoricals) is checked for memory at the template's split; the rejected ones are
+   recorded in ``records`` (the sampler stores them with the study), never evaluated.
+2. **Discrete screen**: every memory-feasible combination at the template's split, in one
+   mapping order (the first of its order classes).  More than B/2 of them: a seeded random
+   subset of that size (the template's own combination always in).
+3. **Order screen**: the ``top_k`` best combinations in one representative of every other
+   class of equivalent mapping orders (orders differing only where size-1 grid dimensions
+   sit give the same time).
+4. **Inner search** of the best combination's budget split with the inner method
+   (:mod:`._inner`), 3/4 of what is left after reserving the re-screen.
+5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
+   again (each in its best order); the winner gets the rest of the budget (inner search
+   again, from the split found).
+6. **Polish** (past B, when a study is extended): inner searches from the best point with
+   smaller steps, for ever.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import numpy as np
+
+from crossflow.search.samplers.structured._inner import METHODS
+from crossflow.search.samplers.structured._problem import Cont, Problem
+from crossflow.search.space import MAPPING_ORDER
+
+Plan = Generator[tuple[str, list[dict[str, Any]]], list[float], None]
+#: The phase of each batch (stored on its trials as the user attribute ``driver_phase``).
+SCREEN, ORDERS, SEARCH, RESCREEN, POLISH = "screen", "orders", "search", "rescreen", "polish"
+
+
+def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
+         inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
+         rescreen: int = 8, records: list[dict[str, Any]] | None = None) -> Plan:
+    rng = np.random.default_rng(seed)
+    method = METHODS[inner]
+    options = dict(inner_options or {})
+    used = 0
+    x0, base_discrete = P.start()
+    combos = P.combos()
+
+    # 1. memory screen
+    feasible = []
+    for combo in combos:
+        verdict = P.memory_check(x0, combo)
+        if verdict is not None and not verdict.feasible:
+            if records is not None:
+                records.append({**combo, "need_bytes": verdict.need_bytes,
+                                "capacity_bytes": verdict.capacity_bytes})
+            continue
+        feasible.append(combo)
+    if not feasible:
+        feasible = combos  # nothing fits: evaluate anyway (infeasible trials say why)
+    cap = max(1, budget // 2)
+    if len(feasible) > cap:
+        own = {k: v for k, v in base_discrete.items() if k != MAPPING_ORDER}
+        keep = [c for c in feasible if c == own]
+        others = [c for c in feasible if c != own]
+        picks = rng.choice(len(others), size=cap - len(keep), replace=False)
+        feasible = keep + [others[i] for i in sorted(picks)]
+
+    # 2. discrete screen at the template's split
+    points = [{**c, **_order(P, c, P.canonical_order(c))} for c in feasible]
+    values = yield SCREEN, [P.params(x0, d) for d in points]
+    used += len(points)
+    ranked = sorted(((v, i) for i, v in enumerate(values)), key=lambda t: t[0])
+    best_value = {i: v for v, i in ranked}
+    best_order = {i: P.canonical_order(feasible[i]) for i in range(len(feasible))}
+
+    # 3. order classes of the best combinations
+    if P.has_order:
+        top = [i for v, i in ranked[:top_k] if math.isfinite(v)]
+        batch, owners = [], []
+        for i in top:
+            for order in P.order_classes(feasible[i])[1:]:
+                batch.append({**feasible[i], **_order(P, feasible[i], order)})
+                owners.append((i, order))
+        room = max(0, budget - used - 1)
+        batch, owners = batch[:room], owners[:room]
+        if batch:
+            got = yield ORDERS, [P.params(x0, d) for d in batch]
+            used += len(batch)
+            for (i, order), v in zip(owners, got, strict=True):
+                if v < best_value[i]:
+                    best_value[i], best_order[i] = v, order
+    ranking = sorted(best_value, key=best_value.__getitem__)
+    winner = ranking[0]
+    discrete = {**feasible[winner], **_order(P, feasible[winner], best_order[winner])}
+    x, fx = x0, best_value[winner]
+
+    # 4. inner search of the winner's split, paused at 3/4 for 5. the re-screen
+    reserve = min(rescreen, len(ranking) - 1, max(0, (budget - used) // 10))
+    total = budget - used - reserve
+    run = _Run(method(P, discrete, x, fx, total, rng, **options), P, discrete, x, fx)
+    used += yield from run.until(total * 3 // 4 if reserve else total)
+    x, fx = run.best, run.value
+    if reserve > 0:
+        others = [i for i in ranking if i != winner][:reserve]
+        batch = [{**feasible[i], **_order(P, feasible[i], best_order[i])} for i in others]
+        got = yield RESCREEN, [P.params(x, d) for d in batch]
+        used += len(batch)
+        switched = False
+        for d, v in zip(batch, got, strict=True):
+            if v < fx:
+                discrete, fx, switched = d, v, True
+        if switched:  # another combination wins at this split: search its split instead
+            run.close()
+            run = _Run(method(P, discrete, x, fx, budget - used, rng, **options), P,
+                       discrete, x, fx)
+        used += yield from run.until(budget - used)
+        x, fx = run.best, run.value
+
+    # 6. converged before the budget is spent, or a study extended past it: turns of eq. 6
+    # (a gradient step moves every coordinate at once, which can leave a plateau that
+    # single and pairwise moves cannot) and the exchange, each from the best point
+    turn = 0
+    while True:
+        name = ("gd", "exchange")[turn % 2]
+        turn += 1
+        left = budget - used if used < budget else 100
+        limit = min(left, 80) if name == "gd" else left
+        run = _Run(METHODS[name](P, discrete, x, fx, limit, rng), P, discrete, x, fx,
+                   POLISH)
+        n = yield from run.until(limit)
+        used += n
+        x, fx = run.best, run.value
+        if n == 0:  # nothing left to try: a random exchange of every coordinate
+            moved = x
+            for c in P.coords:
+                moved = P.move(moved, c, float(rng.normal(0.0, 0.1)))
+            (v,) = yield POLISH, [P.params(moved, discrete)]
+            used += 1
+            if v < fx:
+                x, fx = moved, v
+
+
+def _order(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
+    return {MAPPING_ORDER: order} if P.has_order and order is not None else {}
+
+
+class _Run:
+    """An inner method run in installments (see :func:`plan`, phases 4-5): batches of its
+    continuous points become parameter dicts of the combination ``discrete``."""
+
+    def __init__(self, gen, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
+                 phase: str = SEARCH):
+        self.gen, self.P, self.discrete, self.phase = gen, P, dict(discrete), phase
+        self.best, self.value = x, fx
+        self.pending: list[Cont] | None = None
+        self.done = False
+
+    def until(self, limit: int):
+        """Evaluate up to ``limit`` points (yields batches, receives values); returns how
+        many were evaluated."""
+        used = 0
+        while not self.done and used < limit:
+            try:
+                if self.pending is None:
+                    self.pending = next(self.gen)
+                batch = self.pending[:limit - used]
+                if not batch:
+                    break
+                got = yield self.phase, [self.P.params(b, self.discrete) for b in batch]
+                used += len(batch)
+                for b, v in zip(batch, got, strict=True):
+                    if v < self.value:
+                        self.best, self.value = b, v
+                if len(batch) < len(self.pending):  # cut short: the method cannot go on
+                    self.close()
+                    break
+                self.pending = self.gen.send(list(got))
+            except StopIteration as end:
+                self.done = True
+                if end.value is not None and end.value[1] < self.value:
+                    self.best, self.value = end.value
+        return used
+
+    def close(self) -> None:
+        self.gen.close()
+        self.done = True

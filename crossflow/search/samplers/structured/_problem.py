@@ -1,0 +1,291 @@
+"""The study as the driver sees it: discrete combinations, a continuous point, cliffs.
+
+A **point** is a full parameter dict of the study (Optuna's names and values).  The driver
+splits it in two:
+
+* the **discrete part** — every categorical or integer dimension (strategy, mapping order,
+  technology, micro-batch size, …);
+* the **continuous part** — a :class:`Cont`: one fraction vector per budget simplex (the
+  searched components then the slack, summing to 1: the decoded softmax of
+  :mod:`crossflow.search.encoding`) and the float ranges, in their own units.
+
+Moves of a simplex coordinate are *exchanges*: component i is scaled by ``exp(s)`` and the
+others (slack included) share what it gains or gives up in proportion, so the point stays
+on the simplex without a projection.  Where the AGE turns a budget into whole units
+(bundles, banks, DRAM devices, link ports), :meth:`Problem.snap` lands a move on the edge
+of a step (:mod:`crossflow.arch.cliffs`): the smallest share that buys the quantities the
+move reached, the rest handed to the other components — so a search neither wastes budget
+on a plateau nor steps blindly over a cliff.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from crossflow.errors import CrossflowError
+from crossflow.search import encoding
+from crossflow.search.space import MAPPING_ORDER, STRATEGY
+
+#: Smallest share a simplex coordinate may take (the encoding's floor is exp(-2·SPAN)).
+_FLOOR = 2 * math.exp(-2 * encoding.SPAN)
+
+
+@dataclass(frozen=True)
+class Cont:
+    """The continuous part of a point: simplex fraction vectors (slack last) and floats."""
+
+    simplexes: Mapping[str, np.ndarray] = field(default_factory=dict)
+    floats: Mapping[str, float] = field(default_factory=dict)
+
+    def key(self) -> tuple:
+        return (tuple((n, tuple(np.round(v, 12))) for n, v in self.simplexes.items()),
+                tuple(sorted(self.floats.items())))
+
+
+@dataclass(frozen=True)
+class Coord:
+    """One searchable coordinate: a simplex component (``index`` into its vector) or a
+    float range (``index`` −1, bounds ``low``/``high``)."""
+
+    block: str
+    name: str
+    index: int = -1
+    low: float = 0.0
+    high: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.block}.{self.name}" if self.index >= 0 else self.name
+
+
+class Problem:
+    """A study's space, split for the driver, with its objective's structure."""
+
+    def __init__(self, setup) -> None:
+        self.setup = setup
+        space = setup.space
+        self.simplexes = {s.name: s for s in space.simplexes}
+        self.discrete = [d for d in space.dimensions if d.kind != "float"]
+        self.floats = [d for d in space.dimensions if d.kind == "float"]
+        self.coords: list[Coord] = [
+            Coord(s.name, c, i) for s in space.simplexes for i, c in enumerate(s.components)]
+        self.coords += [Coord("float", d.name, -1, d.low, d.high) for d in self.floats]
+        self.has_order = any(d.name == MAPPING_ORDER for d in self.discrete)
+        self.has_strategy = any(d.name == STRATEGY for d in self.discrete)
+        self._edge_cache: dict[tuple, list[float]] = {}
+
+    # ---- points -----------------------------------------------------------------------
+
+    def start(self) -> tuple[Cont, dict[str, Any]]:
+        """The template's own split and technology (the study's baseline), the rest at the
+        first choice / the middle of the range."""
+        base = self.setup.baseline_params()
+        simplexes = {}
+        for name, s in self.simplexes.items():
+            values = [base[p] for p in s.param_names] if all(
+                p in base for p in s.param_names) else [0.0] * len(s.param_names)
+            simplexes[name] = np.array(encoding.decode(values))
+        floats = {d.name: float(base.get(d.name, (d.low + d.high) / 2)) for d in self.floats}
+        discrete = {d.name: base.get(d.name, d.values()[0]) for d in self.discrete}
+        return Cont(simplexes, floats), discrete
+
+    def params(self, cont: Cont, discrete: Mapping[str, Any]) -> dict[str, Any]:
+        """The study's parameters of a point."""
+        out: dict[str, Any] = {}
+        for name, s in self.simplexes.items():
+            x = np.maximum(cont.simplexes[name], 0.0)
+            out.update(zip(s.param_names, encoding.encode(list(x / x.sum())), strict=True))
+        for d in self.floats:
+            out[d.name] = float(min(d.high, max(d.low, cont.floats[d.name])))
+        out.update(discrete)
+        return out
+
+    def split(self, params: Mapping[str, Any]) -> tuple[Cont, dict[str, Any]]:
+        """The inverse of :meth:`params`."""
+        simplexes = {name: np.array(encoding.decode([params[p] for p in s.param_names]))
+                     for name, s in self.simplexes.items()}
+        floats = {d.name: float(params[d.name]) for d in self.floats}
+        return Cont(simplexes, floats), {d.name: params[d.name] for d in self.discrete}
+
+    # ---- discrete structure -------------------------------------------------------------
+
+    def combos(self) -> list[dict[str, Any]]:
+        """Every combination of the discrete dimensions except the mapping order."""
+        dims = [d for d in self.discrete if d.name != MAPPING_ORDER]
+        names = [d.name for d in dims]
+        return [dict(zip(names, values, strict=True))
+                for values in itertools.product(*(d.values() for d in dims))]
+
+    def order_classes(self, combo: Mapping[str, Any]) -> list[str]:
+        """One mapping order per class of orders that give the same time for the combo's
+        strategy (they differ only where size-1 grid dimensions sit); ``[None]`` when the
+        study does not search the order."""
+        if not self.has_order:
+            return [None]
+        from crossflow.system import order_classes
+
+        allowed = set(next(d for d in self.discrete if d.name == MAPPING_ORDER).values())
+        strategy = combo.get(STRATEGY)
+        if strategy is None:
+            return sorted(allowed)
+        reps = []
+        for rep, members in order_classes(strategy):
+            inside = [o for o in (rep, *members) if o in allowed]
+            if inside:
+                reps.append(inside[0])
+        return reps
+
+    def canonical_order(self, combo: Mapping[str, Any]) -> str | None:
+        return self.order_classes(combo)[0]
+
+    def memory_check(self, cont: Cont, combo: Mapping[str, Any]):
+        """The memory-only verdict of a combination on the chip of ``cont`` (no kernel is
+        priced): an object with ``feasible``, ``need_bytes``, ``capacity_bytes`` and
+        ``reason``; None when the chip cannot be built or the study has no strategy."""
+        if not self.has_strategy:
+            return None
+        from crossflow.search.objective import memory_verdict
+
+        order = self.canonical_order(combo)
+        params = self.params(cont, {**combo, **({MAPPING_ORDER: order} if order else {})})
+        return memory_verdict(self.setup, self.setup.design(params))
+
+    # ---- moves --------------------------------------------------------------------------
+
+    def move(self, cont: Cont, coord: Coord, s: float) -> Cont:
+        """Coordinate ``coord`` scaled by exp(s) (a simplex exchange), or a float range
+        moved by s times its width (clipped)."""
+        if coord.index < 0:
+            width = coord.high - coord.low
+            v = min(coord.high, max(coord.low, cont.floats[coord.name] + s * width))
+            return Cont(cont.simplexes, {**cont.floats, coord.name: v})
+        x = cont.simplexes[coord.block]
+        target = min(1.0 - _FLOOR, max(_FLOOR, x[coord.index] * math.exp(s)))
+        return self._with(cont, coord, target)
+
+    def slack(self, block: str) -> Coord:
+        """The slack of a simplex as a coordinate (a donor for exchanges; never searched)."""
+        return Coord(block, encoding.SLACK, len(self.simplexes[block].components))
+
+    def transfer(self, cont: Cont, to: Coord, frm: Coord, s: float) -> Cont:
+        """Component ``to`` scaled by exp(s) with everything it gains taken from ``frm``
+        alone (same simplex), the other shares unchanged: a pairwise exchange (at most
+        what ``frm`` has, less the encoding's floor)."""
+        x = np.array(cont.simplexes[to.block], dtype=float)
+        amount = min(x[to.index] * (math.exp(s) - 1.0), x[frm.index] - _FLOOR)
+        if amount <= 0:
+            return cont
+        x[to.index] += amount
+        x[frm.index] -= amount
+        return Cont({**cont.simplexes, to.block: x}, cont.floats)
+
+    def snap_transfer(self, cont: Cont, moved: Cont, to: Coord, frm: Coord,
+                      discrete: Mapping[str, Any]) -> Cont:
+        """A :meth:`transfer` landed on a step edge of ``to``: its smallest share that keeps
+        what it reached (the next edge up if it reached none), the difference given back
+        to (or taken from) ``frm``."""
+        snapped = self.snap(cont, moved, to, discrete, donor=frm)
+        x = np.array(moved.simplexes[to.block], dtype=float)
+        delta = snapped.simplexes[to.block][to.index] - x[to.index]
+        if x[frm.index] - delta <= _FLOOR:
+            return moved
+        x[to.index] += delta
+        x[frm.index] -= delta
+        return Cont({**moved.simplexes, to.block: x}, moved.floats)
+
+    def _with(self, cont: Cont, coord: Coord, target: float) -> Cont:
+        x = np.array(cont.simplexes[coord.block], dtype=float)
+        rest = 1.0 - x[coord.index]
+        scale = (1.0 - target) / rest if rest > 0 else 0.0
+        y = x * scale
+        y[coord.index] = target
+        return Cont({**cont.simplexes, coord.block: y}, cont.floats)
+
+    def snap(self, cont: Cont, moved: Cont, coord: Coord, discrete: Mapping[str, Any],
+             donor: Coord | None = None) -> Cont:
+        """``moved`` (a move of ``coord`` from ``cont``) landed on a step edge of the AGE:
+        the smallest share of the component that keeps the quantities ``moved`` reached
+        (the rest goes to the others); a move up that reached no new step goes up to the
+        next one.  Unchanged where the coordinate has no steps (float ranges, studies
+        without an architecture template)."""
+        if coord.index < 0 or self.setup.template is None:
+            return moved
+        share = self.simplexes[coord.block].share
+        old = cont.simplexes[coord.block][coord.index] * share
+        new = moved.simplexes[coord.block][coord.index] * share
+        edges = self._edges(moved, coord, discrete, donor)
+        if not edges:
+            return moved
+        below = [e for e in edges if e <= new + 1e-12]
+        target = below[-1] if below else None
+        if new > old and (target is None or target <= old + 1e-12):
+            above = [e for e in edges if e > old + 1e-12]
+            target = above[0] if above else None
+        if target is None or not 0 < target / share < 1 - _FLOOR:
+            return moved
+        # a hair above the threshold: the encoding's round trip must not lose the unit
+        return self._with(moved, coord, target * (1 + 1e-9) / share)
+
+    def _edges(self, cont: Cont, coord: Coord, discrete: Mapping[str, Any],
+               donor: Coord | None = None) -> list[float]:
+        """Step thresholds of ``coord`` on the line a move from ``cont`` follows (cached).
+
+        A move (:meth:`move`) scales the other shares in proportion: the steps of
+        :func:`crossflow.arch.cliffs.steps` with ``convention="proportional"`` (every
+        component's units step along it: one more bundle costs the register file a little
+        area, which is where the cliffs of the core coordinate are).  An exchange with a
+        ``donor`` holds the other shares: the ``held`` steps, with half of the donor's share
+        put in the slack so that the coordinate has room to grow into."""
+        from crossflow.arch.cliffs import steps
+
+        convention = "proportional"
+        if donor is not None:
+            x = np.array(cont.simplexes[coord.block], dtype=float)
+            x[-1] += 0.5 * x[donor.index]
+            x[donor.index] *= 0.5
+            cont = Cont({**cont.simplexes, coord.block: x}, cont.floats)
+            convention = "held"
+        design = self.setup.design(self.params(cont, discrete))
+        overrides = self.setup.overrides(design)
+        key = (coord.block, coord.name, convention, _freeze(overrides))
+        if key not in self._edge_cache:
+            if len(self._edge_cache) > 4096:
+                self._edge_cache.clear()
+            try:
+                found = steps(self.setup.template, overrides, coord.block, coord.name,
+                              convention=convention)
+            except CrossflowError:
+                found = []
+            mine = self._quantities(coord)
+            self._edge_cache[key] = sorted({round(s.fraction, 15) for s in found
+                                            if s.quantity.startswith(mine)})
+        return self._edge_cache[key]
+
+    def _quantities(self, coord: Coord) -> tuple[str, ...]:
+        """The quantities (:func:`crossflow.arch.cliffs.quantities` names, as prefixes) a
+        budget coordinate buys: its own units, and for the core also the per-unit banks of
+        the levels whose clients are its MCUs and bundles (more bundles on the same area
+        leave fewer register banks per MCU: the cliffs of the core coordinate)."""
+        main = self.setup.template.memory[-1].name
+        own = {"core": ("core.", "registers.banks", "L1.banks"), "dram_ctrl": (f"{main}.",),
+               "dram": (f"{main}.",), "intra": ("intra_links.ports",),
+               "inter": ("inter_links.ports",), "intra_links": ("intra_links.ports",),
+               "inter_links": ("inter_links.ports",)}
+        return ("feasible", *own.get(coord.name, (f"{coord.name}.",)))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, float):
+        return round(value, 12)
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return tuple(_freeze(v) for v in value)
+    return value
+

@@ -1,0 +1,207 @@
+"""The ``structured`` driver (and ``gd`` inside it): screening, cliffs, resume, workers,
+tracking, and convergence of the inner methods on a toy problem with a cliff."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from crossflow.search.samplers.structured._inner import METHODS
+from crossflow.search.samplers.structured._problem import Cont, Problem
+from crossflow.search.samplers.structured._sampler import BUDGET, MEMORY, PHASE, SLOT
+from crossflow.search.space import SearchSpace, Simplex
+from crossflow.search.study import is_feasible, load_study, run_study
+from crossflow.system import order_classes, order_representative
+
+optuna = pytest.importorskip("optuna")
+from optuna.trial import TrialState  # noqa: E402
+
+
+def _run(setup, tmp_path, n, name=None, **kw):
+    if name is not None:
+        setup = dataclasses.replace(setup, spec=setup.spec.model_copy(update={"name": name}))
+    kw.setdefault("storage", str(tmp_path / f"{setup.name}.journal"))
+    kw.setdefault("track", False)
+    return run_study(setup, n_trials=n, progress=False, sampler="structured", seed=0, **kw)
+
+
+@pytest.fixture(scope="module")
+def lstm_screen(tmp_path_factory):
+    """paper-lstm-512 with a budget just past its screening phases."""
+    setup = load_study("paper-lstm-512")
+    result = _run(setup, tmp_path_factory.mktemp("lstm"), 150)
+    return setup, result.study
+
+
+def test_screen_skips_memory_infeasible_strategies_and_records_them(lstm_screen):
+    setup, study = lstm_screen
+    strategies = set(setup.space.dimension("strategy").values())
+    rejected = study.user_attrs[MEMORY]
+    rejected_names = {r["strategy"] for r in rejected}
+    assert all(r["need_bytes"] > r["capacity_bytes"] > 0 for r in rejected)
+    evaluated = {t.params["strategy"] for t in study.trials if SLOT in t.system_attrs}
+    assert evaluated and not evaluated & rejected_names       # never evaluated in full
+    assert evaluated | rejected_names == strategies            # every strategy accounted for
+    # a rejected strategy really is over memory at the template's split
+    bad = next(iter(rejected_names))
+    trial = next(t for t in study.trials if SLOT in t.system_attrs)
+    from crossflow.search.objective import evaluate
+
+    ev = evaluate(setup, setup.design({**trial.params, "strategy": bad}))
+    assert not ev.feasible and ev.memory_only
+    assert study.user_attrs[BUDGET] == 150 - len(setup.baseline_trials())
+
+
+def test_screen_covers_every_order_class_of_the_best_strategies(lstm_screen):
+    setup, study = lstm_screen
+    screened = [t for t in study.trials if t.user_attrs.get(PHASE) in ("screen", "orders")]
+    assert {t.user_attrs.get(PHASE) for t in study.trials} >= {"screen", "orders", "search"}
+    best = sorted((t for t in screened if is_feasible(t)), key=lambda t: t.value)
+    top = []
+    for t in best:
+        if t.params["strategy"] not in top:
+            top.append(t.params["strategy"])
+    for strategy in top[:3]:
+        seen = {order_representative(strategy, t.params["mapping_order"])
+                for t in screened if t.params["strategy"] == strategy}
+        assert seen == {rep for rep, _ in order_classes(strategy)}, strategy
+    # and one order per class: no two evaluations of one strategy in the same class
+    for strategy in top[:3]:
+        orders = [order_representative(strategy, t.params["mapping_order"])
+                  for t in screened if t.params["strategy"] == strategy]
+        assert len(orders) == len(set(orders))
+
+
+def test_search_improves_on_the_screen_and_on_the_template(lstm_screen):
+    setup, study = lstm_screen
+    feasible = [t for t in study.trials if is_feasible(t)]
+    template = next(t for t in study.trials if t.user_attrs.get("baseline"))
+    best = min(t.value for t in feasible)
+    screened = min(t.value for t in feasible if t.user_attrs.get(PHASE) == "screen")
+    assert best < screened < template.value
+
+
+def test_resume_replays_the_plan(tmp_path):
+    """A launch stopped after 30 trials and run again to 60 gives the trials of 60 at once:
+    the plan is rebuilt from the storage (its budget is stored with the study)."""
+    setup = load_study("quickstart")
+    plan = {"budget": 57}
+    once = _run(setup, tmp_path / "a", 60, name="q-once", sampler_options=plan).study
+    _run(setup, tmp_path / "b", 30, name="q-twice", sampler_options=plan)
+    twice = _run(setup, tmp_path / "b", 60, name="q-twice", sampler_options=plan).study
+    a = [(t.params, t.values) for t in sorted(once.trials, key=lambda t: t.number)]
+    b = [(t.params, t.values) for t in sorted(twice.trials, key=lambda t: t.number)]
+    assert len(a) == 60 and a == b
+
+
+def test_extending_a_study_polishes_past_its_budget(tmp_path):
+    setup = load_study("quickstart")
+    first = _run(setup, tmp_path, 30, name="q-extend").study
+    assert first.user_attrs[BUDGET] == 27                # 30 less the baseline trials
+    more = _run(setup, tmp_path, 50, name="q-extend").study
+    assert more.user_attrs[BUDGET] == 27                 # the plan keeps its budget
+    phases = [t.user_attrs.get(PHASE) for t in sorted(more.trials, key=lambda t: t.number)]
+    assert set(phases[30:]) == {"polish"}
+    assert min(t.value for t in more.trials if is_feasible(t)) <= min(
+        t.value for t in first.trials if is_feasible(t))
+
+
+def test_two_workers_share_one_plan(tmp_path):
+    setup = load_study("quickstart")
+    result = _run(setup, tmp_path, 40, workers=2)
+    finished = [t for t in result.study.trials if t.state == TrialState.COMPLETE]
+    assert len(finished) == 40
+    slots = [t.system_attrs[SLOT] for t in finished if SLOT in t.system_attrs]
+    assert len(slots) == len(set(slots))                       # no point evaluated twice
+    assert sorted(slots) == list(range(len(slots)))            # the plan's points, in order
+    assert result.study.trials[0].user_attrs.get("baseline")
+    best = min(t.value for t in finished if is_feasible(t))
+    assert best < result.study.trials[0].value                 # beats the template
+
+
+def test_every_evaluation_is_a_trial_with_one_mlflow_run(tmp_path):
+    from mlflow import MlflowClient
+
+    setup = load_study("quickstart")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = _run(setup, tmp_path, 25, name="q-tracked", track=True, tracking_uri=uri)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("q-tracked")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    numbers = sorted(int(r.data.tags["trial_number"]) for r in runs
+                     if "trial_number" in r.data.tags)
+    assert numbers == sorted(t.number for t in result.study.trials) == list(range(25))
+    samplers = {r.data.tags.get("sampler") for r in runs if "trial_number" in r.data.tags}
+    assert samplers == {"structured"}
+
+
+# ---- the inner methods on a toy problem with a cliff ------------------------------------
+
+class _ToySetup:
+    """A study-like object for :class:`Problem`: one budget simplex of three components and
+    no discrete dimension."""
+
+    def __init__(self) -> None:
+        self.space = SearchSpace("toy", (Simplex("area", ("core", "sram", "io"), {},
+                                                 ("core", "sram", "io")),), ())
+        self.template = "toy"
+
+    def baseline_params(self):
+        return {}
+
+
+class _ToyProblem(Problem):
+    """The toy's steps, as the AGE's cliffs module reports a chip's: the core buys whole
+    units of 5 % of the area, the SRAM is useful from 15 % on."""
+
+    def _edges(self, cont, coord, discrete, donor=None):
+        if coord.name == "core":
+            return [0.05 * k for k in range(1, 20)]
+        return [0.15] if coord.name == "sram" else []
+
+
+def _toy(cont: Cont) -> float:
+    """Time of a toy chip: compute in whole units of 5 % of the area (a cliff at every
+    unit), SRAM that must hold 15 % (a cliff at 0.15: below it, everything spills), and I/O
+    with diminishing returns.  Its optimum over the simplex is found by a grid below."""
+    core, sram, io, _ = cont.simplexes["area"]
+    units = math.floor(core / 0.05 + 1e-9)
+    if units == 0:
+        return math.inf
+    spill = 3.0 if sram < 0.15 else 1.0
+    return spill / units + 0.02 / max(io, 1e-6)
+
+
+def _toy_optimum() -> float:
+    best = math.inf
+    for core in np.arange(0.05, 0.951, 0.0025):
+        for sram in np.arange(0.0, 1.0 - core, 0.0025):
+            io = 1.0 - core - sram
+            if io > 0:
+                best = min(best, _toy(Cont({"area": np.array([core, sram, io, 0.0])})))
+    return best
+
+
+@pytest.mark.parametrize("method", ["exchange", "gd"])
+def test_inner_method_crosses_a_cliff_on_a_toy_problem(method):
+    P = _ToyProblem(_ToySetup())
+    start = Cont({"area": np.array([0.3, 0.05, 0.3, 0.35])})   # under the SRAM cliff
+    f0 = _toy(start)
+    gen = METHODS[method](P, {}, start, f0, 400, np.random.default_rng(0))
+    best, used = f0, 0
+    try:
+        batch = next(gen)
+        while True:
+            values = [_toy(x) for x in batch]
+            used += len(values)
+            best = min([best, *values])
+            batch = gen.send(values)
+    except StopIteration as end:
+        x, fx = end.value
+    assert used <= 400
+    assert fx == best and x.simplexes["area"][1] >= 0.15          # over the cliff
+    optimum = _toy_optimum()
+    assert fx <= optimum * 1.05, (fx, optimum)
