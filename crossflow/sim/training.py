@@ -121,7 +121,7 @@ def transformer_iteration(
     for g in range(chunks - 1):
         fwd_s[g] += p2p
         bwd_s[g + 1] += p2p
-    host = _host(software, block_f, block_b, ends, per_chunk, chunks, tp, pp, p2p)
+    host = _host(software, block_f, block_b, ends, per_chunk, chunks, pp, p2p)
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
 
@@ -248,8 +248,8 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
     return block_f, block_b, emb_f, emb_b, head_f, head_b
 
 
-def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, tp: int,
-          pp: int, p2p: float) -> Host | None:
+def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int,
+          p2p: float) -> Host | None:
     """The host side of every chunk's passes (None when the software profile has none):
     each pass's host time and its span through host and device (crossflow.sim.pipeline)."""
     if software is None or not software.has_host:
