@@ -2,9 +2,10 @@
 
     python benchmarks/bench_software_stack.py [--repeat N]
 
-Prints one JSON object.  Each figure is the median of N calls, every call *uncached*: the
-kernel-price, device and system caches are cleared first, so each call prices every kernel
-and builds its system again (the cost of a prediction a search has not seen before).
+Prints one JSON object.  Each figure is the median of N calls, every call *uncached*: every
+crossflow memo but the parsed presets (kernel prices, tiling grids, devices, routes) is
+cleared first, so each call prices every kernel and routes its system again (the cost of a
+prediction a search has not seen before).
 
 * ``megatron_deepspeed``: a vTrain-sized GPT (hidden 1024, 24 layers, t2 p2, micro-batch 1,
   16 micro-batches) on ``dgx-a100-megatron-deepspeed`` — the host on the critical path;
@@ -34,18 +35,20 @@ PARALLEL = {"tensor_parallel": 2, "pipeline_parallel": 2, "data_parallel": 1}
 
 
 def _clear() -> None:
-    from crossflow.sim import pricing
+    """Empty every memo of the crossflow modules: functools caches (kernel prices, tiling
+    grids, devices, plans) and the routing tables, so each call starts from parsed specs."""
+    import functools
+    import sys
 
-    pricing._price.cache_clear()
-    try:
-        from crossflow import distributed
-
-        for name in ("_device", "with_software"):
-            fn = getattr(distributed, name, None)
-            if fn is not None and hasattr(fn, "cache_clear"):
-                fn.cache_clear()
-    except ImportError:
-        pass
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("crossflow"):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, functools._lru_cache_wrapper) and name != "crossflow.config.loader":
+                value.cache_clear()
+        for table in ("_ROUTES", "_TOPOLOGIES"):
+            if isinstance(getattr(module, table, None), dict):
+                getattr(module, table).clear()
 
 
 def uncached(system: str, repeat: int) -> float:

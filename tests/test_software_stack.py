@@ -243,3 +243,15 @@ def test_cuda_graphs_profile_removes_most_of_the_host_cost():
                                             "dgx-a100-cuda-graphs"))
     assert eager > 2.5 * device_only
     assert device_only <= graphs <= 1.15 * device_only
+
+
+def test_shipped_vidur_h100_network_constants_match_a_fresh_fit():
+    """The preset holds what `python -m crossflow.validation.collectives vidur h100` prints."""
+    from crossflow.validation.collectives import _get, fit_vidur_collectives
+
+    shipped = load_spec("vidur-h100-dgx", "systems").model_dump()
+    for path, value in fit_vidur_collectives("h100").items():
+        if path.endswith("_s"):
+            assert _get(shipped, path) == pytest.approx(value, abs=0.05e-6), path
+        else:
+            assert _get(shipped, path) == pytest.approx(value, abs=0.002), path
