@@ -1,8 +1,8 @@
 """Predicted vs measured on real hardware (DESIGN.md §5).
 
 Each data set is a measurement file shipped verbatim under
-``crossflow/presets/measurements/`` (copies of ``shared/reference/measurements/`` plus what
-this project measured itself, each with the script that measured it).  A data set has a
+``crossflow/presets/measurements/`` (published measurements, each file's source in its header,
+plus what this project measured itself, each with the script that measured it).  A data set has a
 tolerance: its MAPE must stay at or under it and its rank correlation at or over its floor.
 """
 
