@@ -255,3 +255,11 @@ def test_shipped_vidur_h100_network_constants_match_a_fresh_fit():
             assert _get(shipped, path) == pytest.approx(value, abs=0.05e-6), path
         else:
             assert _get(shipped, path) == pytest.approx(value, abs=0.002), path
+
+
+def test_validate_summary_cli_lists_the_new_data_sets(cli):
+    code, out, _ = cli("validate", "collectives", "--summary")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert sum("(Vidur)" in line for line in lines) == 5
+    assert all(line.endswith("PASS") for line in lines[:-1])
