@@ -263,3 +263,24 @@ def test_validate_summary_cli_lists_the_new_data_sets(cli):
     lines = out.strip().splitlines()
     assert sum("(Vidur)" in line for line in lines) == 5
     assert all(line.endswith("PASS") for line in lines[:-1])
+
+
+def test_shipped_megatron_deepspeed_host_constants_are_the_fits_optimum():
+    """No single host constant moved by ±15 % makes the fitted (2-GPU) rows fit better: the
+    preset holds what `python -m crossflow.validation.vtrain` converged to."""
+    import numpy as np
+
+    from crossflow.validation.vtrain import HOST_PARAMS, predict_rows, vtrain_rows
+
+    rows = [r for r in vtrain_rows() if r["num_gpus"] == "2"][::2]
+    base = load_spec("dgx-a100-megatron-deepspeed", "systems")
+
+    def loss(**update) -> float:
+        system = base.model_copy(update={"software": base.software.model_copy(update=update)})
+        return float(np.mean([abs(np.log(r.predicted / r.measured))
+                              for r in predict_rows(system, rows)]))
+
+    shipped = loss()
+    for name in HOST_PARAMS:
+        for factor in (0.85, 1.15):
+            assert loss(**{name: getattr(base.software, name) * factor}) >= shipped - 0.002
