@@ -491,6 +491,11 @@ def _enumerate(f: _Counter, setup, params: dict[str, Any], opts: Mapping[str, An
         fr: dict[str, float] = {}
         for c, n in want.items():
             t = threshold(c, n, bundles)
+            if t is None and n == q0[units[c]]:
+                # no area step buys this count (it is bound by power or perimeter, or the
+                # first unit is the feasibility step): the optimum's own share builds it
+                fr[c] = area[c]
+                continue
             if t is None:
                 break
             fr[c] = t * (1 + 1e-9)
