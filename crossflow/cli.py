@@ -45,11 +45,14 @@ def _parser() -> argparse.ArgumentParser:
 
     va = sub.add_parser("validate", help="predicted vs measured on real hardware")
     va.add_argument("what", nargs="?", default="all",
-                    choices=["gemm", "collectives", "training", "all"])
+                    choices=["gemm", "collectives", "ops", "training", "all"])
     va.add_argument("--csv", help="also write every row to this CSV file")
+    va.add_argument("--summary", action="store_true",
+                    help="one line per data set (MAPE, Spearman) instead of every row")
 
-    ca = sub.add_parser("calibrate", help="measure this machine and write a hardware preset")
-    ca.add_argument("what", choices=["cpu"])
+    ca = sub.add_parser("calibrate", help="measure this machine and write a hardware preset; "
+                        "or re-fit the software-stack constants of the system presets")
+    ca.add_argument("what", choices=["cpu", "software"])
     ca.add_argument("--output", default="cpu-this-machine.yaml", help="preset YAML to write")
     ca.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
 
@@ -208,11 +211,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from crossflow.validation import run_validation
 
-    ok = run_validation(args.what, csv_path=args.csv)
+    ok = run_validation(args.what, csv_path=args.csv, summary=args.summary)
     return EXIT_OK if ok else EXIT_TOLERANCE
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.what == "software":
+        from crossflow.validation.refit import refit_all
+
+        refit_all()
+        return EXIT_OK
     from crossflow.calibrate import calibrate_cpu
 
     path = calibrate_cpu(Path(args.output), quick=args.quick)

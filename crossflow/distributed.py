@@ -35,13 +35,22 @@ class _Local:
         return 0.0
 
 
-@lru_cache(maxsize=256)
 def with_software(arch: MicroArch, software) -> MicroArch:
-    """The device as the system's training framework drives it (fitted efficiencies)."""
+    """The device as the system's training framework drives it: fitted efficiencies, the
+    minimum kernel time and the memory passes of its memory-bound ops.  Profiles that differ
+    only in host constants give the same (cached) device, so kernel prices are shared."""
     if software is None:
         return arch
-    return replace(arch, compute_efficiency=software.gemm_efficiency,
-                   memory_bound_efficiency=software.memory_bound_efficiency)
+    return _device(arch, software.gemm_efficiency, software.memory_bound_efficiency,
+                   software.kernel_min_s, tuple(software.memory_passes.model_dump().items()))
+
+
+@lru_cache(maxsize=256)
+def _device(arch: MicroArch, gemm_efficiency: float, memory_bound_efficiency: float,
+            kernel_min_s: float, memory_passes: tuple) -> MicroArch:
+    return replace(arch, compute_efficiency=gemm_efficiency,
+                   memory_bound_efficiency=memory_bound_efficiency,
+                   kernel_min_s=kernel_min_s, memory_passes=dict(memory_passes))
 
 
 def _parallelism_spec(source):
@@ -249,7 +258,8 @@ class _Batch:
         best: Prediction | None = None
         for order, network in networks:
             try:
-                p = _run(spec, strategy, par, run_arch, network, devices)
+                p = _run(spec, strategy, par, run_arch, network, devices,
+                         sys_spec.software if sys_spec is not None else None)
             except InfeasibleDesignError as exc:
                 return infeasible(spec, arch.name, str(exc), exc.memory_bytes)
             p.details["mapping_order"] = order
@@ -310,20 +320,21 @@ def predict_many(workload: Any, hardware: Any, system: Any,
     return out
 
 
-def _run(spec, strategy, par, arch: MicroArch, network, devices: int) -> Prediction:
+def _run(spec, strategy, par, arch: MicroArch, network, devices: int,
+         software=None) -> Prediction:
     if spec.kind == "transformer":
-        return _transformer(spec, strategy, par, arch, network, devices)
+        return _transformer(spec, strategy, par, arch, network, devices, software)
     return _graph(spec, strategy, arch, network, devices)
 
 
-def _transformer(spec, strategy, par, arch, network, devices) -> Prediction:
+def _transformer(spec, strategy, par, arch, network, devices, software=None) -> Prediction:
     from crossflow.sim.training import transformer_iteration
 
     r = transformer_iteration(
         spec, arch, network, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
         sp=strategy.sp, schedule=par.schedule if par else "1f1b",
         zero1=par.zero1 if par else False,
-        overlap_grad_reduce=par.overlap_grad_reduce if par else False,
+        overlap_grad_reduce=par.overlap_grad_reduce if par else False, software=software,
     )
     return _prediction(
         spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,

@@ -14,6 +14,8 @@ from crossflow.errors import ConfigError
 
 A100 = yaml.safe_load((preset_dir("hardware") / "a100-sxm4-80gb.yaml").read_text())
 GEMM = {"kind": "gemm", "m": 1024, "k": 1024, "n": 1024, "precision": "fp16"}
+MDS = yaml.safe_load((preset_dir("systems") / "dgx-a100-megatron-deepspeed.yaml").read_text())
+VIDUR = yaml.safe_load((preset_dir("systems") / "vidur-a100-dgx.yaml").read_text())
 
 
 def _edit(base: dict, path: str, value=..., delete: bool = False, rename: str | None = None):
@@ -71,6 +73,20 @@ CASES = [
     ("hw-empty-loop-orders", _edit(A100, "memory[1].loop_orders", []),
      "memory[1].loop_orders"),
     ("hw-both-units", _edit(A100, "compute.frequency_MHz", 1410), "given twice"),
+    ("sw-unknown-sync", _edit(MDS, "software.sync", "always"),
+     "key 'software.sync' = 'always'"),
+    ("sw-negative-dispatch", _edit(MDS, "software.dispatch_us", -3),
+     "key 'software.dispatch_us' = -3"),
+    ("sw-dispatch-without-unit", _edit(MDS, "software.dispatch_us", rename="dispatch"),
+     "key 'software.dispatch'"),
+    ("sw-passes-below-one", _edit(VIDUR, "software.memory_passes.layernorm", 0.5),
+     "key 'software.memory_passes.layernorm' = 0.5"),
+    ("sw-unknown-pass-op", _edit(VIDUR, "software.memory_passes.rmsnorm", 2),
+     "software.memory_passes.rmsnorm"),
+    ("ll-fraction-over-one", _edit(VIDUR, "intra.collective.low_latency.efficiency", 1.5),
+     "key 'intra.collective.low_latency.efficiency' = 1.5"),
+    ("ll-missing-latency", _edit(VIDUR, "intra.collective.low_latency.step_latency_us",
+                                 delete=True), "intra.collective.low_latency"),
 ]
 
 

@@ -113,3 +113,82 @@ def test_slower_stage_never_shortens_the_flush(p, m, extra):
     slow[p // 2] += extra
     assert simulate_pipeline(stages=p, microbatches=m, fwd_s=slow,
                              bwd_s=[2.0] * p).makespan_s >= base.makespan_s - 1e-12
+
+
+# --- the host as a resource (software-stack layer) ----------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    p=st.integers(1, 5),
+    groups=st.integers(1, 3),
+    v=st.integers(1, 2),
+    schedule=st.sampled_from(["1f1b", "gpipe"]),
+    p2p=st.floats(0, 0.5),
+    sync=st.booleans(),
+    launch=st.floats(0, 0.3),
+    data=st.data(),
+)
+def test_fast_pipeline_with_a_host_equals_the_event_simulator(p, groups, v, schedule, p2p,
+                                                              sync, launch, data):
+    from crossflow.sim.pipeline import Host
+
+    if v > 1 and schedule == "1f1b":
+        schedule = "interleaved"
+    m = groups * p
+    times = st.lists(st.floats(0.1, 3.0), min_size=p * v, max_size=p * v)
+    kernels = st.lists(st.integers(1, 50), min_size=p * v, max_size=p * v)
+    fwd, bwd = data.draw(times), data.draw(times)
+    host = Host.uniform(data.draw(times), data.draw(times), data.draw(kernels),
+                        data.draw(kernels), fwd, bwd, launch, sync)
+    kw = dict(stages=p, microbatches=m, fwd_s=fwd, bwd_s=bwd,
+              p2p_s=p2p, schedule=schedule, virtual_stages=v, host=host)
+    fast, full = simulate_pipeline(**kw), simulate_pipeline(**kw, keep_schedule=True)
+    assert fast.makespan_s == pytest.approx(full.makespan_s, rel=1e-12)
+    # the host can only delay the device
+    kw.pop("host")
+    assert fast.makespan_s >= simulate_pipeline(**kw).makespan_s - 1e-12
+
+
+def test_a_host_bound_pass_ends_one_kernel_after_the_host():
+    """One stage, one micro-batch, 10 kernels: the host needs 10 s to issue what the device
+    runs in 1 s, so the device finishes launch + one kernel (0.1 s) after the host."""
+    from crossflow.sim.pipeline import Host
+
+    host = Host.uniform([10.0], [10.0], [10], [10], [1.0], [1.0], launch_s=0.5, sync=False)
+    r = simulate_pipeline(stages=1, microbatches=1, fwd_s=[1.0], bwd_s=[1.0], host=host)
+    assert r.makespan_s == pytest.approx(20.0 + 0.5 + 0.1)
+    # device-bound: the host issues 10 kernels in 0.1 s; the device starts after the first
+    # (0.01 s + launch) and runs its 2 s of work back to back
+    fast_host = Host.uniform([0.1], [0.1], [10], [10], [1.0], [1.0], launch_s=0.5,
+                             sync=False)
+    r = simulate_pipeline(stages=1, microbatches=1, fwd_s=[1.0], bwd_s=[1.0], host=fast_host)
+    assert r.makespan_s == pytest.approx(0.01 + 0.5 + 2.0)
+
+
+def test_a_host_that_syncs_every_pass_cannot_run_ahead():
+    from crossflow.sim.pipeline import Host
+
+    kw = dict(stages=2, microbatches=4, fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0])
+    ahead = Host.uniform([0.9] * 2, [1.8] * 2, [20] * 2, [20] * 2, [1.0] * 2, [2.0] * 2,
+                         launch_s=0.0, sync=False)
+    synced = Host.uniform([0.9] * 2, [1.8] * 2, [20] * 2, [20] * 2, [1.0] * 2, [2.0] * 2,
+                          launch_s=0.0, sync=True)
+    free = simulate_pipeline(**kw).makespan_s
+    assert simulate_pipeline(**kw, host=ahead).makespan_s < simulate_pipeline(
+        **kw, host=synced).makespan_s
+    assert simulate_pipeline(**kw, host=ahead).makespan_s >= free
+
+
+def test_span_is_the_longest_path_through_host_and_device():
+    from crossflow.sim.pipeline import chain, repeat, span
+
+    # one big kernel between two tiny ones: the device waits for the first, the host's
+    # last issue comes long before the device is done
+    assert span([(1.0, 0.1), (1.0, 10.0), (1.0, 0.1)]) == pytest.approx(1 + 1 + 10 + 0.1)
+    # tiny kernels after the big one: their issue time is exposed
+    assert span([(1.0, 10.0), (1.0, 0.1), (1.0, 0.1)]) == pytest.approx(1 + 10.2)
+    ks = [(0.5, 0.2), (0.1, 3.0), (0.7, 0.1)]
+    one = (sum(h for h, _ in ks), sum(d for _, d in ks), span(ks))
+    assert chain([one] * 4) == pytest.approx((4 * one[0], 4 * one[1], span(ks * 4)))
+    assert repeat(one, 4) == pytest.approx(chain([one] * 4))

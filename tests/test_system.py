@@ -315,7 +315,7 @@ def test_hierarchical_all_reduce_on_two_dgx_nodes():
 
 
 def test_nccl_all_reduce_within_tolerance():
-    (ds,) = collective_datasets()
+    ds = collective_datasets()[0]  # the others: tests/test_software_stack.py (Vidur)
     assert len(ds.rows) == 20
     assert ds.mape <= 0.15, ds.render()
     assert ds.spearman >= 0.9, ds.render()

@@ -98,6 +98,10 @@ class MicroArch:
         memory_bound_efficiency: sustained fraction of a level's peak bandwidth that
             streaming (elementwise, softmax, …) kernels reach; None: the level's own
             ``efficiency``.  A software stack's kernels set it (system presets).
+        kernel_min_s: the shortest time any kernel runs on the device (a software
+            profile's ``kernel_min``; 0: the roofline alone).
+        memory_passes: op name (layernorm, softmax, elementwise, embedding) -> bytes moved
+            as a multiple of one fused pass (a software profile's ``memory_passes``).
         report: how the chip was derived (AGE area/power use, datasheet sources) for output.
     """
 
@@ -116,6 +120,8 @@ class MicroArch:
     dataflow: str = "best"
     accumulator_fraction: float = 0.5
     memory_bound_efficiency: float | None = None
+    kernel_min_s: float = 0.0
+    memory_passes: Mapping[str, float] = field(default_factory=dict)
     tdp_W: float | None = None
     report: Mapping[str, object] = field(default_factory=dict)
 
@@ -194,6 +200,8 @@ class MicroArch:
             "dataflow": self.dataflow,
             "accumulator_fraction": self.accumulator_fraction,
             "memory_bound_efficiency": self.memory_bound_efficiency,
+            "kernel_min_s": self.kernel_min_s,
+            "memory_passes": dict(self.memory_passes),
             "tdp_W": self.tdp_W,
             "report": dict(self.report),
         }

@@ -17,6 +17,8 @@ File shape (``presets/systems/*.yaml``, ``kind: system``)::
       collective: {efficiency: 0.76, step_latency_us: 3.7}   # ring-collective constants
     inter: {topology: fat_tree, bandwidth_Gbps: 200, …}      # between nodes; endpoints = nodes
     collective_launch_us: 5          # fixed cost of one collective
+    p2p_launch_us: 8                 # fixed cost of one send/recv (default: collective_launch)
+    software: {name: …, gemm_efficiency: …, dispatch_us: …}  # the software-stack layer
 
 ``bandwidth``, ``latency`` and ``efficiency`` default to the device's own links (the
 ``intra`` / ``inter`` links of its MicroArch); a system file overrides them where the machine
@@ -49,6 +51,16 @@ GRID = ("mesh", "torus", "ring")
 Topology = Literal["switch", "crossbar", "fat_tree", "mesh", "torus", "ring", "graph"]
 
 
+class LowLatencySpec(Spec):
+    """NCCL's LL protocol on one level: 8-byte stores with an inline flag, so a step costs
+    little latency but only part of the bandwidth reaches the data (NCCL docs, "Protocols")."""
+
+    #: software latency per ring step (on top of the links' own latency)
+    step_latency_s: NonNegative
+    #: bandwidth of the protocol as a fraction of the level's collective bandwidth
+    efficiency: Fraction
+
+
 class CollectiveSpec(Spec):
     """Constants of the α–β ring-collective model on one level (crossflow.system.collectives)."""
 
@@ -57,6 +69,10 @@ class CollectiveSpec(Spec):
     efficiency: Fraction = 1.0
     #: software latency per ring step on top of the links' own latency
     step_latency_s: NonNegative = 0.0
+    #: NCCL's low-latency protocol (LL), which NCCL's tuner picks for small messages: its
+    #: own step latency and its bandwidth as a fraction of the one above; absent: the level
+    #: has one protocol (the one above, NCCL's Simple)
+    low_latency: LowLatencySpec | None = None
 
 
 class LevelSpec(Spec):
@@ -136,17 +152,65 @@ class LevelSpec(Spec):
                               "reached from endpoint 0", key=f"{key}.edges")
 
 
+class MemoryPassesSpec(Spec):
+    """Bytes a framework's memory-bound kernels move, as a multiple of one fused pass (read
+    the inputs once, write the outputs once).  An unfused implementation (e.g. an RMSNorm as
+    five PyTorch ops in fp32) makes several passes; 1.0 is the fused kernel."""
+
+    layernorm: Annotated[float, Field(ge=1)] = 1.0
+    softmax: Annotated[float, Field(ge=1)] = 1.0
+    elementwise: Annotated[float, Field(ge=1)] = 1.0
+    embedding: Annotated[float, Field(ge=1)] = 1.0
+    #: Llama-style blocks: rotary position embedding, gated activation (SiLU-and-multiply)
+    rope: Annotated[float, Field(ge=1)] = 1.0
+    swiglu: Annotated[float, Field(ge=1)] = 1.0
+
+
 class SoftwareSpec(Spec):
-    """What the training framework's kernels sustain on this system's devices.
+    """What the training framework's kernels sustain on this system's devices, and what the
+    host costs to issue them (the software-stack layer, docs/software-stack.md).
 
     Replaces the device preset's efficiencies in training predictions: ``gemm_efficiency``
     for GEMM compute, ``memory_bound_efficiency`` for elementwise / softmax / layernorm
     streaming (fractions of the device's peak FLOP/s and main-memory bandwidth).
+
+    The host side (all default 0: a host that is never on the critical path):
+
+    * ``dispatch_s``: host time to issue one forward op of the workload graph (Python,
+      the framework's module code, the PyTorch dispatcher and autograd recording);
+    * ``backward_dispatch_s``: host time per backward (and recomputed) op, issued by the
+      autograd engine;
+    * ``collective_dispatch_s``: host time to issue one collective or send/recv;
+    * ``kernel_launch_s``: from the host issuing a kernel until the device can start it
+      (driver + launch queue), paid when the device waits for the host;
+    * ``kernel_min_s``: the shortest a kernel runs on the device, however small;
+    * ``iteration_s``: host time per iteration outside the passes (optimizer step issue,
+      loss-scale and gradient-norm checks that synchronise with the device);
+    * ``sync``: how far the host may run ahead of the device — ``none`` (across the whole
+      pipeline flush), ``pass`` (it waits for the device at every pipeline send/recv, as
+      Megatron does after ``batch_isend_irecv``) or ``layer`` (it also waits at every
+      transformer layer) or ``backward-layer`` (at every layer of the backward pass only, where
+      a reentrant activation checkpoint recomputes and back-propagates each layer in a call
+      of its own).
     """
 
     name: str
     gemm_efficiency: Annotated[float, Field(gt=0, le=1)]
     memory_bound_efficiency: Annotated[float, Field(gt=0, le=1)]
+    memory_passes: MemoryPassesSpec = Field(default_factory=MemoryPassesSpec)
+    dispatch_s: NonNegative = 0.0
+    backward_dispatch_s: NonNegative = 0.0
+    collective_dispatch_s: NonNegative = 0.0
+    kernel_launch_s: NonNegative = 0.0
+    kernel_min_s: NonNegative = 0.0
+    iteration_s: NonNegative = 0.0
+    sync: Literal["none", "pass", "backward-layer", "layer"] = "pass"
+
+    @property
+    def has_host(self) -> bool:
+        """Whether the host can be on the critical path at all."""
+        return bool(self.dispatch_s or self.backward_dispatch_s or self.collective_dispatch_s
+                    or self.iteration_s)
 
 
 class SystemSpec(Spec):
@@ -159,6 +223,8 @@ class SystemSpec(Spec):
     intra: LevelSpec | None = None
     inter: LevelSpec | None = None
     collective_launch_s: NonNegative = 0.0
+    #: fixed cost of one send/recv (None: collective_launch)
+    p2p_launch_s: NonNegative | None = None
     software: SoftwareSpec | None = None
 
     @property

@@ -13,7 +13,8 @@ register accesses of the MCU dataflow (paper eq. 5).  The tile of the outermost
 bundle-scope level is the unit of work handed to compute bundles (SMs / cores): the compute
 time counts padded tiles and whole waves over the bundles (tile and wave quantisation).
 
-Kernel time = max(compute, every level's bytes / bandwidth + latency) + launch overhead.
+Kernel time = max(compute, every level's bytes / bandwidth + latency, the software profile's
+minimum kernel time) + launch overhead.
 
 The search is exhaustive over power-of-two tiles at every level, with the constraint that a
 level's tile is no larger than the tile of the level outside it.  It is vectorised: each
@@ -213,9 +214,14 @@ def _compute_time(arch: MicroArch, g: _Grid, per_bundle: float, fill_s: float) -
 
 
 def gemm(
-    arch: MicroArch, m: int, k: int, n: int, precision: str = "fp16", count: int = 1
+    arch: MicroArch, m: int, k: int, n: int, precision: str = "fp16", count: int = 1,
+    *, warm: bool = True,
 ) -> KernelResult:
     """Predict one GEMM (repeated ``count`` times) on ``arch``.
+
+    ``warm``: operands that fit a chip-global cache are read from it (a kernel that follows
+    the one that wrote them); ``False``: from main memory (the weights of a model whose
+    working set is larger than the cache, which every other layer's weights have evicted).
 
     C = A·B can equally run as Cᵀ = Bᵀ·Aᵀ (a library swaps the operands; the work and the
     data are the same).  When the MCU array is not square and a side of C is narrower than
@@ -225,19 +231,20 @@ def gemm(
     check_precision(arch, precision)
     if min(m, k, n) < 1 or count < 1:
         raise ConfigError("GEMM dimensions and count must be ≥ 1", value=(m, k, n, count))
-    result = _gemm(arch, m, k, n, precision, count)
+    result = _gemm(arch, m, k, n, precision, count, warm)
     if arch.mcu_rows != arch.mcu_cols and (m < arch.mcu_rows or n < arch.mcu_cols):
-        swapped = _gemm(arch, n, k, m, precision, count)
+        swapped = _gemm(arch, n, k, m, precision, count, warm)
         if swapped.time_s < result.time_s:
             return swapped
     return result
 
 
-def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int) -> KernelResult:
+def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int,
+          warm: bool = True) -> KernelResult:
     b, acc = BYTES_PER_ELEMENT[precision], ACCUMULATOR_BYTES[precision]
     # Operands live where the memory-bound ops say data lives between kernels: on chip
     # when the whole problem fits a chip-global level (warm), else in main memory.
-    home = home_level(arch, (m * k + k * n + m * n) * b)
+    home = home_level(arch, (m * k + k * n + m * n) * b) if warm else arch.main_memory
     levels = arch.memory[: arch.memory.index(home) + 1]
     onchip = levels[:-1]
     g = _grid(m, k, n)
@@ -327,7 +334,7 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int) -
     }
     candidates = {"compute": compute_s, **time_per_level}
     launch = arch.kernel_launch_s
-    one = max(total, compute_s) + launch
+    one = max(total, compute_s, arch.kernel_min_s) + launch
     energy = flops * arch.energy_J_per_flop.get(precision, 0.0) + sum(
         bytes_per_level[lv.name] * lv.energy_J_per_B for lv in levels
     )

@@ -38,10 +38,18 @@ def memory_bound(
     flops: float,
     count: int = 1,
     detail: dict[str, object] | None = None,
+    warm: bool = True,
 ) -> KernelResult:
-    """Roofline of a streaming kernel at the level its data lives in."""
-    moved = bytes_read + bytes_written
-    level = home_level(arch, moved)
+    """Roofline of a streaming kernel at the level its data lives in.
+
+    A software profile may say its implementation of ``name`` moves the bytes several times
+    (``arch.memory_passes``, e.g. an unfused RMSNorm: each pass a kernel of its own) and that
+    no kernel runs shorter than ``arch.kernel_min_s``.  ``warm=False``: the data is read from
+    main memory even where it would fit a cache (as :func:`crossflow.kernels.gemm.gemm`).
+    """
+    passes = arch.memory_passes.get(name, 1.0)
+    moved = (bytes_read + bytes_written) * passes
+    level = home_level(arch, moved) if warm else arch.main_memory
     efficiency = arch.memory_bound_efficiency or level.efficiency
     memory_time = moved / (level.bandwidth_Bps * efficiency) + level.latency_s
     compute_time = flops / vector_rate(arch)
@@ -50,7 +58,7 @@ def memory_bound(
     energy = flops * arch.energy_J_per_flop.get("fp32", 0.0) + moved * level.energy_J_per_B
     return KernelResult(
         name=name,
-        time_s=(max(memory_time, compute_time) + launch) * count,
+        time_s=(max(memory_time, compute_time, passes * arch.kernel_min_s) + launch) * count,
         flops=flops * count,
         compute_time_s=compute_time * count,
         bytes_per_level={lv.name: (moved * count if lv is level else 0.0) for lv in arch.memory},
@@ -74,6 +82,7 @@ def elementwise(
     flops_per_element: float = 1.0,
     count: int = 1,
     name: str = "elementwise",
+    warm: bool = True,
 ) -> KernelResult:
     """``outputs`` tensors computed element by element from ``inputs`` tensors."""
     check_precision(arch, precision)
@@ -85,11 +94,12 @@ def elementwise(
         flops=elements * flops_per_element,
         count=count,
         detail={"elements": elements},
+        warm=warm,
     )
 
 
 def _rowwise(arch: MicroArch, name: str, rows: int, cols: int, precision: str, count: int,
-             params_per_col: int, flops_per_element: float) -> KernelResult:
+             params_per_col: int, flops_per_element: float, warm: bool = True) -> KernelResult:
     """A fused row-wise kernel: read the matrix (and per-column parameters), write it."""
     check_precision(arch, precision)
     b = BYTES_PER_ELEMENT[precision]
@@ -98,7 +108,7 @@ def _rowwise(arch: MicroArch, name: str, rows: int, cols: int, precision: str, c
         arch, name,
         bytes_read=(elements + params_per_col * cols) * b, bytes_written=elements * b,
         flops=elements * flops_per_element, count=count,
-        detail={"rows": rows, "cols": cols},
+        detail={"rows": rows, "cols": cols}, warm=warm,
     )
 
 
@@ -109,14 +119,14 @@ def softmax(arch: MicroArch, rows: int, cols: int, precision: str = "fp16",
 
 
 def layernorm(arch: MicroArch, rows: int, cols: int, precision: str = "fp16",
-              count: int = 1) -> KernelResult:
+              count: int = 1, *, warm: bool = True) -> KernelResult:
     """LayerNorm over the last dimension, fused: read x, gamma, beta; write y."""
     return _rowwise(arch, "layernorm", rows, cols, precision, count, 2,
-                    LAYERNORM_FLOPS_PER_ELEMENT)
+                    LAYERNORM_FLOPS_PER_ELEMENT, warm)
 
 
 def embedding(arch: MicroArch, tokens: int, hidden: int, precision: str = "fp16",
-              count: int = 1) -> KernelResult:
+              count: int = 1, *, warm: bool = True) -> KernelResult:
     """Embedding lookup: gather ``tokens`` rows of width ``hidden`` from the table.
 
     Only the gathered rows move; the table's size matters for where it lives, which is
@@ -128,5 +138,5 @@ def embedding(arch: MicroArch, tokens: int, hidden: int, precision: str = "fp16"
     return memory_bound(
         arch, "embedding",
         bytes_read=moved + tokens * INDEX_BYTES, bytes_written=moved, flops=0.0, count=count,
-        detail={"tokens": tokens, "hidden": hidden},
+        detail={"tokens": tokens, "hidden": hidden}, warm=warm,
     )

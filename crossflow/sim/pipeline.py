@@ -13,6 +13,19 @@ device runs its forward and backward passes:
 
 The stage boundary transfer is a lag on the dependency (``p2p_s``), so it overlaps with
 whatever else the devices do, as Megatron's asynchronous send/recv does.
+
+**The host** (the software-stack layer, docs/software-stack.md) is a resource of its own on
+each device: a pass is a host task that issues its kernels and a device task that runs them.
+The host runs ahead of the device asynchronously: kernel ``j`` (host time ``h_j``, device time
+``d_j``) starts no earlier than ``launch`` after the host issued it, so a pass whose host task
+starts at ``a`` ends on the device at ``max(device free + D, a + launch + span)`` with
+``span = max_j (h_1 + … + h_j + d_j + … + d_n)`` — the longest path through the two
+streams (:func:`span`).  As a dependency of the device task on the host task (which lasts
+``H = Σh``) this is a lag of ``launch + span − H − D`` after the host task ends.  Where the
+framework synchronises at every pipeline send/recv (``sync``, Megatron after
+``batch_isend_irecv``), a pass's host task also waits for the device to finish the pass
+before it on that device and for its input to arrive; otherwise the host runs ahead across
+passes too.  The iteration is bounded by whichever stream is the critical path.
 """
 
 from __future__ import annotations
@@ -24,6 +37,75 @@ from crossflow.errors import ConfigError
 from crossflow.sim.engine import After, Schedule, Task, simulate
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def span(kernels: Sequence[tuple[float, float]]) -> float:
+    """``max_j (h_1 + … + h_j + d_j + … + d_n)`` over ``kernels`` = ``[(h, d), …]``: from the
+    host starting to issue them to the device finishing them, without launch latency."""
+    host = sum(h for h, _ in kernels)
+    best, issued, remaining = 0.0, 0.0, sum(d for _, d in kernels)
+    for h, d in kernels:
+        issued += h
+        best = max(best, issued + remaining)
+        remaining -= d
+    return best if kernels else host
+
+
+def chain(segments: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """``(H, D, span)`` of segments issued one after another, each ``(H, D, span)``."""
+    total_h = sum(h for h, _, _ in segments)
+    total_d = sum(d for _, d, _ in segments)
+    best, before_h, after_d = 0.0, 0.0, total_d
+    for h, d, sp in segments:
+        after_d -= d
+        best = max(best, before_h + sp + after_d)
+        before_h += h
+    return total_h, total_d, best
+
+
+def repeat(segment: tuple[float, float, float], times: int) -> tuple[float, float, float]:
+    """``(H, D, span)`` of ``times`` identical segments in a row (closed form of
+    :func:`chain`: the longest path crosses from host to device in one of them)."""
+    h, d, sp = segment
+    if times <= 0:
+        return 0.0, 0.0, 0.0
+    return times * h, times * d, sp + (times - 1) * max(h, d)
+
+
+@dataclass(frozen=True)
+class Host:
+    """The host side of each pass (see the module docstring).
+
+    Attributes:
+        fwd_s, bwd_s: host time to issue one micro-batch's forward / backward pass of each
+            global chunk (length ``p·v``).
+        fwd_span_s, bwd_span_s: the pass's :func:`span` (its device time included).
+        launch_s: from issuing a kernel until the device can start it.
+        sync: the host waits for the device at every pass boundary.
+    """
+
+    fwd_s: Sequence[float]
+    bwd_s: Sequence[float]
+    fwd_span_s: Sequence[float]
+    bwd_span_s: Sequence[float]
+    launch_s: float = 0.0
+    sync: bool = True
+
+    @classmethod
+    def uniform(cls, fwd_s, bwd_s, fwd_kernels, bwd_kernels, device_fwd_s, device_bwd_s,
+                launch_s: float = 0.0, sync: bool = True) -> Host:
+        """Passes of ``k`` alike kernels each: span = ``max(h + D, H + d)``."""
+        def spans(host, kernels, device):
+            return [max(h / k + d, h + d / k) for h, k, d in zip(host, kernels, device,
+                                                                strict=True)]
+        return cls(fwd_s, bwd_s, spans(fwd_s, fwd_kernels, device_fwd_s),
+                   spans(bwd_s, bwd_kernels, device_bwd_s), launch_s, sync)
+
+    def lag(self, phase: int, g: int, device_s: float) -> float:
+        """Lag of the device task after its host task ends."""
+        if phase == 0:
+            return self.launch_s + self.fwd_span_s[g] - self.fwd_s[g] - device_s
+        return self.launch_s + self.bwd_span_s[g] - self.bwd_s[g] - device_s
 
 
 @dataclass(frozen=True)
@@ -78,21 +160,34 @@ def _check(schedule: str, p: int, v: int, m: int, fwd_s, bwd_s) -> None:
 
 def pipeline_tasks(*, stages: int, microbatches: int, fwd_s: Sequence[float],
                    bwd_s: Sequence[float], p2p_s: float = 0.0, schedule: str = "1f1b",
-                   virtual_stages: int = 1) -> list[Task]:
-    """The pipeline flush as tasks for :func:`crossflow.sim.engine.simulate`."""
+                   virtual_stages: int = 1, host: Host | None = None) -> list[Task]:
+    """The pipeline flush as tasks for :func:`crossflow.sim.engine.simulate`: device ``s``
+    is resource ``s``; with ``host``, its host is resource ``("host", s)``."""
     p, m, v = stages, microbatches, virtual_stages
     _check(schedule, p, v, m, fwd_s, bwd_s)
     last = p * v - 1
     tasks = []
     for s in range(p):
+        previous = None
         for phase, i, c in _device_order(schedule, p, v, m, s):
             g = c * p + s
+            name = ("F" if phase == 0 else "B", i, g)
             if phase == 0:
                 deps = (After(("F", i, g - 1), p2p_s),) if g > 0 else ()
-                tasks.append(Task(("F", i, g), s, fwd_s[g], deps, kind="forward"))
+                device_s, kind = fwd_s[g], "forward"
             else:
                 deps = (("F", i, g),) + ((After(("B", i, g + 1), p2p_s),) if g < last else ())
-                tasks.append(Task(("B", i, g), s, bwd_s[g], deps, kind="backward"))
+                device_s, kind = bwd_s[g], "backward"
+            if host is not None:
+                issue = ("H",) + name
+                host_deps = deps + ((previous,) if previous and host.sync else ())
+                host_deps = host_deps if host.sync else ()
+                tasks.append(Task(issue, ("host", s),
+                                  (host.fwd_s if phase == 0 else host.bwd_s)[g], host_deps,
+                                  kind="host"))
+                deps = deps + (After(issue, host.lag(phase, g, device_s)),)
+            tasks.append(Task(name, s, device_s, deps, kind=kind))
+            previous = name
     return tasks
 
 
@@ -106,6 +201,7 @@ def simulate_pipeline(
     schedule: str = "1f1b",
     virtual_stages: int = 1,
     keep_schedule: bool = False,
+    host: Host | None = None,
 ) -> PipelineResult:
     """Simulate one iteration's pipeline flush.
 
@@ -119,19 +215,20 @@ def simulate_pipeline(
         virtual_stages: model chunks per device (``v``).
         keep_schedule: run the generic event simulator and keep every task's times (slower);
             otherwise the same rules run on plain arrays (tests check they agree).
+        host: the host side of each pass (None: a host that is never on the critical path).
     """
     p, m, v = stages, microbatches, virtual_stages
     if keep_schedule:
         tasks = pipeline_tasks(stages=p, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s, p2p_s=p2p_s,
-                               schedule=schedule, virtual_stages=v)
+                               schedule=schedule, virtual_stages=v, host=host)
         result = simulate(tasks)
         return PipelineResult(result.makespan_s, max(result.busy_s(s) for s in range(p)), result)
     _check(schedule, p, v, m, fwd_s, bwd_s)
-    return _fast(schedule, p, v, m, fwd_s, bwd_s, p2p_s)
+    return _fast(schedule, p, v, m, fwd_s, bwd_s, p2p_s, host)
 
 
 def _fast(schedule: str, p: int, v: int, m: int, fwd_s: Sequence[float],
-          bwd_s: Sequence[float], p2p_s: float) -> PipelineResult:
+          bwd_s: Sequence[float], p2p_s: float, host: Host | None = None) -> PipelineResult:
     """The event simulator's rules specialised to a pipeline: integer ids, flat lists."""
     chunks = p * v
     last = chunks - 1
@@ -143,32 +240,42 @@ def _fast(schedule: str, p: int, v: int, m: int, fwd_s: Sequence[float],
     ]
     position = [0] * p
     free = [0.0] * p
+    host_free = [0.0] * p
     work = list(range(p))
     while work:
         s = work.pop()
         order, k, t = orders[s], position[s], free[s]
+        h = host_free[s]
         progressed = False
         while k < len(order):
             ph, i, g, op = order[k]
+            ready = 0.0  # when the pass's inputs have arrived
             if ph == 0:
                 if g > 0:
                     dep = end[op - 1]
                     if dep < 0:
                         break
-                    t = max(t, dep + p2p_s)
-                t += fwd_s[g]
+                    ready = dep + p2p_s
+                device_s = fwd_s[g]
             else:
                 if g < last:
                     dep = end[op + 1]
                     if dep < 0:
                         break
-                    t = max(t, dep + p2p_s)
-                t = max(t, end[op - m * chunks])  # its own forward (earlier on this device)
-                t += bwd_s[g]
+                    ready = dep + p2p_s
+                ready = max(ready, end[op - m * chunks])  # its own forward (on this device)
+                device_s = bwd_s[g]
+            start = max(t, ready)
+            if host is not None:
+                if host.sync:
+                    h = max(h, ready, t if k else 0.0)
+                h += (host.fwd_s if ph == 0 else host.bwd_s)[g]
+                start = max(start, h + host.lag(ph, g, device_s))
+            t = start + device_s
             end[op] = t
             k += 1
             progressed = True
-        position[s], free[s] = k, t
+        position[s], free[s], host_free[s] = k, t, h
         if progressed:  # neighbours may have been waiting on this device
             if s > 0 and position[s - 1] < len(orders[s - 1]):
                 work.append(s - 1)

@@ -11,14 +11,14 @@ embedding's gradient between the first and last stage, and the optimizer step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Protocol
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
 from crossflow.kernels import ops
 from crossflow.sim.memory import check_capacity
-from crossflow.sim.pipeline import simulate_pipeline
-from crossflow.sim.transformer import block_collectives, price_nodes
+from crossflow.sim.pipeline import Host, chain, repeat, simulate_pipeline, span
+from crossflow.sim.transformer import block_collectives, collective_count, price_nodes
 
 #: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
 #: fp32 moments per parameter (12 B) beside the fp16 weight (2 B) and gradient (2 B)
@@ -79,8 +79,14 @@ def transformer_iteration(
     schedule: str = "1f1b",
     zero1: bool = False,
     overlap_grad_reduce: bool = False,
+    software=None,
 ) -> TrainingResult:
-    """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·pp·dp`` devices."""
+    """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·pp·dp`` devices.
+
+    ``software`` (a system's SoftwareSpec) adds the host: each pass's dispatch time runs on
+    a host resource beside the device in the pipeline simulation, and the iteration's host
+    tail (optimizer step and synchronising checks) bounds the tail with the device's.
+    """
     L, h, s, V = spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size
     prec, b = spec.precision, spec.micro_batch_size
     ffn = spec.ffn
@@ -115,8 +121,9 @@ def transformer_iteration(
     for g in range(chunks - 1):
         fwd_s[g] += p2p
         bwd_s[g + 1] += p2p
+    host = _host(software, block_f, block_b, ends, per_chunk, chunks, pp, p2p)
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
-                             schedule=schedule, virtual_stages=vp)
+                             schedule=schedule, virtual_stages=vp, host=host)
 
     stage_params = stage_parameters(spec, tp=tp, pp=pp)
     grads = stage_params * GRAD_BYTES
@@ -139,7 +146,9 @@ def transformer_iteration(
     if zero1 and dp > 1:  # gather the updated weight shards
         opt += network.collective("all_gather", stage_params * WEIGHT_BYTES, "dp")
 
-    total = pipe.makespan_s + dp_time + emb_time + opt
+    device_tail = dp_time + emb_time + opt
+    host_tail = software.iteration_s if host is not None else 0.0
+    total = pipe.makespan_s + max(device_tail, host_tail)
     energy = _energy(arch, spec, tp=tp, pp=pp, dp=dp, m=m, block=(block_f, block_b),
                      ends=ends, stage_params=stage_params / shard, adam_J=adam.energy_J)
     micro = m * vp * per_chunk  # layer passes per device per iteration, for the breakdown
@@ -157,6 +166,12 @@ def transformer_iteration(
         "embedding_allreduce_s": emb_time,
         "optimizer_s": opt,
     }
+    if host is not None:
+        # The busiest host's issue time (it overlaps with the device where the device is the
+        # critical path; compare with the device's share above).
+        breakdown["host_dispatch_s"] = m * max(
+            sum(host.fwd_s[c * pp + s] + host.bwd_s[c * pp + s] for c in range(vp))
+            for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
                                 zero1=zero1)
     used = check_capacity(arch, memory)
@@ -222,13 +237,52 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
                                        recompute=spec.activation_recompute, collective=coll)
     act = tokens * spec.hidden_size * BYTES_PER_ELEMENT[spec.precision]
     vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
-    block_f = price_nodes(arch, groups[(0, False)], comm_f)
-    block_b = price_nodes(arch, groups[(0, True)], comm_b)
-    emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm)
+    on = tp > 1
+    count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute)
+    block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f)
+    block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b)
+    emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm, on)
     emb_b = price_nodes(arch, groups[(-1, True)])
     head_f = price_nodes(arch, groups[(1, False)])
-    head_b = price_nodes(arch, groups[(1, True)], vocab_comm)
+    head_b = price_nodes(arch, groups[(1, True)], vocab_comm, on)
     return block_f, block_b, emb_f, emb_b, head_f, head_b
+
+
+def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int,
+          p2p: float) -> Host | None:
+    """The host side of every chunk's passes (None when the software profile has none):
+    each pass's host time and its span through host and device (crossflow.sim.pipeline)."""
+    if software is None or not software.has_host:
+        return None
+    cost = (software.dispatch_s, software.backward_dispatch_s, software.collective_dispatch_s)
+
+    def segment(p) -> tuple[float, float, float]:
+        kernels = [(cost[kind], t) for kind, t in p.trace]
+        return sum(h for h, _ in kernels), sum(d for _, d in kernels), span(kernels)
+
+    emb_f, emb_b, head_f, head_b = (segment(p) for p in ends)
+    launch = software.kernel_launch_s
+
+    def synced(seg):  # the host waits for each layer before issuing the next
+        h, d, sp = seg
+        n = per_chunk
+        return (n - 1) * (sp + launch) + h, n * d, n * sp + (n - 1) * launch
+
+    ahead = partial(repeat, times=per_chunk)
+    layers_f = (synced if software.sync == "layer" else ahead)(segment(block_f))
+    layers_b = (synced if software.sync in ("layer", "backward-layer") else ahead)(
+        segment(block_b))
+    # a pipeline send/recv: issued after the chunk's kernels, occupying the device (SC21 §4.1)
+    send = (software.collective_dispatch_s, p2p, software.collective_dispatch_s + p2p)
+    fwd, bwd = [], []
+    for g in range(chunks):
+        f = ([emb_f] if g == 0 else []) + [layers_f] + ([head_f] if g == chunks - 1 else [])
+        b = ([head_b] if g == chunks - 1 else []) + [layers_b] + ([emb_b] if g == 0 else [])
+        fwd.append(chain(f + ([send] if g < chunks - 1 else [])))
+        bwd.append(chain(b + ([send] if g > 0 else [])))
+    return Host([f[0] for f in fwd], [b[0] for b in bwd], [f[2] for f in fwd],
+                [b[2] for b in bwd], software.kernel_launch_s,
+                software.sync != "none" and pp > 1)
 
 
 @lru_cache(maxsize=256)

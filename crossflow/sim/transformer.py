@@ -31,14 +31,25 @@ class PassTimes:
     memory: float = 0.0  # memory-bound ops
     tp_comm: float = 0.0
     energy_J: float = 0.0
+    #: kernels issued by forward code (forward and recomputed ops), by the autograd engine
+    #: (backward ops), and collectives: what the host dispatches (software-stack layer)
+    forward_ops: int = 0
+    backward_ops: int = 0
+    collectives: int = 0
+    #: the kernels in issue order: (0 forward / recomputed op, 1 backward op, 2 collective;
+    #: device seconds)
+    trace: tuple[tuple[int, float], ...] = ()
 
     @property
     def total(self) -> float:
         return self.compute + self.memory + self.tp_comm
 
 
-def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0) -> PassTimes:
+def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
+                collectives: int = 0) -> PassTimes:
     compute = memory = energy = 0.0
+    backward = 0
+    trace = []
     for attrs in nodes:
         t, e = node_cost(arch, attrs)
         energy += e
@@ -46,7 +57,23 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0) -> 
             compute += t
         else:
             memory += t
-    return PassTimes(compute, memory, tp_comm, energy)
+        is_bwd = attrs["phase"] == "bwd"
+        backward += is_bwd
+        trace.append((int(is_bwd), t))
+    if collectives:  # spread evenly through the pass (Megatron's f / g operators)
+        every = len(trace) / collectives
+        for i in range(collectives, 0, -1):
+            trace.insert(round(i * every), (2, tp_comm / collectives))
+    return PassTimes(compute, memory, tp_comm, energy, len(nodes) - backward, backward,
+                     collectives, tuple(trace))
+
+
+def collective_count(*, sp: bool, recompute: str) -> tuple[int, int]:
+    """(forward, backward) tensor-parallel collectives of one block (as
+    :func:`block_collectives` prices them)."""
+    forward = 4 if sp else 2
+    backward = 6 if sp else 2
+    return forward, backward + (forward if recompute == "full" else 0)
 
 
 def block_collectives(*, tokens: int, hidden: int, precision: str, sp: bool, recompute: str,

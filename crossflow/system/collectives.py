@@ -19,6 +19,16 @@ bandwidth ``B``, per-step latency ``α``::
 all-reduce (``(n-1)/n`` for the other two), so ``busbw`` tends to ``B`` for large ``S``: ``B``
 is what the calibration against measured busbw fits, never algbw.
 
+NCCL's protocol switch (NCCL docs, "Environment Variables: NCCL_PROTO"; its tuner picks per
+size): where a level declares a low-latency protocol (``collective.low_latency``, NCCL's LL),
+a collective costs the lesser of the two lines — the Simple protocol above, and LL with its
+own (smaller) step latency ``α_LL`` and a fraction ``η_LL`` of the bandwidth::
+
+    t = launch + min(P·α + P/n·S/B,  P·α_LL + P/n·S/(η_LL·B))      (P ring steps)
+
+so small messages pay LL's latency and large ones Simple's bandwidth, as measured NCCL
+curves do (the knee near 64 KiB–1 MiB).
+
 Hierarchical all-reduce (two-level systems, e.g. Horovod/NCCL "2D" all-reduce): reduce-scatter
 inside the node, all-reduce of the ``S/g`` shard across nodes (``g`` concurrent rings, one per
 local rank), all-gather inside the node.
@@ -27,7 +37,9 @@ local rank), all-gather inside the node.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +54,9 @@ class Group:
         launch_s: fixed cost of one collective call (kernel launch, setup).
         p2p_bandwidth_Bps: bandwidth of one logical edge in one direction, for send/recv
             (defaults to ``bandwidth_Bps``).
+        ll_step_latency_s: step latency of the low-latency protocol (None: none).
+        ll_fraction: its bandwidth as a fraction of ``bandwidth_Bps``.
+        p2p_launch_s: fixed cost of one send/recv (None: ``launch_s``).
     """
 
     size: int
@@ -49,6 +64,9 @@ class Group:
     step_latency_s: float = 0.0
     launch_s: float = 0.0
     p2p_bandwidth_Bps: float | None = None
+    ll_step_latency_s: float | None = None
+    ll_fraction: float = 1.0
+    p2p_launch_s: float | None = None  # fixed cost of one send/recv (None: ``launch_s``)
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -63,19 +81,35 @@ class Group:
 
 def switch_group(size: int, bandwidth_Bps: float, latency_s: float = 0.0, *,
                  efficiency: float = 1.0, step_latency_s: float = 0.0,
-                 launch_s: float = 0.0) -> Group:
+                 launch_s: float = 0.0, ll_step_latency_s: float | None = None,
+                 ll_fraction: float = 1.0) -> Group:
     """A group of ``size`` devices on one non-blocking switch, each with ``bandwidth_Bps`` per
     direction into it: a ring uses every port once in each direction, so nothing is shared."""
     bw = bandwidth_Bps * efficiency
-    return Group(size, bw, latency_s + step_latency_s, launch_s, bw)
+    ll = None if ll_step_latency_s is None else latency_s + ll_step_latency_s
+    return Group(size, bw, latency_s + step_latency_s, launch_s, bw, ll, ll_fraction)
+
+
+def _lines(steps: float, volume, bandwidth: float, g: Group):
+    """The faster protocol for ``steps`` latency-bound steps and ``volume`` bytes (a float,
+    or a NumPy array of sizes for the calibration scripts)."""
+    t = steps * g.step_latency_s + volume / bandwidth
+    if g.ll_step_latency_s is not None:
+        ll = steps * g.ll_step_latency_s + volume / (bandwidth * g.ll_fraction)
+        t = np.minimum(t, ll) if isinstance(t, np.ndarray) else min(t, ll)
+    return t
+
+
+def _empty(nbytes) -> bool:
+    return not isinstance(nbytes, np.ndarray) and nbytes <= 0
 
 
 def _ring(nbytes: float, g: Group, steps_per_pass: int) -> float:
     n = g.size
-    if n == 1 or nbytes <= 0:
-        return 0.0
+    if n == 1 or _empty(nbytes):
+        return 0.0 * nbytes
     passes = steps_per_pass * (n - 1)
-    return g.launch_s + passes * g.step_latency_s + passes / n * nbytes / g.bandwidth_Bps
+    return g.launch_s + _lines(passes, passes / n * nbytes, g.bandwidth_Bps, g)
 
 
 def all_reduce(nbytes: float, group: Group) -> float:
@@ -95,9 +129,10 @@ def all_gather(nbytes: float, group: Group) -> float:
 
 def send_recv(nbytes: float, group: Group) -> float:
     """Seconds to send ``nbytes`` to one neighbour of the group (pipeline activations)."""
-    if group.size == 1 or nbytes <= 0:
-        return 0.0
-    return group.launch_s + group.step_latency_s + nbytes / group.send_bandwidth_Bps
+    if group.size == 1 or _empty(nbytes):
+        return 0.0 * nbytes
+    launch = group.launch_s if group.p2p_launch_s is None else group.p2p_launch_s
+    return launch + _lines(1, nbytes, group.send_bandwidth_Bps, group)
 
 
 def hierarchical_all_reduce(nbytes: float, intra: Group, inter: Group) -> float:
@@ -107,11 +142,11 @@ def hierarchical_all_reduce(nbytes: float, intra: Group, inter: Group) -> float:
     ``inter`` describes one of the ``intra.size`` concurrent inter-node rings (its bandwidth
     already shared among them, as :meth:`crossflow.system.Mapping.hierarchy` computes it).
     """
-    intra_free = Group(intra.size, intra.bandwidth_Bps, intra.step_latency_s)
-    inter_free = Group(inter.size, inter.bandwidth_Bps, inter.step_latency_s)
+    intra_free = replace(intra, launch_s=0.0)
+    inter_free = replace(inter, launch_s=0.0)
     shard = nbytes / intra.size
     phases = (2 * reduce_scatter(nbytes, intra_free) + all_reduce(shard, inter_free))
-    if phases == 0.0:
+    if not isinstance(phases, np.ndarray) and phases == 0.0:
         return 0.0
     return intra.launch_s + phases
 

@@ -155,6 +155,7 @@ class System:
         self.devices_per_node, self.num_nodes = spec.devices_per_node, spec.num_nodes
         self.num_devices = spec.num_devices
         self.launch_s = spec.collective_launch_s
+        self.p2p_launch_s = spec.p2p_launch_s
         self.intra = _level(spec, arch, "intra", self.devices_per_node, self.num_nodes, 1)
         self.inter = _level(spec, arch, "inter", self.num_nodes, 1, self.devices_per_node)
         offset = 0
@@ -217,7 +218,8 @@ class System:
         if lv.topology not in SWITCHED:
             raise ValueError(f"the {level} level is a {lv.topology}, not a switch; use map()")
         return switch_group(size, lv.bandwidth_Bps * lv.capacity_factor, lv.latency_s,
-                            step_latency_s=lv.step_latency_s, launch_s=self.launch_s)
+                            step_latency_s=lv.step_latency_s, launch_s=self.launch_s,
+                            ll_step_latency_s=lv.ll_step_latency_s, ll_fraction=lv.ll_fraction)
 
     def _rings(self, n: int, stride: int, count: int, chain: bool) -> _Rings:
         key = (n, stride, count, chain)
@@ -306,6 +308,8 @@ class _Rings:
     p2p: np.ndarray          # resources used by any routed edge (send/recv)
     step_latency_s: float
     crosses_nodes: bool
+    ll_step_latency_s: float | None = None  # the low-latency protocol's (None: no such)
+    ll_fraction: float = 1.0
     alone: Group | None = None  # the group with nothing else sharing (cached)
 
     def bandwidth(self, cap: np.ndarray, loads: np.ndarray) -> float:
@@ -331,7 +335,8 @@ class _Rings:
         else:
             cap, shared = system.capacity, self.loads if loads is None else loads
             found = Group(self.size, self.bandwidth(cap, shared), self.step_latency_s,
-                          system.launch_s, self.p2p_bandwidth(cap, shared))
+                          system.launch_s, self.p2p_bandwidth(cap, shared),
+                          self.ll_step_latency_s, self.ll_fraction, system.p2p_launch_s)
         if loads is None:
             self.alone = found
         return found
@@ -405,7 +410,11 @@ class Mapping:
         and the hierarchical algorithm (as NCCL's tuner picks per size)."""
         flat = all_reduce(nbytes, self.group(dim))
         hier = self.hierarchy(dim)
-        return flat if hier is None else min(flat, hierarchical_all_reduce(nbytes, *hier))
+        if hier is None:
+            return flat
+        two_level = hierarchical_all_reduce(nbytes, *hier)
+        return np.minimum(flat, two_level) if isinstance(flat, np.ndarray) else min(
+            flat, two_level)
 
     def link_loads(self, dims: Iterable[str] = DIMS) -> dict[tuple, int]:
         """Logical edges on each used link direction / port, summed over ``dims``: a dict
@@ -467,7 +476,19 @@ def _ring_stats(system: System, members: np.ndarray, chain: bool = False) -> _Ri
     inter_step = system.inter.step_latency_s if system.inter else 0.0
     intra_step = system.intra.step_latency_s if system.intra else 0.0
     latency = float(np.max(path + np.where(crossing, inter_step, intra_step)))
-    return _Rings(n, directions, loads, used, spread, p2p, latency, bool(crossing.any()))
+    # The low-latency protocol, where every level the rings use declares one: its step
+    # latency on the same paths, and the smallest bandwidth fraction among those levels.
+    crosses = bool(crossing.any())
+    used_levels = [lv for lv, on in ((system.intra, not crossing.all()),
+                                     (system.inter, crosses)) if on and lv]
+    ll_latency, ll_fraction = None, 1.0
+    if used_levels and all(lv.ll_step_latency_s is not None for lv in used_levels):
+        inter_ll = system.inter.ll_step_latency_s if crosses else 0.0
+        intra_ll = system.intra.ll_step_latency_s if not crossing.all() else 0.0
+        ll_latency = float(np.max(path + np.where(crossing, inter_ll, intra_ll)))
+        ll_fraction = min(lv.ll_fraction for lv in used_levels)
+    return _Rings(n, directions, loads, used, spread, p2p, latency, crosses, ll_latency,
+                  ll_fraction)
 
 
 def _ring_routes(system: System, members: np.ndarray, chain: bool) -> tuple:

@@ -49,6 +49,8 @@ class Level:
         efficiency: sustained fraction of the link bandwidth (the link's own).
         collective_efficiency: achievable fraction for collective traffic (NCCL's).
         step_latency_s: software latency per collective ring step on this level.
+        ll_step_latency_s, ll_fraction: the low-latency protocol's step latency and its
+            bandwidth as a fraction of the collective bandwidth (None: no such protocol).
         offset: id of this level's first resource.
     """
 
@@ -62,6 +64,8 @@ class Level:
     efficiency: float
     collective_efficiency: float
     step_latency_s: float
+    ll_step_latency_s: float | None = None
+    ll_fraction: float = 1.0
     offset: int = 0
     edges: tuple[tuple[int, int, int], ...] = ()
     ports: int = field(init=False)
@@ -91,6 +95,10 @@ class Level:
             efficiency=efficiency,
             collective_efficiency=spec.collective.efficiency if spec else 1.0,
             step_latency_s=spec.collective.step_latency_s if spec else 0.0,
+            ll_step_latency_s=(spec.collective.low_latency.step_latency_s
+                               if spec and spec.collective.low_latency else None),
+            ll_fraction=(spec.collective.low_latency.efficiency
+                         if spec and spec.collective.low_latency else 1.0),
             edges=tuple((e[0], e[1], e[2] if len(e) == 3 else 1) for e in spec.edges)
             if spec else (),
         )

@@ -1,8 +1,8 @@
 """Predicted vs measured on real hardware (DESIGN.md §5).
 
 Each data set is a measurement file shipped verbatim under
-``crossflow/presets/measurements/`` (copies of ``shared/reference/measurements/`` plus what
-this project measured itself, each with the script that measured it).  A data set has a
+``crossflow/presets/measurements/`` (published measurements, each file's source in its header,
+plus what this project measured itself, each with the script that measured it).  A data set has a
 tolerance: its MAPE must stay at or under it and its rank correlation at or over its floor.
 """
 
@@ -85,6 +85,12 @@ class DataSet:
         rho = self.spearman
         return self.mape <= self.max_mape and (math.isnan(rho) or rho >= self.min_spearman)
 
+    def summary(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        return (f"{self.name}: MAPE {self.mape * 100:.1f}% (tolerance {self.max_mape * 100:.0f}%),"
+                f" Spearman {self.spearman:.3f} (floor {self.min_spearman}), {len(self.rows)}"
+                f" rows -> {verdict}")
+
     def render(self) -> str:
         width = max(len(r.label) for r in self.rows)
         lines = [
@@ -118,15 +124,23 @@ def _collective_sets() -> list[DataSet]:
     return collective_datasets()
 
 
+def _ops_sets() -> list[DataSet]:
+    from crossflow.validation.ops import ops_datasets
+
+    return ops_datasets()
+
+
 def _training_sets() -> list[DataSet]:
     from crossflow.validation.training import training_datasets
+    from crossflow.validation.vtrain import vtrain_dataset
 
-    return training_datasets()
+    return [*training_datasets(), vtrain_dataset()]
 
 
 SUITES: dict[str, Callable[[], list[DataSet]]] = {
     "gemm": _gemm_sets,
     "collectives": _collective_sets,
+    "ops": _ops_sets,
     "training": _training_sets,
 }
 
@@ -136,12 +150,15 @@ def collect(what: str) -> list[DataSet]:
     return [ds for name in names for ds in SUITES[name]()]
 
 
-def run_validation(what: str = "all", csv_path: str | None = None) -> bool:
-    """Print every data set of ``what`` and return whether all met their tolerance."""
+def run_validation(what: str = "all", csv_path: str | None = None,
+                   summary: bool = False) -> bool:
+    """Print every data set of ``what`` (each row, or with ``summary`` one line each) and
+    return whether all met their tolerance."""
     sets = collect(what)
     for ds in sets:
-        print(ds.render())
-        print()
+        print(ds.summary() if summary else ds.render())
+        if not summary:
+            print()
     if csv_path:
         with open(csv_path, "w", newline="", encoding="utf-8") as fh:
             w = csv.writer(fh)
