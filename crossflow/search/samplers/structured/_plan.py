@@ -111,9 +111,9 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     # ``contenders`` combinations each get a first installment from the template's split
     # (a combination that needs another split — more link power, say — shows it there),
     # then the best of them goes on; paused at 3/4 for 5. the re-screen
-    reserve = min(rescreen, len(ranking) - 1, max(0, (budget - used) // 10))
+    k = max(1, min(contenders, len(ranking), (budget - used) // trial))
+    reserve = min(rescreen, len(ranking) - k, max(0, (budget - used) // 10))
     total = budget - used - reserve
-    k = max(1, min(contenders, len(ranking), total // trial))
     finite = [i for i in ranking if math.isfinite(best_value[i])][:k] or ranking[:1]
     runs = {i: _Run(method(P, combo(i), x0, best_value[i], total, rng, **options), P,
                     combo(i), x0, best_value[i]) for i in finite}
@@ -133,7 +133,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     if reserve > 0:
         others = [i for i in ranking if i not in runs][:reserve]
         batch = [combo(i) for i in others]
-        got = yield RESCREEN, [P.params(x, d) for d in batch]
+        got = (yield RESCREEN, [P.params(x, d) for d in batch]) if batch else []
         used += len(batch)
         switched = False
         for d, v in zip(batch, got, strict=True):
