@@ -205,3 +205,15 @@ def test_inner_method_crosses_a_cliff_on_a_toy_problem(method):
     assert fx == best and x.simplexes["area"][1] >= 0.15          # over the cliff
     optimum = _toy_optimum()
     assert fx <= optimum * 1.05, (fx, optimum)
+
+
+def test_a_multi_objective_study_is_refused_before_anything_is_created(tmp_path):
+    from crossflow.errors import ConfigError
+
+    setup = load_study("gpt3-175b-a100")               # time and energy
+    journal = tmp_path / "gpt3.journal"
+    for sampler in ("structured", "gd", "gd-paper"):
+        with pytest.raises(ConfigError, match="optimises one objective"):
+            run_study(setup, n_trials=3, sampler=sampler, storage=str(journal),
+                      track=False, progress=False)
+    assert not journal.exists()

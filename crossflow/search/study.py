@@ -103,9 +103,12 @@ class StudySpec(Spec):
         for i, name in enumerate(self.objectives):
             if name in self.objectives[:i]:
                 raise ConfigError("listed twice", key=f"objectives[{i}]", value=name)
-        if self.sampler == "cmaes" and len(self.objectives) > 1:
-            raise ConfigError("CMA-ES optimises one objective; use nsga2, tpe or random for "
-                              "several", key="sampler", value=self.sampler)
+        from crossflow.search.samplers import SINGLE_OBJECTIVE
+
+        if self.sampler in SINGLE_OBJECTIVE and len(self.objectives) > 1:
+            raise ConfigError(f"the {self.sampler} sampler optimises one objective; use "
+                              "nsga2, tpe or random for several", key="sampler",
+                              value=self.sampler)
         if self.overrides:
             from crossflow.arch.age import OVERRIDE_KEYS
 
@@ -879,6 +882,11 @@ def _run(setup: StudySetup, n_trials, sampler, seed, sampler_options, storage, t
         sampler_options = setup.spec.sampler_options if sampler_name == setup.spec.sampler \
             else {}
     check_options(sampler_name, sampler_options)
+    from crossflow.search.samplers import SINGLE_OBJECTIVE
+
+    if sampler_name in SINGLE_OBJECTIVE and len(setup.objectives) > 1:
+        raise ConfigError(f"the {sampler_name} sampler optimises one objective; use nsga2, "
+                          "tpe or random for several", key="sampler", value=sampler_name)
     base_seed = setup.spec.seed if seed == "study" else seed
     url = _storage_url(setup, storage)
     study = open_study(setup, url, heartbeat_s=heartbeat_s)

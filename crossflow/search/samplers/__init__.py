@@ -44,6 +44,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 #: Samplers that need the study itself (not only its space).
 _DRIVERS = ("structured", "gd")
+#: Samplers of one objective only.
+SINGLE_OBJECTIVE = ("structured", "gd", "gd-paper", "cmaes")
 
 
 def sampler_class(name: str):
@@ -102,9 +104,9 @@ def make_sampler(name: str, *, seed: int | None, options: Mapping[str, Any] | No
     template, the workload and the system)."""
     options = {**DEFAULTS.get(name, {}), **dict(options or {})}
     check_options(name, options)
-    if name == "cmaes" and n_objectives > 1:
-        raise ConfigError("CMA-ES optimises one objective; use nsga2, tpe or random",
-                          key="sampler", value=name)
+    if name in SINGLE_OBJECTIVE and n_objectives > 1:
+        raise ConfigError(f"the {name} sampler optimises one objective; use nsga2, tpe or "
+                          "random for several", key="sampler", value=name)
     cls = sampler_class(name)
     try:
         if name == "cmaes":
