@@ -251,7 +251,7 @@ def test_sampler_factory():
                       optuna.samplers.NSGAIISampler)
     with pytest.raises(ConfigError, match="sampler_options.popsize_typo"):
         make_sampler("cmaes", seed=1, options={"popsize_typo": 3})
-    with pytest.raises(ConfigError, match="CMA-ES"):
+    with pytest.raises(ConfigError, match="cmaes sampler optimises one objective"):
         make_sampler("cmaes", seed=1, n_objectives=2)
 
 
