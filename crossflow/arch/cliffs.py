@@ -44,7 +44,9 @@ floating-point operations), and a step is reported where two neighbouring platea
 No bisection, no ``generate()`` call: a held coordinate costs about 5–10 ``generate()``
 calls, plus ~1.5 µs per reported step (numbers in ``docs/age-cliffs.md``).
 
-This module is in the arch layer: it imports nothing from :mod:`crossflow.search`.
+This module is in the arch layer: it imports nothing from :mod:`crossflow.search`.  It is
+one job — the names of the AGE's integer quantities and the closed forms of their steps,
+which share one replica of the AGE's arithmetic — so it stays one file past 600 lines.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.tech.library import TechLibrary, library
 
 __all__ = ["SIMPLEXES", "CONVENTIONS", "FEASIBLE", "Step", "quantities", "quantities_at",
-           "steps", "edges", "coordinate_range", "coordinate_overrides"]
+           "unit_quantity", "steps", "edges", "coordinate_range", "coordinate_overrides"]
 
 #: Budget simplexes and the override key that holds each one's fractions.
 SIMPLEXES: Mapping[str, str] = {"area": "area_fractions", "power": "power_fractions",
@@ -128,6 +130,24 @@ def quantities(arch: MicroArch, *, tech: TechLibrary | None = None) -> dict[str,
             q[f"{name}.ports"] = int(c["ports"])
             q[f"{name}.lanes"] = int(c["ports"]) * lib.link(c["technology"]).lanes_per_port
     return q
+
+
+def unit_quantity(template: ArchitectureTemplateSpec, component: str) -> str | None:
+    """The :func:`quantities` name of the units a budget component buys: ``core.bundles``,
+    ``<level>.banks_per_instance`` for an on-chip level, ``<main>.devices`` for
+    ``dram_ctrl`` (area, power) and ``dram`` (perimeter), ``<kind>_links.ports`` for
+    ``<kind>_links`` (area, power) and ``<kind>`` (perimeter); None for anything else."""
+    levels = [m.name for m in template.memory]
+    if component == "core":
+        return "core.bundles"
+    if component in levels[:-1]:
+        return f"{component}.banks_per_instance"
+    if component in ("dram_ctrl", "dram"):
+        return f"{levels[-1]}.devices"
+    kind = component.removesuffix("_links")
+    if kind in ("intra", "inter"):
+        return f"{kind}_links.ports"
+    return None
 
 
 def quantities_at(template: Template, overrides: Mapping[str, Any] | None = None, *,

@@ -387,21 +387,6 @@ def _say(enabled: bool, text: str) -> None:
 # --- phase 6: exhaustive enumeration of the integer designs near the optimum -------------------
 
 
-def _unit_key(setup, component: str) -> str | None:
-    """The :func:`crossflow.arch.cliffs.quantities` name of the units an area component
-    buys (None for a component that buys none of them)."""
-    levels = [m.name for m in setup.template.memory]
-    if component == "core":
-        return "core.bundles"
-    if component in levels[:-1]:
-        return f"{component}.banks_per_instance"
-    if component == "dram_ctrl":
-        return f"{levels[-1]}.devices"
-    if component.endswith("_links"):
-        return f"{component}.ports"
-    return None
-
-
 def _thresholds(template, overrides: Mapping[str, Any], component: str,
                 unit: str) -> dict[int, float]:
     """count -> the smallest area fraction of ``component`` that builds ``count`` units,
@@ -426,7 +411,7 @@ def _enumerate(f: _Counter, setup, params: dict[str, Any], opts: Mapping[str, An
     """Phase 6: every integer area design in a box around ``params`` (a refined optimum),
     each at the smallest area fractions that buy its units, priced at the refined power
     split; the best few then get their power split refined.  Returns the record."""
-    from crossflow.arch.cliffs import quantities_at
+    from crossflow.arch.cliffs import quantities_at, unit_quantity
 
     t0, n0, v0 = time.perf_counter(), f.n, f.best[0]
     simplex = next((s for s in setup.space.simplexes if s.name == "area"), None)
@@ -440,7 +425,7 @@ def _enumerate(f: _Counter, setup, params: dict[str, Any], opts: Mapping[str, An
         return {"skipped": "the refined design cannot be built"}
     area = dict(overrides["area_fractions"])
     share = simplex.share
-    units = {c: _unit_key(setup, c) for c in simplex.components}
+    units = {c: unit_quantity(template, c) for c in simplex.components}
     units = {c: u for c, u in units.items() if u is not None and u in q0}
     # the absorber takes what the others leave: the searched SRAM level with the most
     # (finest) units; components with more than enum_coarse_max units are held

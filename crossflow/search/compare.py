@@ -171,12 +171,10 @@ def compare(setup, *, samplers: Sequence[str] = COMPARE_SAMPLERS, seeds: int = 3
                               allowed=", ".join(COMPARE_SAMPLERS))
         if s == setup.spec.sampler:
             check_options(s, setup.spec.sampler_options)
-    from crossflow.search.samplers import SINGLE_OBJECTIVE
+    from crossflow.search.samplers import check_objectives
 
-    single = [s for s in samplers if s in SINGLE_OBJECTIVE]
-    if len(setup.objectives) > 1 and single:
-        raise ConfigError(f"the {single[0]} sampler optimises one objective; this study has "
-                          f"{len(setup.objectives)}", key="samplers", value=single[0])
+    for s in samplers:
+        check_objectives(s, len(setup.objectives), key="samplers")
     if seeds < 1 or budget < 1 or workers < 1:
         raise ConfigError("seeds, budget and workers must be >= 1", key="compare",
                           value={"seeds": seeds, "budget": budget, "workers": workers})

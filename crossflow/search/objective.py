@@ -35,6 +35,7 @@ has ``memory_only=True`` and the same reason and infeasibility as a full evaluat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -194,22 +195,31 @@ def prefetch(setup, designs: Sequence[Design]) -> None:
 
 
 def _design_key(setup, design: Design) -> str:
-    return json.dumps([setup.name, design.overrides(), design.strategy, design.mapping_order,
+    return json.dumps([setup.name, _chip_key(design), design.strategy, design.mapping_order,
                        dict(design.parallelism)], sort_keys=True, default=repr)
 
 
-def memory_verdict(setup, design: Design):
-    """The memory-only verdict (:class:`crossflow.distributed.MemoryCheck`) of ``design``:
-    no kernel priced.  None when its chip cannot be built or it runs on one device."""
+def memory_verdicts(setup, designs: Sequence[Design]) -> list:
+    """The memory-only verdict (:class:`crossflow.distributed.MemoryCheck`) of each design:
+    no kernel priced, each chip generated once (designs grouped as in
+    :func:`evaluate_many`).  None for a design whose chip cannot be built, whose strategy
+    does not fit the workload, or that runs on one device."""
     from crossflow.distributed import memory_check
 
-    if design.strategy is None:
-        return None
-    try:
-        arch = setup.arch(design)
-        return memory_check(setup.workload, arch, setup.parallelism(design))
-    except (InfeasibleDesignError, ConfigError):
-        return None
+    out: list = [None] * len(designs)
+    groups: dict[str, list[int]] = {}
+    for i, design in enumerate(designs):
+        if design.strategy is not None:
+            groups.setdefault(_chip_key(design), []).append(i)
+    for members in groups.values():
+        try:
+            arch = setup.arch(designs[members[0]])
+        except (InfeasibleDesignError, ConfigError):
+            continue
+        for i in members:
+            with contextlib.suppress(ConfigError):  # a strategy that does not fit: no verdict
+                out[i] = memory_check(setup.workload, arch, setup.parallelism(designs[i]))
+    return out
 
 
 def record(trial, design: Design, ev: Evaluation) -> None:

@@ -103,12 +103,9 @@ class StudySpec(Spec):
         for i, name in enumerate(self.objectives):
             if name in self.objectives[:i]:
                 raise ConfigError("listed twice", key=f"objectives[{i}]", value=name)
-        from crossflow.search.samplers import SINGLE_OBJECTIVE
+        from crossflow.search.samplers import check_objectives
 
-        if self.sampler in SINGLE_OBJECTIVE and len(self.objectives) > 1:
-            raise ConfigError(f"the {self.sampler} sampler optimises one objective; use "
-                              "nsga2, tpe or random for several", key="sampler",
-                              value=self.sampler)
+        check_objectives(self.sampler, len(self.objectives))
         if self.overrides:
             from crossflow.arch.age import OVERRIDE_KEYS
 
@@ -869,7 +866,7 @@ def _storage_url(setup: StudySetup, storage: str | None) -> str:
 def _run(setup: StudySetup, n_trials, sampler, seed, sampler_options, storage, tracking_uri,
          track, progress, workers, heartbeat_s) -> RunResult:
     from crossflow import __version__
-    from crossflow.search.samplers import check_options, make_sampler
+    from crossflow.search.samplers import check_objectives, check_options, make_sampler
 
     total = n_trials if n_trials is not None else setup.spec.n_trials
     if total < 1:
@@ -882,11 +879,7 @@ def _run(setup: StudySetup, n_trials, sampler, seed, sampler_options, storage, t
         sampler_options = setup.spec.sampler_options if sampler_name == setup.spec.sampler \
             else {}
     check_options(sampler_name, sampler_options)
-    from crossflow.search.samplers import SINGLE_OBJECTIVE
-
-    if sampler_name in SINGLE_OBJECTIVE and len(setup.objectives) > 1:
-        raise ConfigError(f"the {sampler_name} sampler optimises one objective; use nsga2, "
-                          "tpe or random for several", key="sampler", value=sampler_name)
+    check_objectives(sampler_name, len(setup.objectives))  # before anything is created
     base_seed = setup.spec.seed if seed == "study" else seed
     url = _storage_url(setup, storage)
     study = open_study(setup, url, heartbeat_s=heartbeat_s)

@@ -96,6 +96,16 @@ def check_options(name: str, options: Mapping[str, Any], *, file: str | None = N
                               allowed=", ".join(allowed))
 
 
+def check_objectives(name: str, n_objectives: int, *, key: str = "sampler",
+                     file: str | None = None) -> None:
+    """Raise a ConfigError when sampler ``name`` optimises one objective and the study has
+    several (checked before a study is created)."""
+    if name in SINGLE_OBJECTIVE and n_objectives > 1:
+        raise ConfigError(f"the {name} sampler optimises one objective and the study has "
+                          f"{n_objectives}; use nsga2, tpe or random for several", file=file,
+                          key=key, value=name)
+
+
 def make_sampler(name: str, *, seed: int | None, options: Mapping[str, Any] | None = None,
                  space=None, n_objectives: int = 1, setup=None):
     """The Optuna sampler ``name`` for a study whose search space is ``space`` (a
@@ -104,9 +114,7 @@ def make_sampler(name: str, *, seed: int | None, options: Mapping[str, Any] | No
     template, the workload and the system)."""
     options = {**DEFAULTS.get(name, {}), **dict(options or {})}
     check_options(name, options)
-    if name in SINGLE_OBJECTIVE and n_objectives > 1:
-        raise ConfigError(f"the {name} sampler optimises one objective; use nsga2, tpe or "
-                          "random for several", key="sampler", value=name)
+    check_objectives(name, n_objectives)
     cls = sampler_class(name)
     try:
         if name == "cmaes":

@@ -60,8 +60,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
 
     # 1. memory screen
     feasible = []
-    for combo in combos:
-        verdict = P.memory_check(x0, combo)
+    for combo, verdict in zip(combos, P.memory_checks(x0, combos), strict=True):
         if verdict is not None and not verdict.feasible:
             if records is not None:
                 records.append({**combo, "need_bytes": verdict.need_bytes,

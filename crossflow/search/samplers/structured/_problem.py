@@ -144,17 +144,21 @@ class Problem:
     def canonical_order(self, combo: Mapping[str, Any]) -> str | None:
         return self.order_classes(combo)[0]
 
-    def memory_check(self, cont: Cont, combo: Mapping[str, Any]):
-        """The memory-only verdict of a combination on the chip of ``cont`` (no kernel is
-        priced): an object with ``feasible``, ``need_bytes``, ``capacity_bytes`` and
-        ``reason``; None when the chip cannot be built or the study has no strategy."""
+    def memory_checks(self, cont: Cont, combos: Sequence[Mapping[str, Any]]) -> list:
+        """The memory-only verdict of each combination on the chip of ``cont`` (no kernel
+        is priced, each chip built once): objects with ``feasible``, ``need_bytes``,
+        ``capacity_bytes`` and ``reason``, or None (no verdict: the chip cannot be built,
+        or the study has no strategy)."""
         if not self.has_strategy:
-            return None
-        from crossflow.search.objective import memory_verdict
+            return [None] * len(combos)
+        from crossflow.search.objective import memory_verdicts
 
-        order = self.canonical_order(combo)
-        params = self.params(cont, {**combo, **({MAPPING_ORDER: order} if order else {})})
-        return memory_verdict(self.setup, self.setup.design(params))
+        designs = []
+        for combo in combos:
+            order = self.canonical_order(combo)
+            params = self.params(cont, {**combo, **({MAPPING_ORDER: order} if order else {})})
+            designs.append(self.setup.design(params))
+        return memory_verdicts(self.setup, designs)
 
     # ---- moves --------------------------------------------------------------------------
 
@@ -268,16 +272,25 @@ class Problem:
         return self._edge_cache[key]
 
     def _quantities(self, coord: Coord) -> tuple[str, ...]:
-        """The quantities (:func:`crossflow.arch.cliffs.quantities` names, as prefixes) a
-        budget coordinate buys: its own units, and for the core also the per-unit banks of
-        the levels whose clients are its MCUs and bundles (more bundles on the same area
-        leave fewer register banks per MCU: the cliffs of the core coordinate)."""
-        main = self.setup.template.memory[-1].name
-        own = {"core": ("core.", "registers.banks", "L1.banks"), "dram_ctrl": (f"{main}.",),
-               "dram": (f"{main}.",), "intra": ("intra_links.ports",),
-               "inter": ("inter_links.ports",), "intra_links": ("intra_links.ports",),
-               "inter_links": ("inter_links.ports",)}
-        return ("feasible", *own.get(coord.name, (f"{coord.name}.",)))
+        """The quantities (:func:`crossflow.arch.cliffs.quantities` names, as prefixes)
+        whose steps a budget coordinate cares about: the component it buys (all its
+        quantities; for links their ports only, not single lanes), for the core also the
+        banks per instance of the levels whose clients are its MCUs and bundles (more
+        bundles on the same area leave fewer register banks per MCU: the cliffs of the core
+        coordinate), and where the design becomes (in)feasible."""
+        from crossflow.arch.cliffs import FEASIBLE, unit_quantity
+
+        template = self.setup.template
+        unit = unit_quantity(template, coord.name)
+        if unit is None:
+            own = f"{coord.name}."
+        else:
+            own = unit if unit.endswith(".ports") else unit.split(".")[0] + "."
+        if coord.name != "core":
+            return (FEASIBLE, own)
+        clients = tuple(f"{m.name}.banks_per_instance" for m in template.memory[:-1]
+                        if m.scope in ("mcu", "bundle"))
+        return (FEASIBLE, own, *clients)
 
 
 def _freeze(value: Any) -> Any:
