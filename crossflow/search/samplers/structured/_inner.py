@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from crossflow.search import encoding
-from crossflow.search.samplers.gd._simplex import project_onto_simplex
+from crossflow.search.samplers.gd._simplex import mix_towards_vertex, project_onto_simplex
 from crossflow.search.samplers.gd._update import eq6_step, simplex_gradient
 from crossflow.search.samplers.structured._problem import Cont, Coord, Problem
 
@@ -196,8 +196,7 @@ def gd(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: 
     piecewise constant in whole units), which is where eq. 6 stalls."""
     first = int(budget * (1.0 - polish))
     x, fx = yield from eq6(P, discrete, start, f0, first, rng, **options)
-    spent = first if first > 0 else 0
-    rest = budget - spent
+    rest = budget - first
     if rest > 0:
         x, fx = yield from exchange(P, discrete, x, fx, rest, rng)
     return x, fx
@@ -369,10 +368,8 @@ def _probe(P: Problem, x: Cont, c: Coord, h: float) -> Cont:
     h of the range)."""
     if c.index < 0:
         return P.move(x, c, h)
-    w = np.array(x.simplexes[c.block])
-    w = (1.0 - h) * w
-    w[c.index] += h
-    return Cont({**x.simplexes, c.block: w}, x.floats)
+    return Cont({**x.simplexes, c.block: mix_towards_vertex(x.simplexes[c.block], c.index, h)},
+                x.floats)
 
 
 def _direction(P: Problem, x: Cont, probes: list[Coord], fx: float, values: list[float],
