@@ -231,7 +231,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_study(args: argparse.Namespace) -> int:
     # optuna / mlflow are imported by crossflow.search only when a study is opened
     from crossflow.search import study as studies
-    from crossflow.search.storage import redact
+    from crossflow.search.locations import redact
 
     if args.study_command == "list":
         rows = studies.list_studies()
@@ -394,7 +394,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         return launch_ui(args.tracking_uri, host="127.0.0.1", port=args.port)
     import subprocess
 
-    from crossflow.search.study import default_tracking_uri
+    from crossflow.search.locations import default_tracking_uri
 
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
            args.tracking_uri or default_tracking_uri(), "--host", "127.0.0.1",

@@ -458,7 +458,7 @@ def test_worker_seeds():
 
 
 def test_passwords_are_redacted():
-    from crossflow.search.storage import redact
+    from crossflow.search.locations import redact
 
     assert redact("postgresql://u:secret@h:5432/db") == "postgresql://u:***@h:5432/db"
     assert redact("postgresql://u@h/db") == "postgresql://u@h/db"

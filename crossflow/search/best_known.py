@@ -104,8 +104,8 @@ from typing import Any
 import numpy as np
 
 from crossflow.search import encoding
+from crossflow.search.locations import MLRUNS
 from crossflow.search.objective import evaluate, evaluate_many
-from crossflow.search.study import MLRUNS
 
 SETTINGS: dict[str, Any] = {"max_discrete": 5000, "top_k": 6, "samples": 300,
                             "refine": 4, "refine_evals": 1500, "hops": 100, "seed": 0,

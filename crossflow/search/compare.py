@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from crossflow.errors import ConfigError
-from crossflow.search.study import MLRUNS
+from crossflow.search.locations import MLRUNS
 
 FRACTIONS = (0.10, 0.25, 0.50, 1.00)
 TOLERANCES = (0.01, 0.05)
@@ -400,7 +400,7 @@ def log_mlflow(setup, runs, summary, files: dict[str, Path], reference, known, b
     from mlflow.tracking import MlflowClient
 
     from crossflow import __version__
-    from crossflow.search.study import git_revision
+    from crossflow.search.locations import git_label
     from crossflow.search.tracking import _db_lock, _key, resolve_locations
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -428,7 +428,7 @@ def log_mlflow(setup, runs, summary, files: dict[str, Path], reference, known, b
               "budget": budget, "objective": setup.objectives[0],
               "reference": reference, "best_known": known.get("value"),
               "best_known_evaluations": known.get("evaluations"),
-              "crossflow_version": __version__, "git_revision": git_revision()}
+              "crossflow_version": __version__, "git_revision": git_label()}
     metrics = []
     for row in summary:
         for k, v in row.items():

@@ -45,13 +45,11 @@ from typing import Any
 
 from crossflow.distributed import MEMORY_CHECK
 from crossflow.errors import ConfigError, InfeasibleDesignError
+from crossflow.search.keys import CONSTRAINT, FEASIBLE, REASON
 from crossflow.search.space import Design
 
 #: The objective value of an infeasible design, times (1 + infeasibility).
 PENALTY = 1e12
-FEASIBLE = "feasible"
-REASON = "infeasible_reason"
-CONSTRAINT = "infeasibility"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import ConfigError
+from crossflow.search.locations import is_url, redact
 from crossflow.search.workers import WORKER
 
 #: Seconds between two heartbeats of a running trial (RDB storages).  A killed worker's
@@ -45,11 +46,6 @@ RECONNECT_S = 60.0
 _BACKOFF = (0.1, 0.2, 0.5, 1.0, 2.0)
 #: Retries of an RDB storage call, over the whole process (for tests and ``study show``).
 RECONNECTS = {"retries": 0}
-
-
-def is_url(storage: str) -> bool:
-    """Whether ``storage`` is an RDB URL (else a journal file path)."""
-    return "://" in storage
 
 
 def _connection_lost(exc: BaseException) -> bool:
@@ -283,19 +279,6 @@ def _resilient_class():
 def resilient_rdb_storage_class():
     """The :class:`ResilientRDBStorage` class (built on first use: it subclasses Optuna's)."""
     return _resilient_class()
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages and logs)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    if not is_url(url):
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:

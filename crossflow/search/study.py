@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -55,6 +54,8 @@ from pydantic import Field, model_validator
 from crossflow.config.base import Spec, build, read_yaml
 from crossflow.config.loader import load_spec, local_names, preset_names
 from crossflow.errors import ConfigError, CrossflowError
+from crossflow.search import keys
+from crossflow.search.locations import MLRUNS, default_tracking_uri, git_label, is_url, redact
 from crossflow.search.space import (
     STRATEGY,
     Design,
@@ -62,11 +63,10 @@ from crossflow.search.space import (
     SearchSpaceSpec,
     resolve,
 )
-from crossflow.search.storage import is_url, make_storage, redact
+from crossflow.search.storage import make_storage
 from crossflow.search.workers import SURPLUS, WORKER
 
 #: Where studies keep their state by default, relative to the current directory.
-MLRUNS = "mlruns"
 OBJECTIVES = ("iteration_time_s", "energy_J", "power_W", "memory_per_device_bytes")
 SAMPLER_NAMES = ("structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2")
 
@@ -259,11 +259,6 @@ class StudySetup:
         }
 
 
-def default_tracking_uri() -> str:
-    """``sqlite:///<cwd>/mlruns/mlflow.db`` (absolute, so a later ``cd`` does not move it)."""
-    return f"sqlite:///{(Path(MLRUNS) / 'mlflow.db').resolve()}"
-
-
 def _rekey(exc: ConfigError, key: str, file: str | None) -> ConfigError:
     """An error from a referenced config, reported against the study's key — unless it is
     about a file of its own (then that file is named)."""
@@ -449,10 +444,10 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
 
 
 def is_feasible(trial) -> bool:
+    """A completed trial with a feasible design (see :func:`crossflow.search.keys.is_feasible`)."""
     from optuna.trial import TrialState
 
-    return (trial.state == TrialState.COMPLETE and trial.user_attrs.get("feasible", True)
-            and all(v <= 0 for v in trial.constraints.values()))
+    return trial.state == TrialState.COMPLETE and keys.is_feasible(trial)
 
 
 def best_trials(study) -> list:
@@ -645,8 +640,8 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
         "workers": len({t.user_attrs[WORKER] for t in trials if WORKER in t.user_attrs}),
         # the structured driver's memory screen and the trials of each of its phases
         "memory_rejected": len(study.user_attrs.get("structured.memory_rejected", [])),
-        "phases": dict(Counter(t.user_attrs["driver_phase"] for t in trials
-                               if "driver_phase" in t.user_attrs)),
+        "phases": dict(Counter(t.user_attrs[keys.PHASE] for t in trials
+                               if keys.PHASE in t.user_attrs)),
     }
 
 
@@ -695,19 +690,6 @@ class RunResult:
     best: dict[str, Any] | None  # best_design(), None if nothing is feasible
 
 
-def git_revision() -> str | None:
-    """The git revision CrossFlow runs from (``-dirty`` with local changes), if any."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists():
-        return None
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"],
-                             cwd=root, capture_output=True, text=True, timeout=5, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 class _Progress:
     """A one-line progress report on stderr (a bar on a terminal, else every ~10 %): an
     Optuna callback (this process's trials) or :meth:`poll` (all workers' trials)."""
@@ -728,7 +710,7 @@ class _Progress:
             return  # failed (retried), or surplus: not a finished trial
         self.done += 1
         if trial.values is not None:
-            if trial.user_attrs.get("feasible", True):
+            if keys.is_feasible(trial):
                 if self.best is None or trial.values[0] < self.best:
                     self.best = trial.values[0]
             else:
@@ -893,7 +875,7 @@ def _run(setup: StudySetup, n_trials, sampler, seed, sampler_options, storage, t
         "study": setup.name, "launch": index, "sampler": sampler_name,
         "sampler_options": dict(sampler_options), "seed": launch_seed,
         "n_trials": total, "objectives": list(setup.objectives), "storage": redact(url),
-        "workers": workers, "crossflow_version": __version__, "git_revision": git_revision(),
+        "workers": workers, "crossflow_version": __version__, "git_revision": git_label(),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(), "pid": os.getpid(),
     }

@@ -45,7 +45,6 @@ import json
 import math
 import os
 import queue
-import re
 import shutil
 import subprocess
 import sys
@@ -61,14 +60,15 @@ from typing import Any
 
 import yaml
 
+from crossflow.search.keys import CHAIN, FEASIBLE, REASON, TRIAL_NUMBER_TAG
+from crossflow.search.locations import default_tracking_uri, git_revision, redact_text
 from crossflow.search.workers import SURPLUS  # a trial never evaluated: it gets no run
 
 #: User attributes with these name endings are metrics (their unit is in the name).
 METRIC_SUFFIXES = ("_s", "_J", "_W", "_bytes", "_flops_per_s")
 #: User attributes that become tags, not parameters.
-INFEASIBLE_REASON = "infeasible_reason"
-CHAIN_ATTR = "gd:chain"
-TRIAL_NUMBER_TAG = "trial_number"
+INFEASIBLE_REASON = REASON
+CHAIN_ATTR = CHAIN
 #: A run is the run of a trial when it has the trial's number and a start time within this
 #: many milliseconds of the trial's (storages round datetimes; a study deleted and created
 #: again under the same name starts its trial 0 much later, so its trials are logged anew).
@@ -85,13 +85,6 @@ _STATUS = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED"}
 
 
 # --------------------------------------------------------------------------- locations
-
-def default_tracking_uri(cwd: str | Path | None = None) -> str:
-    """``sqlite:///<cwd>/mlruns/mlflow.db`` (the directory is created)."""
-    root = Path(cwd or os.getcwd()).resolve() / "mlruns"
-    root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'mlflow.db'}"
-
 
 def resolve_locations(tracking_uri: str | None,
                       artifact_root: str | None = None) -> tuple[str, str | None]:
@@ -117,23 +110,6 @@ def resolve_locations(tracking_uri: str | None,
         path.mkdir(parents=True, exist_ok=True)
         artifact_root = path.as_uri()
     return uri, artifact_root.rstrip("/")
-
-
-def git_revision() -> tuple[str, bool | None]:
-    """(commit of the CrossFlow source tree or "unknown", whether it has local changes)."""
-    src = Path(__file__).resolve().parents[2]
-    try:
-        rev = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown", None
-    try:
-        dirty = bool(subprocess.run(
-            ["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5, check=True).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        dirty = None
-    return rev or "unknown", dirty
 
 
 # --------------------------------------------------------------------------- records
@@ -167,12 +143,9 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-_CREDENTIALS = re.compile(r"(\w+://[^/:@\s]+:)[^@/\s]+@")
-
-
 def _text(value: Any, limit: int) -> str:
     if isinstance(value, str):  # never log a password in a storage / tracking URL
-        return _CREDENTIALS.sub(r"\1***@", value)[:limit]
+        return redact_text(value)[:limit]
     if isinstance(value, float | int | bool) or value is None:
         return str(value)[:limit]
     return json.dumps(_plain(value), separators=(",", ":"), sort_keys=True)[:limit]
@@ -229,7 +202,7 @@ def trial_record(trial: Any, sampler: str, metric_names: list[str]) -> dict[str,
         params[k] = v
     values = trial.values or []
     constraints = getattr(trial, "constraints", None) or {}
-    infeasible = user.get("feasible") is False or any(c > 0 for c in constraints.values())
+    infeasible = user.get(FEASIBLE) is False or any(c > 0 for c in constraints.values())
     for name, v in zip(metric_names, values, strict=False):
         if v is not None and math.isfinite(v):
             # an infeasible design's value is the study's penalty, not a time or an energy:
@@ -241,11 +214,11 @@ def trial_record(trial: Any, sampler: str, metric_names: list[str]) -> dict[str,
     reason = user.get(INFEASIBLE_REASON)
     if constraints:
         violated = {k: c for k, c in constraints.items() if c > 0}
-        tags["feasible"] = "false" if violated or reason else "true"
+        tags[FEASIBLE] = "false" if violated or reason else "true"
         if violated and reason is None:
             reason = "; ".join(f"constraint {k} = {c:g} > 0" for k, c in violated.items())
     elif reason is not None:
-        tags["feasible"] = "false"
+        tags[FEASIBLE] = "false"
     if reason is not None:
         tags[INFEASIBLE_REASON] = _text(reason, _MAX_TAG)
     chain = user.get(CHAIN_ATTR, trial.system_attrs.get(CHAIN_ATTR))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from crossflow.search.keys import is_feasible
 from crossflow.search.reports import _common as C
 
 STRATEGY, ORDER = "RC-32-16-d1-p1", "kp2-kp1-dp-lp"
@@ -43,7 +44,7 @@ def _run(sampler: str, n_trials: int, storage_dir: Path, objectives: list[str] =
     r = run_study(load_study(study), track=False, progress=False)
     return [(t.user_attrs["iteration_time_s"], t.user_attrs["energy_J"])
             for t in r.study.get_trials(deepcopy=False)
-            if t.values is not None and t.user_attrs.get("feasible")]
+            if t.values is not None and is_feasible(t)]
 
 
 def run_all(n_trials: int, storage_dir: Path) -> dict[str, list[tuple[float, float]]]:

@@ -17,11 +17,12 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from crossflow.search.keys import CHAIN
+
 # a trial the study runner did not evaluate because other workers had taken the whole
 # budget: not an attempt of its role
 from crossflow.search.workers import SURPLUS
 
-CHAIN = "gd:chain"
 STEP = "gd:step"
 ROLE = "gd:role"
 POINT = "gd:point"

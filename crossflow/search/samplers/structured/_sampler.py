@@ -13,6 +13,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from crossflow.search.keys import PHASE
 from crossflow.search.samplers.structured._inner import METHODS
 from crossflow.search.samplers.structured._plan import plan
 from crossflow.search.samplers.structured._problem import Problem
@@ -22,7 +23,6 @@ SLOT = "structured:slot"
 #: Trial system attribute: the point (every parameter).
 POINT = "structured:point"
 #: Trial user attribute: the plan's phase (screen, orders, search, rescreen, polish).
-PHASE = "driver_phase"
 #: Study user attributes: the budget the plan was made for, and its memory-only verdicts.
 BUDGET = "structured.budget"
 MEMORY = "structured.memory_rejected"

@@ -1,0 +1,36 @@
+"""The names CrossFlow writes on Optuna trials and studies, and the one reader of each.
+
+Every module that writes or reads a trial attribute imports its name from here, so a
+rename is one edit and no two readers can disagree on what a missing attribute means.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: User attribute: whether the design can run (bool).  Written for every evaluated trial.
+FEASIBLE = "feasible"
+#: User attribute: why the design cannot run (text); absent when it can.
+REASON = "infeasible_reason"
+#: User attribute: how far from feasible (0 feasible, > 0 memory need / capacity − 1, else 1).
+CONSTRAINT = "infeasibility"
+#: System attribute: the chain a paper-``gd`` trial belongs to.
+CHAIN = "gd:chain"
+#: User attribute: the phase of the structured driver that proposed the trial.
+PHASE = "driver_phase"
+#: MLflow tag: the trial number a run belongs to.
+TRIAL_NUMBER_TAG = "trial_number"
+
+
+def is_feasible(trial: Any) -> bool:
+    """Whether a (frozen) trial holds a feasible design.
+
+    The one reading of :data:`FEASIBLE`: a trial that says ``False`` is infeasible, as is
+    one with a violated constraint (a constraint value > 0).  A
+    completed trial without the attribute — written by a CrossFlow before it recorded
+    feasibility, or enqueued by hand — counts as feasible when it has values."""
+    if trial.user_attrs.get(FEASIBLE) is False:
+        return False
+    if any(c > 0 for c in (getattr(trial, "constraints", None) or {}).values()):
+        return False
+    return trial.values is not None
