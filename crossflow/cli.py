@@ -223,7 +223,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return EXIT_OK
     from crossflow.calibrate import calibrate_cpu
 
-    path = calibrate_cpu(Path(args.output), quick=args.quick)
+    path = calibrate_cpu(Path(args.output), quick=args.quick, option="--output")
     print(f"wrote {path}")
     return EXIT_OK
 
