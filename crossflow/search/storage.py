@@ -315,6 +315,12 @@ def make_storage(url: str, *, heartbeat_s: float | None = None,
     import optuna
 
     if is_url(url):
+        if url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
+            raise ConfigError("an in-memory SQLite database lives in one process and one "
+                              "connection: a study there is lost when the run ends, and "
+                              "its heartbeat thread cannot reach it", key="storage",
+                              value=url, allowed="a journal file path, sqlite:///FILE.db, "
+                              "or a postgresql:// URL")
         if url.startswith("sqlite:///"):
             path = Path(url[len("sqlite:///"):])
             if str(path) not in ("", ":memory:"):
@@ -341,8 +347,9 @@ def make_storage(url: str, *, heartbeat_s: float | None = None,
                                       key="storage", value=redact(url)) from None
                 raise
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
 
-    path = Path(url)
+    from crossflow.search.journal import SafeJournalBackend, check_journal_path
+
+    path = check_journal_path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    return JournalStorage(SafeJournalBackend(str(path)))

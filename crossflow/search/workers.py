@@ -252,8 +252,26 @@ def work(study, objective, total: int, *, callbacks: list[Any], stop: GracefulSt
         if c.free <= 0:  # every slot is taken by trials running elsewhere
             time.sleep(POLL_S)
             continue
-        study.optimize(budgeted, n_trials=c.free, callbacks=[*callbacks, full, stop],
-                       catch=(Surplus,), gc_after_trial=False)
+        try:
+            study.optimize(budgeted, n_trials=c.free, callbacks=[*callbacks, full, stop],
+                           catch=(Surplus,), gc_after_trial=False)
+        except AssertionError as exc:
+            # Optuna's trial runner asserts when recording a trial's end fails; the
+            # storage's own error (a full disk, say) is what the user must read
+            raise _storage_error(exc) or exc from None
+
+
+def _storage_error(exc: BaseException) -> BaseException | None:
+    """The CrossFlow error (a storage that could not write) that ``exc`` hides, if any."""
+    from crossflow.errors import CrossflowError
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, CrossflowError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 @contextlib.contextmanager

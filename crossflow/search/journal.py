@@ -1,0 +1,228 @@
+"""The journal file of a study, made to survive a write that did not finish.
+
+Optuna's journal storage appends one JSON record per line to a file, under a lock.  A
+writer that dies in the middle of a record (killed, out of disk space, out of quota)
+leaves a *torn tail*: a last line without its end.  Optuna skips such a line while it is
+last, but the next append lands on the same line, and from then on every read of the file
+fails with ``JSONDecodeError`` — the study can no longer be shown, resumed or exported.
+
+:class:`SafeJournalBackend` keeps a study readable through that:
+
+* **on open** it checks the file once, under the journal's lock: a torn tail is cut off,
+  and a record glued onto a torn one (a file damaged before this check existed) is
+  recovered; the bytes removed are kept in ``<journal>.torn`` and the repair is reported
+  once on stderr.  Every complete record before the damage is kept.
+* **on append** it checks the last byte under the lock (a torn tail left by a writer that
+  died since is cut off the same way) and, when the write fails (``ENOSPC``, ``EDQUOT``,
+  ``EFBIG``, ``EIO``), cuts the file back to where it was and raises
+  :class:`JournalWriteError`: a clear message, the records already written intact, and
+  the same command resumes once there is room.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal._file import get_lock_file
+
+from crossflow.errors import ConfigError, CrossflowError
+
+#: Suffix of the file that keeps the bytes a repair removed.
+TORN_SUFFIX = ".torn"
+#: Journals already reported as repaired by this process (the repair is said once).
+_REPORTED: set[str] = set()
+_FULL = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
+         errno.EFBIG: "the file size limit is reached"}
+
+
+class JournalWriteError(CrossflowError):
+    """A record could not be written to a study's journal; nothing half-written is left."""
+
+
+def check_journal_path(path: str | Path, key: str = "storage") -> Path:
+    """``path`` as a journal location, or a :class:`ConfigError` when it cannot be one: an
+    existing file that is not a regular file (a device such as ``/dev/full``, a FIFO, a
+    socket), a directory, or a folder that cannot be written.  Nothing is created."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ConfigError(f"cannot use this journal file ({exc.strerror})", key=key,
+                          value=str(path)) from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError("is a directory, not a journal file", key=key, value=str(path),
+                              allowed="a file path (created when missing) or a database URL")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError("is not a regular file (a device, FIFO or socket): a journal "
+                              "must be a file of its own", key=key, value=str(path),
+                              allowed="a file path (created when missing) or a database URL")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise ConfigError("cannot be read and written by this user", key=key,
+                              value=str(path))
+        return path
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot create the journal: {parent} is not a writable folder",
+                          key=key, value=str(path))
+    return path
+
+
+class SafeJournalBackend(JournalFileBackend):
+    """Optuna's journal file backend that survives torn records (see the module doc)."""
+
+    def __init__(self, file_path: str, lock_obj: Any = None) -> None:
+        check_journal_path(file_path)
+        try:
+            super().__init__(file_path, lock_obj)
+            with get_lock_file(self._lock):
+                self._repair()
+        except OSError as exc:
+            why = _FULL.get(exc.errno, exc.strerror or str(exc))
+            raise ConfigError(f"cannot open the study's journal ({why})", key="storage",
+                              value=file_path) from None
+
+    # ------------------------------------------------------------------ repair
+
+    def _repair(self) -> None:
+        """Cut a torn tail and recover glued records (under the lock)."""
+        path = self._file_path
+        with open(path, "rb") as fh:
+            data = fh.read()
+        if not data:
+            return
+        keep, removed = _salvage(data)
+        if not removed:
+            return
+        if keep == data[: len(keep)]:
+            _save_torn(path, data[len(keep):])
+            os.truncate(path, len(keep))  # earlier records keep their offsets
+        else:
+            _save_torn(path, b"".join(removed))
+            tmp = f"{path}.repair-{os.getpid()}"
+            with open(tmp, "wb") as fh:
+                fh.write(keep)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            self._log_number_offset = {0: 0}
+        _report(path, keep.count(b"\n"), sum(len(r) for r in removed))
+
+    def _cut_torn_tail(self) -> int:
+        """The file size after cutting a torn tail off (under the lock)."""
+        size = os.path.getsize(self._file_path)
+        if size == 0:
+            return 0
+        with open(self._file_path, "rb") as fh:
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return size
+            # a writer died mid-record since this process opened the file: find its start
+            start = max(0, size - (1 << 20))
+            fh.seek(start)
+            tail = fh.read()
+        cut = start + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+        with open(self._file_path, "rb") as fh:
+            fh.seek(cut)
+            torn = fh.read()
+        _save_torn(self._file_path, torn)
+        os.truncate(self._file_path, cut)
+        _report(self._file_path, None, len(torn))
+        return cut
+
+    # ------------------------------------------------------------------ append
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
+        try:
+            with get_lock_file(self._lock):
+                size = self._cut_torn_tail()
+                try:
+                    fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND)
+                    try:
+                        _write_all(fd, text.encode("utf-8"))
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    # no torn record left behind (if even that fails, the next open cuts it)
+                    with contextlib.suppress(OSError):
+                        os.truncate(self._file_path, size)
+                    raise
+        except OSError as exc:  # the write, or the lock file (a full disk refuses both)
+            why = _FULL.get(exc.errno, exc.strerror or str(exc))
+            raise JournalWriteError(
+                f"{self._file_path}: cannot write the study's journal ({why}). The records "
+                f"written before are intact; free space (or move the journal with "
+                f"--storage) and run the same command again to resume.") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` (a short write is continued; an error raises)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _salvage(data: bytes) -> tuple[bytes, list[bytes]]:
+    """(the complete records of a journal's bytes, the byte runs that were removed)."""
+    keep: list[bytes] = []
+    removed: list[bytes] = []
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the data ends with a newline
+    if tail:
+        removed.append(tail)
+    for line in lines:
+        if _is_record(line):
+            keep.append(line)
+            continue
+        # a torn record with a complete one glued on: the last '{' at which a record starts
+        at = line.rfind(b'{"op_code"')
+        while at > 0 and not _is_record(line[at:]):
+            at = line.rfind(b'{"op_code"', 0, at)
+        if at > 0:
+            removed.append(line[:at])
+            keep.append(line[at:])
+        else:
+            removed.append(line)
+    return b"".join(r + b"\n" for r in keep), removed
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _save_torn(path: str, torn: bytes) -> None:
+    if not torn:
+        return
+    try:
+        with open(path + TORN_SUFFIX, "ab") as fh:
+            fh.write(torn + b"\n")
+    except OSError:
+        pass  # keeping the evidence must not stop the repair (e.g. the disk is still full)
+
+
+def _report(path: str, records: int | None, nbytes: int) -> None:
+    if path in _REPORTED:
+        return
+    _REPORTED.add(path)
+    kept = f"the {records} complete records are kept" if records is not None else \
+        "every complete record is kept"
+    print(f"crossflow: note: {path} ended in a record that was not finished (a writer "
+          f"stopped mid-write); {kept}, the {nbytes} torn bytes are saved in "
+          f"{path}{TORN_SUFFIX}.", file=sys.stderr)
