@@ -32,10 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     pr = sub.add_parser("predict", help="predict a kernel or training iteration")
-    pr.add_argument("--hardware", required=True,
-                    help="hardware preset name, preset YAML, or architecture template YAML")
+    pr.add_argument("--hardware",
+                    help="hardware preset name, preset YAML, or architecture template YAML "
+                    "(default: the device --system names; given with --system, it overrides "
+                    "that device and the output says so)")
     pr.add_argument("--workload", required=True, help="workload YAML or preset name")
-    pr.add_argument("--system", help="system preset or YAML (distributed workloads)")
+    pr.add_argument("--system", help="system preset or YAML (distributed workloads); its "
+                    "device is used unless --hardware is given")
     pr.add_argument("--parallelism", help="parallelism YAML (distributed workloads)")
     pr.add_argument("--mapping-order", help="device-mapping order, or 'best'")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -161,6 +164,8 @@ def _print_prediction(p) -> None:
     from crossflow.units import fmt_bytes, fmt_rate, fmt_time
 
     print(f"{p.workload} on {p.hardware}")
+    for note in p.notes:
+        print(f"  note: {note}")
     if not p.feasible:
         print(f"  INFEASIBLE: {p.reason}")
         return
@@ -177,7 +182,8 @@ def _print_prediction(p) -> None:
     print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}")
     print(f"  energy        {p.energy_J:.4g} J")
     moved = p.details.get("bytes_per_level", {})
-    print("  breakdown:")
+    print("  breakdown (roofline: compute and memory times overlap; total = slowest + launch):"
+          if "breakdown_overlap" in p.details else "  breakdown:")
     for key, seconds in p.breakdown.items():
         level = key.removesuffix("_s")
         extra = f"  ({fmt_bytes(moved[level])})" if level in moved else ""

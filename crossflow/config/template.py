@@ -34,8 +34,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from crossflow.arch.microarch import SCOPES
 from crossflow.config.base import Spec
+from crossflow.config.device import SCOPES
 from crossflow.errors import ConfigError
 
 Positive = Annotated[float, Field(gt=0)]

@@ -22,6 +22,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
+from crossflow.config.loader import register_kind
 from crossflow.errors import ConfigError
 from crossflow.parallel.strategy import Strategy
 
@@ -83,3 +84,7 @@ class ParallelismSpec(Spec):
         except ConfigError as exc:
             key = next(k for k, f in MEGATRON_KEYS.items() if f == exc.key)
             raise ConfigError(exc.problem, key=key, value=getattr(self, key)) from None
+
+
+# Parallelism files (kind may be left out: loader.DEFAULT_KINDS) validate here.
+register_kind("parallelism", "parallelism", ParallelismSpec)

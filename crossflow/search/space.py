@@ -50,6 +50,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
+from crossflow.config.loader import register_kind
 from crossflow.errors import ConfigError
 from crossflow.search import encoding
 
@@ -601,3 +602,5 @@ def _strategies(spec: SearchSpaceSpec, options: StrategySpaceSpec, workload: Spe
                   "these options", "strategy")
     return tuple(found)
 
+
+register_kind("search_space", "search_spaces", SearchSpaceSpec)

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import MicroArch
 from crossflow.config.base import Spec
 from crossflow.config.loader import load_spec
@@ -105,8 +106,6 @@ def build_system(spec: SystemSpec | str | Path | AnyMapping[str, Any],
         except ConfigError as exc:
             raise exc.with_file(spec.source_file) if spec.source_file else exc from None
     if not isinstance(arch, MicroArch):
-        from crossflow.predict import load_hardware  # the facade sits above this layer
-
         try:
             arch = load_hardware(arch if arch is not None else spec.device)
         except ConfigError as exc:
