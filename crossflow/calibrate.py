@@ -1,6 +1,6 @@
 """Measure the CPU this runs on and write a hardware preset for it (``crossflow calibrate cpu``).
 
-DESIGN.md §5: a measurement taken on the machine you run on is real hardware.  This module
+A measurement on this machine is real hardware (docs/architecture.md, "Layers").  This module
 holds the measurements; ``presets/measurements/cpu/measure_numpy_gemm.py`` is a thin command
 line around them that records the CSVs shipped beside it, and :func:`calibrate_cpu` turns the
 same measurements into a ``kind: microarch`` preset.
@@ -760,7 +760,7 @@ def _preset_line(preset: str | None) -> list[str]:
 def write_gemm_csv(path: Path, meas: Measurement, preset: str | None = None) -> None:
     """The GEMM CSV; ``preset`` names the hardware preset its rows validate (header line)."""
     header = [
-        "numpy GEMM C[m,n] = A[m,k] @ B[k,n] timed on the machine below (DESIGN.md §5); "
+        "numpy GEMM C[m,n] = A[m,k] @ B[k,n] timed on the machine below (docs/architecture.md); "
         "written by crossflow/presets/measurements/cpu/measure_numpy_gemm.py "
         "(crossflow.calibrate)",
         *_preset_line(preset),

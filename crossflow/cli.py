@@ -1,4 +1,4 @@
-"""``crossflow`` command line (DESIGN.md §7).
+"""``crossflow`` command line (docs/architecture.md, "Layers").
 
 Exit status: 0 success, 1 a validation data set missed its tolerance, 2 bad input (one
 paragraph on stderr, no traceback unless ``--debug``), 3 the design is infeasible.

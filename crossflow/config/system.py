@@ -1,4 +1,5 @@
-"""System files: devices, nodes and the two network levels joining them (DESIGN.md §3).
+"""System files: devices, nodes and the two network levels joining them
+(docs/architecture.md, "Layers").
 
 File shape (``presets/systems/*.yaml``, ``kind: system``)::
 

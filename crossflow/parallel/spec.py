@@ -1,4 +1,5 @@
-"""The parallelism file (DESIGN.md §7): a paper strategy name or Megatron's degrees.
+"""The parallelism file (docs/architecture.md, "Config kinds"): a paper strategy name or
+Megatron's degrees.
 
 Either ``strategy: RC-4-2-d3-p2`` (paper §3.3; see :data:`~crossflow.parallel.strategy.GRAMMAR`)
 or the Megatron-LM keys::

@@ -1,4 +1,5 @@
-"""Search spaces: what a study may change, as Optuna distributions (DESIGN.md §6).
+"""Search spaces: what a study may change, as Optuna distributions
+(docs/architecture.md, "Data flow of one study trial").
 
 File shape (``search_spaces/*.yaml``, ``kind: search_space``; a study may also give one
 inline)::

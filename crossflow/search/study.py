@@ -1,4 +1,5 @@
-"""Named studies: the study file, its resolution, and the runner (DESIGN.md §6).
+"""Named studies: the study file, its resolution, and the runner
+(docs/architecture.md, "Data flow of one study trial").
 
 File shape (``studies/*.yaml``, ``kind: study``)::
 

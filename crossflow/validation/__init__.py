@@ -1,4 +1,4 @@
-"""Predicted vs measured on real hardware (DESIGN.md §5).
+"""Predicted vs measured on real hardware (docs/architecture.md, "Layers").
 
 Each data set is a measurement file shipped verbatim under
 ``crossflow/presets/measurements/`` (published measurements, each file's source in its header,
