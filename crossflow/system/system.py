@@ -43,6 +43,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import numpy as np
 
 from crossflow.arch.hardware import load_hardware
@@ -268,8 +269,6 @@ class System:
         ``bandwidth_Bps`` (per direction, effective) and ``latency_s``; ``("device", d) <->
         ("nic", node)`` attachments have ``level="attach"`` and no resource.
         """
-        import networkx as nx
-
         g = nx.MultiDiGraph(name=self.name)
         dpn = self.devices_per_node
         for d in range(self.num_devices):
