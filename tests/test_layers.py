@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -169,3 +170,42 @@ def test_nothing_points_outside_the_repository(text):
             for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace")
                                      .splitlines(), 1) if text in line]
     assert not hits, f"{text!r} in " + ", ".join(hits)
+
+
+# --- the config layer's registry of kinds ------------------------------------------------
+
+ABOVE_CONFIG = sorted(key for key, rank in RANK.items() if rank > RANK["config"]
+                      and key != "__init__")
+
+
+def test_the_config_layer_names_no_module_above_it():
+    """Not even in a string: kinds defined above config register themselves (or are
+    declared by the package root), the config layer does not list them."""
+    pattern = re.compile(r"crossflow\.(" + "|".join(ABOVE_CONFIG) + r")\b")
+    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+            for p in sorted((PACKAGE / "config").rglob("*.py"))
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if pattern.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+def test_kinds_defined_above_config_load_through_their_entry_points():
+    from crossflow.config import loader
+
+    assert loader.ENTRY_POINTS["study"] == ("studies", "crossflow.search.study")
+    spec = loader.load_spec(ROOT / "studies" / "quickstart.yaml")
+    assert spec.kind == "study" and type(spec).__module__ == "crossflow.search.study"
+    assert loader.spec_class("search_space").__module__ == "crossflow.search.space"
+
+
+def test_an_unregistered_kind_is_a_clear_config_error(monkeypatch):
+    from crossflow.config import loader
+    from crossflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown kind 'nope'") as err:
+        loader.load_spec({"kind": "nope"})
+    assert "gemm" in err.value.allowed and "study" in err.value.allowed
+    # declared, but the module named does not register it: said so, not a KeyError
+    monkeypatch.setitem(loader.ENTRY_POINTS, "ghost", ("workloads", "crossflow.units"))
+    with pytest.raises(ConfigError, match="importing crossflow.units did not register it"):
+        loader.load_spec({"kind": "ghost"}, "workloads")

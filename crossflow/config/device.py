@@ -2,12 +2,12 @@
 
 A `MicroArch` comes either from a datasheet preset (``presets/hardware/*.yaml``,
 :meth:`crossflow.config.hardware.MicroArchSpec.to_microarch`) or from the
-micro-architecture generator (:mod:`crossflow.arch.age`) applied to a template, technology
+micro-architecture generator (the AGE, in the arch layer) applied to a template, technology
 and budgets.  The kernel model prices operations against it and never looks at configs.
 
 These value types live in the config layer because the hardware and template configs
 validate against them (precisions, scopes) and build them; everything else imports them
-from :mod:`crossflow.arch.microarch`, which re-exports them (docs/architecture.md, "Layers").
+through the arch layer, which re-exports them (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A GEMM is ``{kind: gemm, m, k, n, precision}``: C[m, n] = A[m, k] · B[k, n].  A transformer
 uses Megatron-LM's names (num_layers, hidden_size, …), the LSTM the same names where they
 mean the same thing.  How a workload runs on many devices is a separate parallelism file
-(:class:`crossflow.parallel.spec.ParallelismSpec`).
+(``kind: parallelism``, validated by the parallel layer).
 """
 
 from __future__ import annotations
