@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmark scripts (DESIGN.md §8).
+"""Timing helpers shared by the benchmark scripts (docs/architecture.md, "Benchmarks").
 
 * :func:`timeit` — warm: the median (and 10th / 90th percentile) of ``repeat`` calls after a
   few warm-up calls, measured with ``time.perf_counter`` in this process;

@@ -1,4 +1,6 @@
-"""Distributed prediction latency (DESIGN.md §8, issue #3).  Prints one JSON object.
+"""Distributed prediction latency (docs/architecture.md, "Benchmarks"; issue #3).
+
+Prints one JSON object.
 
     python benchmarks/bench_distributed.py [--repeat N] [--cold-runs N]
 

@@ -1,4 +1,4 @@
-"""Prediction latency benchmarks (DESIGN.md §8).  Prints one JSON object.
+"""Prediction latency benchmarks (docs/architecture.md, "Benchmarks").  Prints one JSON object.
 
     python benchmarks/bench_predict.py [--repeat N]
 

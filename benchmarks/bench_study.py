@@ -1,4 +1,6 @@
-"""Study throughput with every trial logged to MLflow (DESIGN.md §6/§8, issue #4).
+"""Study throughput with every trial logged to MLflow (issue #4).
+
+docs/architecture.md, "Benchmarks".
 
     python benchmarks/bench_study.py [--trials N] [--repeat R] [--sampler tpe|random]
                                      [--mode process|thread] [--no-bulk]

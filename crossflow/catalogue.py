@@ -36,8 +36,7 @@ _DATA_FAMILIES = {"measurements": "*.csv"}
 
 
 def _families() -> list[str]:
-    loader._ensure_registered()
-    registered = {family for family, _ in loader.KINDS.values()} | set(loader.FAMILY_LABELS)
+    registered = set(loader.kind_families().values()) | set(loader.FAMILY_LABELS)
     ordered = [f for f in _KIND_OF_FAMILY if f in registered or f in _DATA_FAMILIES]
     return ordered + sorted(registered - set(ordered))
 

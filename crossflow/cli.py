@@ -1,4 +1,4 @@
-"""``crossflow`` command line (docs/architecture.md, 'Command line').
+"""``crossflow`` command line (docs/architecture.md, "Layers").
 
 Exit status: 0 success, 1 a validation data set missed its tolerance, 2 bad input (one
 paragraph on stderr, no traceback unless ``--debug``), 3 the design is infeasible.
@@ -173,11 +173,14 @@ def _parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("predict", help="predict a kernel or training iteration",
                         **_about("predict"))
-    pr.add_argument("--hardware", required=True,
-                    help="hardware preset name, preset YAML, or architecture template YAML")
+    pr.add_argument("--hardware",
+                    help="hardware preset name, preset YAML, or architecture template YAML "
+                    "(default: the device --system names; given with --system, it overrides "
+                    "that device and the output says so)")
     pr.add_argument("--workload", required=True,
                     help="workload preset name ('crossflow presets workload') or YAML file")
-    pr.add_argument("--system", help="system preset or YAML (distributed workloads)")
+    pr.add_argument("--system", help="system preset or YAML (distributed workloads); its "
+                    "device is used unless --hardware is given")
     pr.add_argument("--parallelism", metavar="PRESET|YAML|STRATEGY",
                     help="distributed workloads: a parallelism preset ("
                     + ", ".join(preset_names("parallelism")) + "), a YAML file, or a strategy "
@@ -401,6 +404,8 @@ def _print_prediction(p) -> None:
     from crossflow.units import fmt_bytes, fmt_rate, fmt_time
 
     print(f"{p.workload} on {p.hardware}")
+    for note in p.notes:
+        print(f"  note: {note}")
     if not p.feasible:
         print(f"  INFEASIBLE: {p.reason}")
         return
@@ -417,7 +422,8 @@ def _print_prediction(p) -> None:
     print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}")
     print(f"  energy        {p.energy_J:.4g} J")
     moved = p.details.get("bytes_per_level", {})
-    print("  breakdown:")
+    print("  breakdown (roofline: compute and memory times overlap; total = slowest + launch):"
+          if "breakdown_overlap" in p.details else "  breakdown:")
     for key, seconds in p.breakdown.items():
         level = key.removesuffix("_s")
         extra = f"  ({fmt_bytes(moved[level])})" if level in moved else ""

@@ -1,4 +1,5 @@
-"""Distributed predictions: a workload, a parallelism strategy and a system (DESIGN.md §4).
+"""Distributed predictions: a workload, a parallelism strategy and a system
+(docs/architecture.md, "Data flow of one prediction").
 
 The facade :func:`crossflow.predict` calls :func:`predict_distributed` for LSTM and
 transformer workloads and for a GEMM given a strategy.  It builds the system, maps the
@@ -19,10 +20,18 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import MicroArch
 from crossflow.config.loader import load_spec
 from crossflow.errors import ConfigError, InfeasibleDesignError
-from crossflow.predict import Prediction, infeasible
+from crossflow.parallel import ParallelismSpec, Strategy, check_strategy
+from crossflow.prediction import Prediction, infeasible
+from crossflow.sim.graph_sim import graph_iteration, graph_memory
+from crossflow.sim.memory import capacity_problem, check_capacity
+from crossflow.sim.training import transformer_iteration, transformer_memory
+from crossflow.system import DIMS, ORDERS, build_system, order_classes, parse_order
+from crossflow.system.network import MappedNetwork
+from crossflow.workloads import compute_graph
 
 
 class _Local:
@@ -56,8 +65,6 @@ def _device(arch: MicroArch, gemm_efficiency: float, memory_bound_efficiency: fl
 def _parallelism_spec(source):
     """A ParallelismSpec from a spec, preset, file, dict — or a bare strategy string such as
     ``RC-4-2-d32-p2`` or ``t8-d24-p8`` (paper / Megatron names, :mod:`crossflow.parallel`)."""
-    from crossflow.parallel import ParallelismSpec, Strategy
-
     if isinstance(source, ParallelismSpec):
         return source
     try:
@@ -84,8 +91,6 @@ def _cached_parallelism(key: tuple) -> Any:
 
 
 def _strategy(spec, parallelism):
-    from crossflow.parallel import Strategy, check_strategy
-
     if parallelism is None:
         par = None
         strategy = Strategy.megatron() if spec.kind == "transformer" else Strategy()
@@ -149,8 +154,6 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None) -> MemoryChe
         parallelism: a strategy name (``"RC-32-16-d1-p1"``), a parallelism spec, preset,
             file or dict; None: one device.
     """
-    from crossflow.predict import load_hardware
-
     spec = workload if hasattr(workload, "kind") and hasattr(workload, "name") else load_spec(
         workload, "workloads")
     arch = load_hardware(arch)
@@ -160,21 +163,14 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None) -> MemoryChe
 
 def _memory_breakdown(spec, strategy, par) -> dict[str, float]:
     if spec.kind == "transformer":
-        from crossflow.sim.training import transformer_memory
-
         return transformer_memory(
             spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.zero1 if par else False)
-    from crossflow.sim.graph_sim import graph_memory
-    from crossflow.workloads import compute_graph
-
     return graph_memory(compute_graph(spec), strategy)
 
 
 def _memory_check(spec, strategy, par, arch: MicroArch) -> MemoryCheck:
-    from crossflow.sim.memory import capacity_problem
-
     breakdown = _memory_breakdown(spec, strategy, par)
     need = sum(breakdown.values())
     reason = capacity_problem(arch, breakdown)
@@ -205,13 +201,29 @@ class _Batch:
                 system, "systems")
             self.run_arch = with_software(arch, self.sys_spec.software)
 
-    def _system(self, nodes: int):
+    def _system(self, nodes: int, strategy) -> Any:
+        """The system cut down to the ``nodes`` the strategy needs.  A system whose network
+        has a fixed shape (a torus's ``dims``) may not shrink: say so in terms of the
+        strategy, not of the system file the user did not get wrong."""
         built = self._systems.get(nodes)
         if built is None:
-            from crossflow.system import build_system
-
-            built = self._systems[nodes] = build_system(self.sys_spec, self.arch,
-                                                        num_nodes=nodes)
+            sys_spec = self.sys_spec
+            try:
+                built = build_system(sys_spec, self.arch, num_nodes=nodes)
+            except ConfigError as exc:
+                if nodes == sys_spec.num_nodes:
+                    raise
+                devices = strategy.devices
+                raise ConfigError(
+                    f"the strategy {strategy} uses {devices} of the {sys_spec.num_devices} "
+                    f"devices of system {sys_spec.name}, and the system cannot be cut down to "
+                    f"the {nodes} node(s) they fill ({exc.problem.rstrip('.')})",
+                    key="parallelism", value=str(strategy),
+                    allowed=f"a strategy for all {sys_spec.num_devices} devices (kp1·kp2·dp·lp"
+                    f" = {sys_spec.num_devices}); or, for {devices} devices, a copy of the "
+                    f"system file ({sys_spec.source_file or sys_spec.name}) with num_nodes: "
+                    f"{nodes} and a network that fits {nodes} node(s)") from None
+            self._systems[nodes] = built
         return built
 
     def predict(self, parallelism: Any, mapping_order: str | None) -> Prediction:
@@ -227,16 +239,13 @@ class _Batch:
                 )
             networks = [("local", _Local())]
         else:
-            from crossflow.system import DIMS, ORDERS, order_classes, parse_order
-            from crossflow.system.network import MappedNetwork
-
             if devices > sys_spec.num_devices:
                 raise ConfigError(
                     f"the strategy {strategy} needs {devices} devices but system "
                     f"{sys_spec.name} has {sys_spec.num_devices}", key="parallelism",
                     value=str(strategy), allowed=f"strategies of at most "
                     f"{sys_spec.num_devices} devices (or a system with more nodes)")
-            built = self._system(math.ceil(devices / sys_spec.devices_per_node))
+            built = self._system(math.ceil(devices / sys_spec.devices_per_node), strategy)
             if mapping_order == "best":
                 # One order per class of equivalent orders (crossflow.system.order_classes):
                 # the others give the same time, and the representative is the first of
@@ -299,8 +308,6 @@ def predict_many(workload: Any, hardware: Any, system: Any,
             fit the workload) or InfeasibleDesignError in its place in the list instead of
             raising it.
     """
-    from crossflow.predict import load_hardware
-
     spec = workload if hasattr(workload, "kind") and hasattr(workload, "name") else load_spec(
         workload, "workloads")
     try:
@@ -328,8 +335,6 @@ def _run(spec, strategy, par, arch: MicroArch, network, devices: int,
 
 
 def _transformer(spec, strategy, par, arch, network, devices, software=None) -> Prediction:
-    from crossflow.sim.training import transformer_iteration
-
     r = transformer_iteration(
         spec, arch, network, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
         sp=strategy.sp, schedule=par.schedule if par else "1f1b",
@@ -346,10 +351,6 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
 
 
 def _graph(spec, strategy, arch, network, devices) -> Prediction:
-    from crossflow.sim.graph_sim import graph_iteration
-    from crossflow.sim.memory import check_capacity
-    from crossflow.workloads import compute_graph
-
     r = graph_iteration(compute_graph(spec), strategy, arch, network)
     check_capacity(arch, r.memory_breakdown)  # passes: the memory check ran first
     flops = r.flops_per_device * devices  # replicas and shards run the same work

@@ -1,144 +1,141 @@
-"""The prediction facade: specs in, one `Prediction` out (DESIGN.md §7).
+"""The prediction facade: specs in, one `Prediction` out (docs/architecture.md, "Data
+flow of one prediction").
 
     >>> import crossflow
     >>> p = crossflow.predict(workload={"kind": "gemm", "m": 8192, "k": 8192, "n": 8192},
     ...                       hardware="a100-sxm4-80gb")
     >>> p.feasible, p.bottleneck
     (True, 'compute')
+
+``Prediction`` (:mod:`crossflow.prediction`) and ``load_hardware``
+(:mod:`crossflow.arch.hardware`) are re-exported here, where users and the search layer
+find them.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
 from crossflow.config.base import Spec
 from crossflow.config.loader import load_spec
-from crossflow.errors import ConfigError, InfeasibleDesignError
+from crossflow.config.system import SystemSpec
+from crossflow.distributed import predict_distributed
+from crossflow.errors import ConfigError, CrossflowError, InfeasibleDesignError
+from crossflow.kernels.gemm import check_precision, gemm
+from crossflow.prediction import Prediction, infeasible
+
+__all__ = ["Prediction", "infeasible", "load_hardware", "predict"]
 
 Source = str | Path | Mapping[str, Any] | Spec
 
-
-@dataclass(frozen=True)
-class Prediction:
-    """The outcome of one prediction.
-
-    Attributes:
-        time_s: seconds per kernel (GEMM workloads) or per training iteration; ``inf`` when
-            the design is infeasible.
-        feasible: False when the design cannot run (see ``reason``).
-        memory_per_device_bytes: bytes resident on one device.
-        bottleneck: what limits the time (``"compute"``, a memory level, a link, …).
-        breakdown: seconds per component of ``time_s``.
-        details: everything else worth showing (kernel tiles, bytes per level, the chip).
-    """
-
-    workload: str
-    hardware: str
-    time_s: float
-    feasible: bool
-    memory_per_device_bytes: float
-    bottleneck: str
-    breakdown: Mapping[str, float]
-    achieved_flops_per_s: float = 0.0
-    energy_J: float = 0.0
-    reason: str | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object ``crossflow predict --json`` prints (inf becomes null)."""
-        return {
-            "workload": self.workload,
-            "hardware": self.hardware,
-            "time_s": self.time_s if math.isfinite(self.time_s) else None,
-            "feasible": self.feasible,
-            "reason": self.reason,
-            "memory_per_device_bytes": self.memory_per_device_bytes,
-            "bottleneck": self.bottleneck,
-            "achieved_flops_per_s": self.achieved_flops_per_s,
-            "energy_J": self.energy_J,
-            "breakdown": dict(self.breakdown),
-            **self.details,
-        }
+#: ``Prediction.details["breakdown_overlap"]`` of a single-device GEMM: its breakdown does
+#: not add up to ``time_s``.
+GEMM_BREAKDOWN_OVERLAP = (
+    "roofline: compute and the per-level memory times overlap, so they do not add up; "
+    "time_s is the slowest of them (the bottleneck) plus launch"
+)
 
 
-def load_hardware(hardware: Source | MicroArch) -> MicroArch:
-    """A MicroArch from a preset name, a path or dict (a preset or an AGE template)."""
-    if isinstance(hardware, MicroArch):
-        return hardware
-    if isinstance(hardware, str | Path):
-        return _load_named_hardware(str(hardware))
-    return _microarch(hardware if isinstance(hardware, Spec)
-                      else load_spec(hardware, "hardware", "templates"))
-
-
-@lru_cache(maxsize=64)
-def _load_named_hardware(source: str) -> MicroArch:
-    """One MicroArch per preset name or path, so kernel prices cached per device are reused
-    across predictions (a search calls predict thousands of times)."""
-    return _microarch(load_spec(source, "hardware", "templates"))
-
-
-def _microarch(spec: Spec) -> MicroArch:
-    if hasattr(spec, "to_microarch"):
-        return spec.to_microarch()
-    from crossflow.arch.age import generate  # AGE: template + technology + budgets
-
-    try:
-        return generate(spec)
-    except ConfigError as exc:  # e.g. a technology name the library does not have
-        raise exc.with_file(spec.source_file) if spec.source_file else exc from None
+#: ``Prediction.details["breakdown_overlap"]`` of a single-device GEMM: why its breakdown
+#: does not add up to ``time_s``.
+GEMM_BREAKDOWN_OVERLAP = (
+    "roofline: compute and the per-level memory times overlap, so they do not add up; "
+    "time_s is the slowest of them (the bottleneck) plus launch"
+)
 
 
 def predict(
     workload: Source,
-    hardware: Source | MicroArch,
+    hardware: Source | MicroArch | None = None,
     system: Source | None = None,
     parallelism: Source | None = None,
     mapping_order: str | None = None,
 ) -> Prediction:
     """Predict ``workload`` on ``hardware`` (and, for distributed workloads, ``system``).
 
+    ``hardware`` may be left out when ``system`` is given: the device is then the one the
+    system file names (``device``).  Given both, ``hardware`` runs with the system's network
+    and software, and when it is not the system's own device the Prediction says so
+    (``device_overrides_system`` and a note).
+
+    ``hardware`` may be left out when ``system`` is given: the device is then the one the
+    system file names (``device``).  Given both, ``hardware`` is used with the system's
+    network and software, and the Prediction says so (``device_overrides_system``,
+    ``notes``) when it is not the system's own device.
+
     Bad input raises :class:`~crossflow.errors.ConfigError`.  A design that cannot run
     (memory over capacity, no tiling fits, an impossible budget) is returned with
     ``feasible=False`` and the reason, so searches can record it and go on.
     """
-    try:
-        arch = load_hardware(hardware)
-    except InfeasibleDesignError as exc:
-        spec = load_spec(workload, "workloads")
-        return infeasible(spec, str(getattr(hardware, "name", hardware)), str(exc), None)
+    arch = unbuildable = None
+    if hardware is not None:
+        try:
+            arch = load_hardware(hardware)
+        except InfeasibleDesignError as exc:  # a template whose budgets build no chip
+            unbuildable = exc
     spec = load_spec(workload, "workloads")
-    if spec.kind == "gemm" and parallelism is None:
-        if system is not None or mapping_order is not None:
+    if spec.kind == "gemm" and parallelism is None and (
+            system is not None or mapping_order is not None):
+        raise ConfigError(
+            "a single GEMM runs on one device; --system and --mapping-order apply with "
+            "a --parallelism strategy",
+            key="kind", value=spec.kind,
+        )
+    sys_spec = None
+    if system is not None:
+        sys_spec = system if isinstance(system, SystemSpec) else load_spec(system, "systems")
+    from_system = hardware is None
+    if from_system:
+        if sys_spec is None:
             raise ConfigError(
-                "a single GEMM runs on one device; --system and --mapping-order apply with "
-                "a --parallelism strategy",
-                key="kind", value=spec.kind,
-            )
-        return _predict_gemm(spec, arch)
-    from crossflow.distributed import predict_distributed
+                "no device to predict on: give hardware (--hardware), or a system (--system) "
+                "whose file names its device", key="hardware",
+                allowed="a hardware preset, architecture template or YAML file")
+        hardware = sys_spec.device
+        try:
+            arch = load_hardware(hardware)
+        except InfeasibleDesignError as exc:
+            unbuildable = exc
+        except ConfigError as exc:
+            raise ConfigError(f"cannot load the device the system names: {exc.problem}",
+                              file=sys_spec.source_file, key="device", value=sys_spec.device,
+                              allowed=exc.allowed) from None
+    if unbuildable is not None:
+        return infeasible(spec, str(getattr(hardware, "name", hardware)), str(unbuildable),
+                          None)
+    if spec.kind == "gemm" and parallelism is None:
+        p = _predict_gemm(spec, arch)
+    else:
+        p = predict_distributed(spec, arch, system=sys_spec, parallelism=parallelism,
+                                mapping_order=mapping_order)
+    if sys_spec is None:
+        return p
+    if from_system:
+        return replace(p, notes=(f"device {sys_spec.device} from system {sys_spec.name}",))
+    if _same_device(hardware, arch, sys_spec.device):
+        return p
+    return replace(p, device_overrides_system=True, notes=(
+        f"hardware {arch.name} overrides the device system {sys_spec.name} names "
+        f"({sys_spec.device}): the system's network and software (fitted for "
+        f"{sys_spec.device}) are used with {arch.name}",))
 
-    return predict_distributed(spec, arch, system=system, parallelism=parallelism,
-                               mapping_order=mapping_order)
 
-
-def infeasible(spec, hardware_name: str, reason: str, memory: float | None) -> Prediction:
-    return Prediction(
-        workload=spec.name, hardware=hardware_name, time_s=math.inf, feasible=False,
-        memory_per_device_bytes=memory or 0.0, bottleneck="infeasible", breakdown={},
-        reason=reason,
-    )
+def _same_device(hardware: Any, arch: MicroArch, device: str) -> bool:
+    """Whether ``hardware`` (loaded: ``arch``) is the device a system file names."""
+    if str(hardware) == device or arch.name == device:
+        return True
+    try:
+        return load_hardware(device).name == arch.name
+    except CrossflowError:  # the system's device does not load: it is not this one
+        return False
 
 
 def _predict_gemm(spec, arch: MicroArch) -> Prediction:
-    from crossflow.kernels.gemm import check_precision, gemm
-
     check_precision(arch, spec.precision)
     b = BYTES_PER_ELEMENT[spec.precision]
     memory = float((spec.m * spec.k + spec.k * spec.n + spec.m * spec.n) * b)
@@ -166,6 +163,9 @@ def _predict_gemm(spec, arch: MicroArch) -> Prediction:
         achieved_flops_per_s=result.achieved_flops,
         energy_J=result.energy_J,
         details={
+            "model_flops_utilization": result.flops / (result.time_s
+                                                       * arch.peak_flops[spec.precision]),
+            "breakdown_overlap": GEMM_BREAKDOWN_OVERLAP,
             "flops": result.flops,
             "bytes_per_level": dict(result.bytes_per_level),
             "time_per_level_s": dict(result.time_per_level_s),

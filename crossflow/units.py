@@ -1,4 +1,4 @@
-"""Units: SI inside, unit-suffixed keys outside (DESIGN.md §2).
+"""Units: SI inside, unit-suffixed keys outside (docs/architecture.md, "Units and conventions").
 
 Every quantity in a config file carries its unit in the key (``bandwidth_GBps``,
 ``capacity_GiB``, ``latency_us``).  The loader converts each such key once, to the SI

@@ -11,7 +11,6 @@ import pytest
 from crossflow.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MEASUREMENTS = REPO.parent / "shared" / "reference" / "measurements"
 
 
 @pytest.fixture

@@ -71,7 +71,8 @@ def test_every_template_loads_and_generates(name):
     [*preset_dir("tech").glob("*.yaml"), *preset_dir("templates").glob("*.yaml")]),
     ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_number_has_a_source_comment(path):
-    """The preset style (DESIGN.md §9): a source comment beside every number."""
+    """The preset style: a source comment beside every number (docs/architecture.md,
+    "Units and conventions")."""
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         code = line.split("#", 1)[0]
         if re.search(r":\s*\[?[0-9]", code) and "#" not in line:

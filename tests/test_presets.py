@@ -18,7 +18,6 @@ from crossflow.config import load_spec, preset_names
 PACKAGE = Path(crossflow.__file__).resolve().parent
 MEASUREMENTS = PACKAGE / "presets" / "measurements"
 CPU_MEASUREMENTS = MEASUREMENTS / "cpu"
-SHARED_MEASUREMENTS = PACKAGE.parent.parent / "shared" / "reference" / "measurements"
 
 GPUS = {  # preset -> hardware.csv row
     "v100-sxm2-32gb": "V100",
@@ -241,16 +240,3 @@ def test_calibrate_cpu_into_a_folder_names_the_preset_after_the_machine(tmp_path
     path = calibrate_cpu(tmp_path, quick=True)
     assert path == tmp_path / f"{machine().preset_name}.yaml"
     assert load_spec(path, "hardware").to_microarch().num_bundles == machine().cores
-
-
-# --- measurement copies -----------------------------------------------------------------------
-
-
-@pytest.mark.skipif(not SHARED_MEASUREMENTS.is_dir(), reason="no ../shared checkout beside the repo")
-def test_measurement_copies_are_byte_identical():
-    originals = sorted(p for p in SHARED_MEASUREMENTS.iterdir() if p.is_file())
-    assert originals
-    for original in originals:
-        copy = MEASUREMENTS / original.name
-        assert copy.is_file(), f"{original.name} is not copied into {MEASUREMENTS}"
-        assert copy.read_bytes() == original.read_bytes(), f"{copy} differs from {original}"

@@ -28,7 +28,7 @@ LSTM_FITS = "RC-16-8-d4-p1"
 PROPERTY = settings(derandomize=True, max_examples=12, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
-#: the keys DESIGN.md §7 requires of every prediction's JSON
+#: the keys every prediction's JSON has (docs/architecture.md, "Data flow of one prediction")
 PUBLIC_KEYS = {"time_s", "feasible", "memory_per_device_bytes", "bottleneck", "breakdown"}
 #: and those issue #3 adds for distributed predictions
 DISTRIBUTED_KEYS = {"achieved_flops_per_s", "model_flops_utilization", "energy_J", "devices",

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.arch.microarch import Link, MemoryLevel, MicroArch
+from crossflow.config.loader import load_spec
 from crossflow.config.template import (
     COMPONENT_KEYS,
     PERIMETER_KEYS,
@@ -369,7 +370,6 @@ def _as_template(template: ArchitectureTemplateSpec | str | Path | Mapping[str, 
                  ) -> ArchitectureTemplateSpec:
     if isinstance(template, ArchitectureTemplateSpec):
         return template
-    from crossflow.config.loader import load_spec
 
     spec = load_spec(template, "templates")
     if not isinstance(spec, ArchitectureTemplateSpec):

@@ -1,6 +1,6 @@
 """Measure the CPU this runs on and write a hardware preset for it (``crossflow calibrate cpu``).
 
-docs/architecture.md, 'Validation against real measurements': a measurement taken on the
+docs/architecture.md, "Layers" (tools: validation, calibrate): a measurement taken on the
 machine you run on is real hardware.  This package holds the measurements; ``presets/measurements/cpu/measure_numpy_gemm.py`` is a thin command
 line around them that records the CSVs shipped beside it, and :func:`calibrate_cpu` turns the
 same measurements into a ``kind: microarch`` preset.

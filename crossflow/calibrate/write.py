@@ -103,7 +103,7 @@ def _preset_line(preset: str | None) -> list[str]:
 def write_gemm_csv(path: Path, meas: Measurement, preset: str | None = None) -> None:
     """The GEMM CSV; ``preset`` names the hardware preset its rows validate (header line)."""
     header = [
-        "numpy GEMM C[m,n] = A[m,k] @ B[k,n] timed on the machine below (docs/architecture.md, 'Validation against real measurements'); "
+        "numpy GEMM C[m,n] = A[m,k] @ B[k,n] timed on the machine below (docs/architecture.md, Layers); "
         "written by crossflow/presets/measurements/cpu/measure_numpy_gemm.py "
         "(crossflow.calibrate)",
         *_preset_line(preset),

@@ -18,8 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from crossflow.arch.microarch import PRECISIONS, SCOPES, Link, MemoryLevel, MicroArch
 from crossflow.config.base import Spec
+from crossflow.config.device import PRECISIONS, SCOPES, Link, MemoryLevel, MicroArch
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]

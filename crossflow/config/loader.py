@@ -2,8 +2,14 @@
 
 Presets live inside the package (``crossflow/presets/<family>/<name>.yaml``) so a name works
 after any kind of install.  Each file names its ``kind`` (parallelism files may leave it
-out, :data:`DEFAULT_KINDS`); :data:`KINDS` maps kinds to the spec
-classes that validate them, and :func:`register_kind` lets each layer add its own.
+out, :data:`DEFAULT_KINDS`); :data:`KINDS` maps kinds to the spec classes that validate
+them.
+
+Registration flows upward (docs/architecture.md, "Config kinds"): the config layer lists
+its own kinds here; a layer above that defines a kind registers it with
+:func:`register_kind` when its module is imported; and :data:`ENTRY_POINTS`, filled by
+the package root with :func:`declare_entry_points`, says which module to import for a kind
+not registered yet.  This module names no module above the config layer.
 """
 
 from __future__ import annotations
@@ -18,8 +24,22 @@ from typing import Any
 from crossflow.config.base import Spec, build, read_yaml
 from crossflow.errors import ConfigError
 
-#: kind -> (preset family folder, "module:Class" of its Spec); filled by register_kind.
-KINDS: dict[str, tuple[str, str]] = {}
+#: kind -> (preset family folder, its Spec class or "module:Class" imported on first use).
+#: The config layer's own kinds; layers above add theirs with :func:`register_kind`.
+KINDS: dict[str, tuple[str, type[Spec] | str]] = {
+    "microarch": ("hardware", "crossflow.config.hardware:MicroArchSpec"),
+    "architecture": ("templates", "crossflow.config.template:ArchitectureTemplateSpec"),
+    "technology": ("tech", "crossflow.config.technology:TechnologySpec"),
+    "gemm": ("workloads", "crossflow.config.workload:GemmSpec"),
+    "transformer": ("workloads", "crossflow.config.workload:TransformerSpec"),
+    "lstm": ("workloads", "crossflow.config.workload:LstmSpec"),
+    "system": ("systems", "crossflow.config.system:SystemSpec"),
+}
+
+#: kind -> (preset family folder, module that registers the kind when imported), for kinds
+#: defined above the config layer; filled by :func:`declare_entry_points` (the package
+#: root, ``crossflow/__init__.py``, declares the shipped ones).
+ENTRY_POINTS: dict[str, tuple[str, str]] = {}
 
 
 #: How a preset family is named in messages.
@@ -43,14 +63,38 @@ LOCAL_FAMILIES = ("studies", "search_spaces")
 DEFAULT_KINDS = {"parallelism": "parallelism"}
 
 
-def register_kind(kind: str, family: str, spec: str) -> None:
-    """Declare that files with ``kind: <kind>`` validate with ``spec`` ("module:Class")."""
+def register_kind(kind: str, family: str, spec: type[Spec] | str) -> None:
+    """Declare that files with ``kind: <kind>`` (presets in ``presets/<family>/``) validate
+    with ``spec``, a Spec class or ``"module:Class"``.  A layer calls this for the kinds it
+    defines when its module is imported."""
     KINDS[kind] = (family, spec)
 
 
+def declare_entry_points(entry_points: Mapping[str, tuple[str, str]]) -> None:
+    """Declare ``{kind: (family, module)}``: importing ``module`` registers ``kind``.  The
+    loader imports it the first time a file of that kind is loaded."""
+    ENTRY_POINTS.update(entry_points)
+
+
+def kind_families() -> dict[str, str]:
+    """kind -> preset family, registered or declared."""
+    return {**{k: fam for k, (fam, _) in ENTRY_POINTS.items()},
+            **{k: fam for k, (fam, _) in KINDS.items()}}
+
+
 def spec_class(kind: str) -> type[Spec]:
-    module, _, name = KINDS[kind][1].partition(":")
-    return getattr(importlib.import_module(module), name)
+    if kind not in KINDS and kind in ENTRY_POINTS:
+        importlib.import_module(ENTRY_POINTS[kind][1])  # registers the kind
+    if kind not in KINDS:
+        declared = f" (importing {ENTRY_POINTS[kind][1]} did not register it)" if (
+            kind in ENTRY_POINTS) else ""
+        raise ConfigError(f"no spec class is registered for kind {kind!r}{declared}",
+                          key="kind", value=kind, allowed=", ".join(sorted(kind_families())))
+    spec = KINDS[kind][1]
+    if isinstance(spec, str):
+        module, _, name = spec.partition(":")
+        spec = getattr(importlib.import_module(module), name)
+    return spec
 
 
 def preset_dir(family: str) -> Path:
@@ -91,7 +135,7 @@ def _default_kind(data: Mapping[str, Any], families: tuple[str, ...]) -> str | N
 
 def _kind_of(data: Mapping[str, Any], file: str | None, families: tuple[str, ...]) -> str:
     kind = data.get("kind") if "kind" in data else _default_kind(data, families)
-    allowed = sorted(k for k, (fam, _) in KINDS.items() if not families or fam in families)
+    allowed = sorted(k for k, fam in kind_families().items() if not families or fam in families)
     if kind is None:
         raise ConfigError("required key 'kind' is missing", file=file, key="kind",
                           allowed=", ".join(allowed))
@@ -107,7 +151,6 @@ def load_spec(source: str | Path | Mapping[str, Any], *families: str) -> Spec:
     ``families`` restricts which kinds are acceptable (e.g. ``"hardware"``); a bare name is
     looked up among those families' presets.
     """
-    _ensure_registered()
     if isinstance(source, Spec):  # already validated
         _kind_of({"kind": getattr(source, "kind", None)}, source.source_file, families)
         return source
@@ -150,9 +193,3 @@ def _locate(source: str, families: tuple[str, ...]) -> str:
         value=source,
         allowed=", ".join(names) + " (or a path to a YAML file)",
     )
-
-
-@cache
-def _ensure_registered() -> None:
-    # Importing the spec modules registers their kinds; done lazily to keep import fast.
-    import crossflow.config.specs  # noqa: F401

@@ -1,4 +1,5 @@
-"""System files: devices, nodes and the two network levels joining them (DESIGN.md §3).
+"""System files: devices, nodes and the two network levels joining them
+(docs/architecture.md, "Layers").
 
 File shape (``presets/systems/*.yaml``, ``kind: system``)::
 
@@ -25,7 +26,7 @@ File shape (``presets/systems/*.yaml``, ``kind: system``)::
 differs from the chip (e.g. a node with fewer NICs than GPUs).  Bandwidth is always *per device*;
 the inter level's endpoints are nodes, each with ``devices_per_node`` times that bandwidth.
 
-The model built from this spec is :mod:`crossflow.system`.
+The system layer builds the model from this spec (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class LowLatencySpec(Spec):
 
 
 class CollectiveSpec(Spec):
-    """Constants of the α–β ring-collective model on one level (crossflow.system.collectives)."""
+    """Constants of the α–β ring-collective model on one level (the system layer's collectives)."""
 
     #: achievable fraction of the (shared) link bandwidth for collective traffic (NCCL's
     #: "busbw / link bandwidth"); multiplies the level's link efficiency

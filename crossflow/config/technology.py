@@ -16,7 +16,7 @@ One file may hold any of four sections, each a mapping from a technology name to
     links: {NVLink4: {lane_rate_Gbps, lanes_per_port, energy_pJ_per_bit, lane_area_mm2,
                       lane_density_per_mm, latency_us, efficiency, <voltages>}}
 
-Numbers are at the technology's nominal voltage and frequency; :mod:`crossflow.tech` merges
+Numbers are at the technology's nominal voltage and frequency; the technology library (the tech layer) merges
 all files, derives the logic nodes not listed from the scaling rule and scales SRAM to a node.
 """
 

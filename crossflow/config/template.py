@@ -4,7 +4,7 @@ File shape (``presets/templates/*.yaml``, ``kind: architecture``)::
 
     kind: architecture
     name: case-study
-    logic_node: N12                          # a name in the technology library (crossflow.tech)
+    logic_node: N12                          # a name in the technology library (tech layer)
     mcu: {array: [8, 8], flops_per_cycle: {fp16: 128}, dataflow: best, max_utilization: 0.85}
     mcus_per_bundle: 8
     memory:                                  # innermost first; the last is main memory (DRAM)
@@ -22,7 +22,7 @@ File shape (``presets/templates/*.yaml``, ``kind: architecture``)::
     kernel_launch_us: 9
 
 Each fraction is in [0, 1] and each set sums to at most 1; a key left out is 0.  Technology
-names are resolved by the generator (:func:`crossflow.arch.age.generate`), which can also
+names are resolved by the generator (the AGE, in the arch layer), which can also
 switch them (``overrides``) so that studies can search nodes, memories and links.
 """
 
@@ -34,8 +34,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from crossflow.arch.microarch import SCOPES
 from crossflow.config.base import Spec
+from crossflow.config.device import SCOPES
 from crossflow.errors import ConfigError
 
 Positive = Annotated[float, Field(gt=0)]

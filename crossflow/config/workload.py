@@ -1,9 +1,9 @@
-"""Workload specs (DESIGN.md §7).
+"""Workload specs (docs/architecture.md, "Config kinds").
 
 A GEMM is ``{kind: gemm, m, k, n, precision}``: C[m, n] = A[m, k] · B[k, n].  A transformer
 uses Megatron-LM's names (num_layers, hidden_size, …), the LSTM the same names where they
 mean the same thing.  How a workload runs on many devices is a separate parallelism file
-(:class:`crossflow.parallel.spec.ParallelismSpec`).
+(``kind: parallelism``, validated by the parallel layer).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def _divides(spec: Spec, part: str, whole: str, what: str = "") -> None:
 
 
 class TransformerSpec(Spec):
-    """A GPT-style decoder-only transformer in the Megatron-LM layout (DESIGN.md §7 keys).
+    """A GPT-style decoder-only transformer in the Megatron-LM layout (keys:
+    docs/architecture.md, "Config kinds").
 
     Narayanan et al., SC21 (arXiv:2104.04473) and Korthikanti et al., MLSys 2023
     (arXiv:2205.05198).  ``global_batch_size`` counts sequences per iteration;

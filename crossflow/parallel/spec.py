@@ -1,4 +1,5 @@
-"""The parallelism file (DESIGN.md §7): a paper strategy name or Megatron's degrees.
+"""The parallelism file (docs/architecture.md, "Config kinds"): a paper strategy name or
+Megatron's degrees.
 
 Either ``strategy: RC-4-2-d3-p2`` (paper §3.3; see :data:`~crossflow.parallel.strategy.GRAMMAR`)
 or the Megatron-LM keys::
@@ -22,6 +23,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
+from crossflow.config.loader import register_kind
 from crossflow.errors import ConfigError
 from crossflow.parallel.strategy import Strategy
 
@@ -83,3 +85,7 @@ class ParallelismSpec(Spec):
         except ConfigError as exc:
             key = next(k for k, f in MEGATRON_KEYS.items() if f == exc.key)
             raise ConfigError(exc.problem, key=key, value=getattr(self, key)) from None
+
+
+# Parallelism files (kind may be left out: loader.DEFAULT_KINDS) validate here.
+register_kind("parallelism", "parallelism", ParallelismSpec)

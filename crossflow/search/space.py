@@ -1,4 +1,5 @@
-"""Search spaces: what a study may change, as Optuna distributions (DESIGN.md §6).
+"""Search spaces: what a study may change, as Optuna distributions
+(docs/architecture.md, "Data flow of one study trial").
 
 File shape (``search_spaces/*.yaml``, ``kind: search_space``; a study may also give one
 inline)::
@@ -50,6 +51,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
+from crossflow.config.loader import register_kind
 from crossflow.errors import ConfigError
 from crossflow.search import encoding
 
@@ -601,3 +603,5 @@ def _strategies(spec: SearchSpaceSpec, options: StrategySpaceSpec, workload: Spe
                   "these options", "strategy")
     return tuple(found)
 
+
+register_kind("search_space", "search_spaces", SearchSpaceSpec)

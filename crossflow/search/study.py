@@ -1,4 +1,5 @@
-"""Named studies: the study file, its resolution, and the runner (DESIGN.md §6).
+"""Named studies: the study file, its resolution, and the runner
+(docs/architecture.md, "Data flow of one study trial").
 
 File shape (``studies/*.yaml``, ``kind: study``)::
 
@@ -52,7 +53,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec, build, read_yaml
-from crossflow.config.loader import load_spec, local_names, preset_names
+from crossflow.config.loader import load_spec, local_names, preset_names, register_kind
 from crossflow.errors import ConfigError, CrossflowError
 from crossflow.search import keys
 from crossflow.search.locations import MLRUNS, default_tracking_uri, git_label, is_url, redact
@@ -988,3 +989,6 @@ def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str
             tracker.finish(study, best_design=best)
     return RunResult(study, end.done - start.done, len(study.get_trials(deepcopy=False)),
                      interrupted, time.perf_counter() - t0, best)
+
+
+register_kind("study", "studies", StudySpec)

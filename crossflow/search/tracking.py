@@ -1,4 +1,5 @@
-"""MLflow tracking of Optuna studies (DESIGN.md §6, issue #4 item 6).
+"""MLflow tracking of Optuna studies (docs/architecture.md, "Data flow of one study trial";
+issue #4 item 6).
 
 ::
 

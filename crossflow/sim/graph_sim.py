@@ -19,6 +19,7 @@ from functools import lru_cache
 import networkx as nx
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
+from crossflow.parallel.supergraph import shard_graph
 from crossflow.sim.pricing import kernel_key, node_cost_key
 
 _PHASE_ORDER = {"fwd": 0, "recompute": 1, "bwd": 1, "optimizer": 2}
@@ -191,8 +192,6 @@ def graph_plan(graph: nx.DiGraph, strategy) -> GraphPlan:
     building a networkx graph: a node's dependencies are its in-edges in the order
     ``local_graph`` adds them.
     """
-    from crossflow.parallel.supergraph import shard_graph
-
     shards, edges, _ = shard_graph(graph, strategy)
     preds: dict = {}
     for u, v, e in edges:
@@ -240,8 +239,6 @@ def graph_memory(graph: nx.DiGraph, strategy) -> dict[str, float]:
     """Bytes per device of ``graph`` under ``strategy``: the busiest stage's weights and
     gradients, the stashed activations per stage, and the largest kernel's operands (cached
     per graph object and strategy; no kernel is priced)."""
-    from crossflow.parallel.supergraph import shard_graph
-
     shards, edges, _ = shard_graph(graph, strategy)
     weights: dict = {}
     for name in schedule_order(graph):

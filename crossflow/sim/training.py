@@ -16,9 +16,11 @@ from typing import Protocol
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
 from crossflow.kernels import ops
+from crossflow.parallel import Strategy, shard_node
 from crossflow.sim.memory import check_capacity
 from crossflow.sim.pipeline import Host, chain, repeat, simulate_pipeline, span
 from crossflow.sim.transformer import block_collectives, collective_count, price_nodes
+from crossflow.workloads import transformer_graph
 
 #: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
 #: fp32 moments per parameter (12 B) beside the fp16 weight (2 B) and gradient (2 B)
@@ -220,9 +222,6 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
 def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
     """Forward / backward times of one block, of the embedding and of the head (per
     micro-batch, one tensor-parallel rank), priced from the workload graph's nodes."""
-    from crossflow.parallel import Strategy, shard_node
-    from crossflow.workloads import transformer_graph
-
     graph = transformer_graph(_one_block(spec))
     strategy = Strategy.megatron(tp=tp, sp=sp)
     groups: dict[tuple[int, bool], list[dict]] = {}

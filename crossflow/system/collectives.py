@@ -1,4 +1,4 @@
-"""α–β cost of the collectives distributed training uses (DESIGN.md §4 "Collectives").
+"""α–β cost of the collectives distributed training uses (docs/architecture.md, "Layers").
 
 A :class:`Group` holds what the cost model needs about the devices taking part: how many, the
 bandwidth each of them has for the collective (after link sharing, paper §6.4), the latency of

@@ -9,13 +9,12 @@ search or a screen prices one representative per class.
 
 from __future__ import annotations
 
-from crossflow.system.system import DIMS, ORDERS
+from crossflow.parallel import Strategy
+from crossflow.system.system import DIMS, ORDERS, parse_order
 
 
 def _grid(grid_or_strategy) -> tuple[int, ...]:
     if isinstance(grid_or_strategy, str):
-        from crossflow.parallel import Strategy
-
         grid_or_strategy = Strategy.parse(grid_or_strategy)
     grid = getattr(grid_or_strategy, "grid", grid_or_strategy)
     grid = tuple(int(n) for n in grid)
@@ -60,8 +59,6 @@ def order_classes(grid_or_strategy) -> list[tuple[str, tuple[str, ...]]]:
 
 def order_representative(grid_or_strategy, order: str | tuple[str, ...]) -> str:
     """The representative of the class of ``order`` (see :func:`order_classes`)."""
-    from crossflow.system.system import parse_order
-
     grid = _grid(grid_or_strategy)
     key = tuple(d for d in parse_order(order) if grid[DIMS.index(d)] > 1)
     for o in ORDERS:

@@ -43,8 +43,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import numpy as np
 
+from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import MicroArch
 from crossflow.config.base import Spec
 from crossflow.config.loader import load_spec
@@ -105,8 +107,6 @@ def build_system(spec: SystemSpec | str | Path | AnyMapping[str, Any],
         except ConfigError as exc:
             raise exc.with_file(spec.source_file) if spec.source_file else exc from None
     if not isinstance(arch, MicroArch):
-        from crossflow.predict import load_hardware  # the facade sits above this layer
-
         try:
             arch = load_hardware(arch if arch is not None else spec.device)
         except ConfigError as exc:
@@ -269,8 +269,6 @@ class System:
         ``bandwidth_Bps`` (per direction, effective) and ``latency_s``; ``("device", d) <->
         ("nic", node)`` attachments have ``level="attach"`` and no resource.
         """
-        import networkx as nx
-
         g = nx.MultiDiGraph(name=self.name)
         dpn = self.devices_per_node
         for d in range(self.num_devices):

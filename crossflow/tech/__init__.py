@@ -1,4 +1,5 @@
-"""Technology library: logic nodes, SRAM, DRAM and link technologies by name (DESIGN.md §3).
+"""Technology library: logic nodes, SRAM, DRAM and link technologies by name
+(docs/architecture.md, "Layers").
 
 >>> from crossflow.tech import library
 >>> lib = library()                 # presets/tech/*.yaml, loaded once

@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from crossflow.config.base import build, read_yaml
+from crossflow.config.loader import preset_dir
 from crossflow.config.technology import (
     DramSpec,
     LinkTechSpec,
@@ -304,8 +305,6 @@ def load_library(files: Iterable[str | Path]) -> TechLibrary:
 
 
 def preset_files() -> tuple[Path, ...]:
-    from crossflow.config.loader import preset_dir
-
     return tuple(sorted(preset_dir("tech").glob("*.yaml")))
 
 

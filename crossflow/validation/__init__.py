@@ -1,4 +1,4 @@
-"""Predicted vs measured on real hardware (DESIGN.md §5).
+"""Predicted vs measured on real hardware (docs/architecture.md, "Layers").
 
 Each data set is a measurement file shipped verbatim under
 ``crossflow/presets/measurements/`` (published measurements, each file's source in its header,
@@ -9,138 +9,33 @@ tolerance: its MAPE must stay at or under it and its rank correlation at or over
 from __future__ import annotations
 
 import csv
-import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
+from collections.abc import Callable
 
-import numpy as np
+from crossflow.validation.collectives import collective_datasets
+from crossflow.validation.dataset import (
+    DataSet,
+    Row,
+    measurements_dir,
+    read_measurements,
+    spearman,
+)
+from crossflow.validation.gemm import gemm_datasets
+from crossflow.validation.ops import ops_datasets
+from crossflow.validation.training import training_datasets
+from crossflow.validation.vtrain import vtrain_dataset
 
-
-def measurements_dir() -> Path:
-    return Path(str(resources.files("crossflow") / "presets" / "measurements"))
-
-
-def read_measurements(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    """Header comment lines (without '#') and the data rows of a measurement CSV."""
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().splitlines()
-    header = [ln.lstrip("#").strip() for ln in lines if ln.startswith("#")]
-    body = [ln for ln in lines if ln.strip() and not ln.startswith("#")]
-    return header, list(csv.DictReader(body))
-
-
-@dataclass(frozen=True)
-class Row:
-    label: str
-    predicted: float
-    measured: float
-
-    @property
-    def error(self) -> float:
-        return (self.predicted - self.measured) / self.measured
-
-
-def spearman(a: Iterable[float], b: Iterable[float]) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    x, y = _ranks(np.asarray(list(a), float)), _ranks(np.asarray(list(b), float))
-    if x.size < 2 or x.std() == 0 or y.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
-
-
-def _ranks(v: np.ndarray) -> np.ndarray:
-    order = np.argsort(v, kind="mergesort")
-    ranks = np.empty(v.size)
-    ranks[order] = np.arange(v.size, dtype=float)
-    for value in np.unique(v):  # average the ranks of ties
-        tie = v == value
-        if tie.sum() > 1:
-            ranks[tie] = ranks[tie].mean()
-    return ranks
-
-
-@dataclass(frozen=True)
-class DataSet:
-    """Rows of one measurement file against the model, with the tolerance they must meet."""
-
-    name: str
-    source: str
-    quantity: str
-    rows: tuple[Row, ...]
-    max_mape: float
-    min_spearman: float
-
-    @property
-    def mape(self) -> float:
-        return float(np.mean([abs(r.error) for r in self.rows]))
-
-    @property
-    def spearman(self) -> float:
-        return spearman([r.predicted for r in self.rows], [r.measured for r in self.rows])
-
-    @property
-    def passed(self) -> bool:
-        rho = self.spearman
-        return self.mape <= self.max_mape and (math.isnan(rho) or rho >= self.min_spearman)
-
-    def summary(self) -> str:
-        verdict = "PASS" if self.passed else "FAIL"
-        return (f"{self.name}: MAPE {self.mape * 100:.1f}% (tolerance {self.max_mape * 100:.0f}%),"
-                f" Spearman {self.spearman:.3f} (floor {self.min_spearman}), {len(self.rows)}"
-                f" rows -> {verdict}")
-
-    def render(self) -> str:
-        width = max(len(r.label) for r in self.rows)
-        lines = [
-            f"== {self.name}",
-            f"   source: {self.source}",
-            f"   {'case':<{width}}  {'predicted':>12}  {'measured':>12}  {'error':>8}",
-        ]
-        for r in self.rows:
-            lines.append(
-                f"   {r.label:<{width}}  {r.predicted:>12.5g}  {r.measured:>12.5g}  "
-                f"{r.error * 100:>+7.1f}%"
-            )
-        verdict = "PASS" if self.passed else "FAIL"
-        lines.append(
-            f"   {self.quantity}: MAPE {self.mape * 100:.1f}% (tolerance {self.max_mape * 100:.0f}%),"
-            f" Spearman {self.spearman:.3f} (floor {self.min_spearman}), {len(self.rows)} rows"
-            f" -> {verdict}"
-        )
-        return "\n".join(lines)
-
-
-def _gemm_sets() -> list[DataSet]:
-    from crossflow.validation.gemm import gemm_datasets
-
-    return gemm_datasets()
-
-
-def _collective_sets() -> list[DataSet]:
-    from crossflow.validation.collectives import collective_datasets
-
-    return collective_datasets()
-
-
-def _ops_sets() -> list[DataSet]:
-    from crossflow.validation.ops import ops_datasets
-
-    return ops_datasets()
+__all__ = ["SUITES", "DataSet", "Row", "collect", "measurements_dir", "read_measurements",
+           "run_validation", "spearman"]
 
 
 def _training_sets() -> list[DataSet]:
-    from crossflow.validation.training import training_datasets
-    from crossflow.validation.vtrain import vtrain_dataset
-
     return [*training_datasets(), vtrain_dataset()]
 
 
 SUITES: dict[str, Callable[[], list[DataSet]]] = {
-    "gemm": _gemm_sets,
-    "collectives": _collective_sets,
-    "ops": _ops_sets,
+    "gemm": gemm_datasets,
+    "collectives": collective_datasets,
+    "ops": ops_datasets,
     "training": _training_sets,
 }
 

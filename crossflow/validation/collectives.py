@@ -14,11 +14,15 @@ the form the preset holds (``intra.collective`` of ``presets/systems/dgx-a100.ya
 from __future__ import annotations
 
 import copy
+import sys
 
 import numpy as np
 
-from crossflow.system import all_reduce, build_system
-from crossflow.validation import DataSet, Row, measurements_dir, read_measurements
+from crossflow.config.loader import load_spec
+from crossflow.config.system import SystemSpec
+from crossflow.system import all_reduce, build_system, send_recv
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
+from crossflow.validation.fitting import logistic, logit, nelder_mead
 
 NCCL_FILE = "nccl_allreduce_8xA100_vtrain.csv"
 SYSTEM = "dgx-a100"
@@ -82,8 +86,6 @@ def collective_datasets() -> list[DataSet]:
 
 
 def _main() -> None:  # pragma: no cover - a maintenance script
-    import sys
-
     if len(sys.argv) > 1 and sys.argv[1] == "vidur":
         for gpu in sys.argv[2:] or VIDUR:
             _print_vidur_fit(gpu)
@@ -128,8 +130,6 @@ def _placed(spec, ranks: int, per_node: int):
     each rank count on that many GPUs of that many DGX nodes.  The nodes' network capacity
     stays the whole node's (``devices_per_node`` × the per-device bandwidth), shared by the
     GPUs used: Vidur's inter-node times do not speed up with more ranks per node."""
-    from crossflow.config.system import SystemSpec
-
     data = spec.model_dump()
     data.update(devices_per_node=per_node, num_nodes=max(1, ranks // per_node))
     if data.get("inter") and data["inter"].get("bandwidth_Bps"):
@@ -141,8 +141,6 @@ def _placed(spec, ranks: int, per_node: int):
 
 def vidur_predict(spec, kind: str, ranks: int, per_node: int, sizes):
     """Predicted seconds of one Vidur group (``kind``: all_reduce | send_recv) at ``sizes``."""
-    from crossflow.system import send_recv
-
     system = _placed(spec, ranks, per_node)
     if kind == "all_reduce":
         return system.map((ranks, 1, 1, 1)).all_reduce("kp1", sizes)
@@ -152,8 +150,6 @@ def vidur_predict(spec, kind: str, ranks: int, per_node: int, sizes):
 def vidur_collective(gpu: str, kind: str, spec=None, where: str = "all") -> DataSet:
     """One Vidur file against ``vidur-<gpu>-dgx``; ``where``: all | intra | inter rows
     (groups inside one node, or across nodes)."""
-    from crossflow.config.loader import load_spec
-
     ar_file, sr_file, system = VIDUR[gpu]
     path_name = ar_file if kind == "all_reduce" else sr_file
     spec = spec or load_spec(system, "systems")
@@ -218,10 +214,6 @@ def fit_vidur_collectives(gpu: str) -> dict[str, float]:
     :data:`VIDUR_PARAMS` (positive ones on a log scale, fractions through a logistic).  Levels
     the data does not reach (no inter-node rows on H100) keep their preset values.
     """
-    from crossflow.config.loader import load_spec
-    from crossflow.config.system import SystemSpec
-    from crossflow.validation.fitting import logistic, logit, nelder_mead
-
     ar_file, sr_file, system = VIDUR[gpu]
     base = load_spec(system, "systems").model_dump()
     groups = [("all_reduce", k, v) for k, v in vidur_rows(ar_file).items()] + [
@@ -255,9 +247,6 @@ def fit_vidur_collectives(gpu: str) -> dict[str, float]:
 
 
 def _print_vidur_fit(gpu: str) -> None:  # pragma: no cover - a maintenance script
-    from crossflow.config.loader import load_spec
-    from crossflow.config.system import SystemSpec
-
     fitted = fit_vidur_collectives(gpu)
     print(f"# {VIDUR[gpu][2]}.yaml, fitted to {VIDUR[gpu][0]} and {VIDUR[gpu][1]}:")
     data = load_spec(VIDUR[gpu][2], "systems").model_dump()

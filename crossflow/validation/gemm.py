@@ -14,7 +14,7 @@ from pathlib import Path
 from crossflow.arch.microarch import MicroArch
 from crossflow.kernels.gemm import gemm
 from crossflow.predict import load_hardware
-from crossflow.validation import DataSet, Row, measurements_dir, read_measurements
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
 
 #: Tolerances (issue #2, "Accuracy, asserted in tests").
 A100_MAX_MAPE, A100_MIN_SPEARMAN = 0.10, 0.9

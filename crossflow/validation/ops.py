@@ -19,11 +19,18 @@ minimum and memory passes (the same PyTorch ops), so those are checked on H100 h
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 
 import numpy as np
 
-from crossflow.validation import DataSet, Row, measurements_dir, read_measurements
+from crossflow.config.loader import load_spec
+from crossflow.distributed import with_software
+from crossflow.kernels import ops
+from crossflow.kernels.gemm import gemm
+from crossflow.predict import load_hardware
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
+from crossflow.validation.fitting import logistic, logit, nelder_mead
 
 SYSTEMS = {"a100": "vidur-a100-dgx", "h100": "vidur-h100-dgx"}
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -64,9 +71,6 @@ def _shapes(r: dict[str, str]) -> dict[str, tuple]:
 
 def price(arch, shape: tuple) -> float:
     """Kernel seconds on the device (the launch is host-side, not in the profiler's time)."""
-    from crossflow.kernels import ops
-    from crossflow.kernels.gemm import gemm
-
     kind = shape[0]
     if kind == "gemm":
         r = gemm(arch, *shape[1:], "fp16", warm=False)
@@ -81,10 +85,6 @@ def price(arch, shape: tuple) -> float:
 
 
 def _arch(gpu: str, software=None):
-    from crossflow.config.loader import load_spec
-    from crossflow.distributed import with_software
-    from crossflow.predict import load_hardware
-
     system = load_spec(SYSTEMS[gpu], "systems")
     return with_software(load_hardware(system.device), software or system.software)
 
@@ -143,9 +143,6 @@ def fit_vidur_ops(gpu: str) -> dict[str, float]:
     """Fit the software profile of ``vidur-<gpu>-dgx`` to the op times (see the module
     docstring for which constants): Nelder–Mead on the mean absolute log error (≈ MAPE) of
     the GEMM and the memory-bound rows (each kind weighted equally) of :func:`fit_subset`."""
-    from crossflow.config.loader import load_spec
-    from crossflow.validation.fitting import logistic, logit, nelder_mead
-
     base = load_spec(SYSTEMS[gpu], "systems").software
     params = FIT_ALL if gpu == "a100" else FIT_EFFICIENCIES
 
@@ -196,8 +193,6 @@ def _print_fit(gpu: str) -> None:  # pragma: no cover - a maintenance script
 
 
 def _main() -> None:  # pragma: no cover - a maintenance script
-    import sys
-
     for gpu in sys.argv[1:] or SYSTEMS:
         _print_fit(gpu)
 

@@ -16,10 +16,10 @@ YAML with its sources beside each constant).
 
 from __future__ import annotations
 
+from crossflow.validation import collectives, ops, vtrain
+
 
 def refit_all() -> None:  # pragma: no cover - minutes of fitting; each part is tested alone
-    from crossflow.validation import collectives, ops, vtrain
-
     for gpu in collectives.VIDUR:
         collectives._print_vidur_fit(gpu)
     for gpu in ops.SYSTEMS:

@@ -26,7 +26,16 @@ from functools import cache
 
 import numpy as np
 
-from crossflow.validation import DataSet, Row, measurements_dir, read_measurements
+import crossflow
+from crossflow.config.loader import load_spec
+from crossflow.config.workload import TransformerSpec
+from crossflow.distributed import with_software
+from crossflow.predict import load_hardware
+from crossflow.sim.training import _passes
+from crossflow.system import build_system
+from crossflow.system.network import MappedNetwork
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
+from crossflow.workloads.flops import megatron_eq3_flops
 
 SYSTEM = "dgx-a100"
 #: The same machine with SC21's (older, slower) Megatron-LM: its software efficiencies are
@@ -47,15 +56,10 @@ MAX_MAPE_TABLE5, MAX_MAPE_TABLE1, MAX_MAPE_TABLE4 = 0.10, 0.10, 0.10
 
 
 def _spec(**fields):
-    from crossflow.config.workload import TransformerSpec
-
     return TransformerSpec(kind="transformer", **fields)
 
 
 def _tp_network(arch, tp: int = 8):
-    from crossflow.system import build_system
-    from crossflow.system.network import MappedNetwork
-
     system = build_system(SYSTEM, arch, num_nodes=1)
     network = MappedNetwork(system.map((tp, 1, 1, 1)))
     return lambda kind, nbytes: network.collective(kind, nbytes, "kp1")
@@ -63,8 +67,6 @@ def _tp_network(arch, tp: int = 8):
 
 def table4_passes(arch):
     """(experiment, forward PassTimes, backward PassTimes, measured fwd s, measured bwd s)."""
-    from crossflow.sim.training import _passes
-
     _, rows = read_measurements(measurements_dir() / "korthikanti2022_table4_layer_times.csv")
     coll = _tp_network(arch)
     out = []
@@ -85,8 +87,6 @@ def fit_software_efficiency() -> tuple[float, float]:
     times is least in the squares sense.  Returns the efficiencies to put in the system's
     ``software`` section (fractions of peak FLOP/s and of DRAM bandwidth).
     """
-    from crossflow.predict import load_hardware
-
     arch = load_hardware(HARDWARE)
     rows, target = [], []
     for _, f, b, fm, bm in table4_passes(arch):
@@ -99,10 +99,6 @@ def fit_software_efficiency() -> tuple[float, float]:
 
 
 def _run_arch():
-    from crossflow.config.loader import load_spec
-    from crossflow.distributed import with_software
-    from crossflow.predict import load_hardware
-
     return with_software(load_hardware(HARDWARE), load_spec(SYSTEM, "systems").software)
 
 
@@ -120,8 +116,6 @@ def korthikanti_table4() -> DataSet:
 
 def _predict(model: dict, *, tp: int, pp: int, dp: int, vp: int, sp: bool, recompute: str,
              micro_batch: int, system=SYSTEM) -> float:
-    import crossflow
-
     spec = _spec(**model, micro_batch_size=micro_batch, activation_recompute=recompute)
     par = {"tensor_parallel": tp, "pipeline_parallel": pp, "data_parallel": dp,
            "virtual_pipeline_stages": vp, "sequence_parallel": sp}
@@ -147,8 +141,6 @@ def _table2_ptd_rows():
 
 
 def _tflops_per_gpu(model: dict, seconds: float, gpus: int) -> float:
-    from crossflow.workloads.flops import megatron_eq3_flops
-
     spec = _spec(**model, activation_recompute="full")
     return megatron_eq3_flops(spec) / (seconds * gpus) / 1e12
 
@@ -158,8 +150,6 @@ def fit_sc21_software(system: str = SYSTEM) -> tuple[float, float]:
     et al.'s newer code) times one factor, fitted to SC21 Table 2's six PTD rows (full
     recompute, micro-batch 1 as published, no interleaving stated): least squares of the
     relative TFLOP/s error, by golden-section search over the factor."""
-    from crossflow.config.loader import load_spec
-
     base = load_spec(system, "systems")
     rows = _table2_ptd_rows()
 

@@ -19,7 +19,12 @@ from functools import cache
 
 import numpy as np
 
-from crossflow.validation import DataSet, Row, measurements_dir, read_measurements
+import crossflow
+from crossflow.config.loader import load_spec
+from crossflow.config.workload import TransformerSpec
+from crossflow.predict import load_hardware
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements, spearman
+from crossflow.validation.fitting import nelder_mead
 
 VTRAIN_FILE = "vtrain_singlenode_a100_2-4gpu.csv"
 SYSTEM = "dgx-a100-megatron-deepspeed"
@@ -39,8 +44,6 @@ def vtrain_rows() -> tuple[dict[str, str], ...]:
 
 
 def _case(r: dict[str, str]):
-    from crossflow.config.workload import TransformerSpec
-
     spec = TransformerSpec(
         kind="transformer", num_layers=int(r["num_layers"]), hidden_size=int(r["hidden size"]),
         num_attention_heads=int(r["attention heads"]), seq_length=int(r["sequence length"]),
@@ -59,8 +62,6 @@ def label(r: dict[str, str]) -> str:
 
 def predict_rows(system, rows=None) -> list[Row]:
     """Predicted vs measured iteration seconds of ``rows`` (default: all) on ``system``."""
-    import crossflow
-
     out = []
     for r in rows if rows is not None else vtrain_rows():
         spec, par = _case(r)
@@ -105,10 +106,6 @@ def fit_megatron_deepspeed(rows=None, rounds: int = 2) -> dict[str, float]:
     latency and the network stay as the preset has them (their sources are Vidur's kernel
     times and the NCCL fits).
     """
-    from crossflow.config.loader import load_spec
-    from crossflow.predict import load_hardware
-    from crossflow.validation.fitting import nelder_mead
-
     base = load_spec(SYSTEM, "systems")
     reference = load_spec("dgx-a100", "systems").software
     hardware = load_hardware(HARDWARE)
@@ -155,9 +152,6 @@ def fit_megatron_deepspeed(rows=None, rounds: int = 2) -> dict[str, float]:
 
 
 def _main() -> None:  # pragma: no cover - a maintenance script
-    from crossflow.config.loader import load_spec
-    from crossflow.validation import spearman
-
     fitted = fit_megatron_deepspeed()
     print(f"# {SYSTEM}.yaml software, fitted to the 2-GPU rows of {VTRAIN_FILE}:")
     for name, value in fitted.items():

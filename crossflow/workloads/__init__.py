@@ -1,4 +1,4 @@
-"""Workloads as compute graphs (DESIGN.md §4; conventions in :mod:`.graph`).
+"""Workloads as compute graphs (docs/architecture.md, "Layers"; conventions in :mod:`.graph`).
 
 ``compute_graph(spec)`` dispatches on the spec's kind; builders are cached per spec and
 return frozen networkx DiGraphs.

@@ -196,7 +196,7 @@ minimum energy: the two ends of the front); {n_trials} model evaluations per run
 ## CrossFlow beside the paper
 
 The paper's design-space exploration (§7, §9) minimises iteration time only and reports no
-time–energy trade-off, so there is nothing to agree or disagree with; DESIGN.md asks for the
+time–energy trade-off, so there is nothing to agree or disagree with; CrossFlow adds the
 front as a multi-objective extension of its case study.
 
 **Reading it.**  Energy here is dynamic energy (the kernels' FLOPs and bytes at the

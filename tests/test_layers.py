@@ -1,0 +1,212 @@
+"""The package's layers import one way only (docs/architecture.md, "Layers").
+
+Every import of every module under ``crossflow/`` — at module level and inside functions,
+``import x`` and ``from x import y``, absolute and relative — is an edge from the module's
+layer to the imported module's layer; an edge to a higher layer fails the test.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "crossflow"
+
+#: The layers, lowest first: a module may import its own layer and the ones before it.
+#: The key is the first component below ``crossflow`` (``crossflow.<key>...``);
+#: ``crossflow.search.reports`` counts as ``reports``; the package root
+#: (``crossflow/__init__.py``) is the public facade.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("errors/units", ("errors", "units")),
+    ("config", ("config",)),
+    ("tech", ("tech",)),
+    ("arch", ("arch",)),
+    ("kernels", ("kernels",)),
+    ("workloads", ("workloads",)),
+    ("parallel", ("parallel",)),
+    ("system", ("system",)),
+    ("sim", ("sim",)),
+    ("prediction facade", ("prediction", "predict", "distributed", "__init__")),
+    # The measurement scripts shipped beside the measurements are tools too.
+    ("tools", ("validation", "calibrate", "presets")),
+    ("search", ("search",)),
+    ("reports", ("reports",)),
+    # the command line and its helpers (the preset catalogue, check of files and designs)
+    ("cli", ("cli", "__main__", "catalogue", "checks")),
+)
+RANK = {key: rank for rank, (_, keys) in enumerate(LAYERS) for key in keys}
+SEARCH = RANK["search"]
+
+
+def layer_of(module: str) -> int | None:
+    """The rank of ``module``'s layer; None outside the package."""
+    parts = module.split(".")
+    if parts[0] != "crossflow":
+        return None
+    if len(parts) == 1:
+        return RANK["__init__"]
+    key = parts[1]
+    if key == "search" and len(parts) > 2 and parts[2] == "reports":
+        key = "reports"
+    if key not in RANK:
+        raise AssertionError(f"{module} is in no layer: add crossflow.{key} to LAYERS")
+    return RANK[key]
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """(imported module, line) for every import statement in the file, wherever it is."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:  # ``from crossflow import units`` imports a module
+                sub = f"{target}.{alias.name}"
+                found.append((sub if _is_module(sub) else target, node.lineno))
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_walker_sees_every_kind_of_import(tmp_path, monkeypatch):
+    """The import walker itself: function-local, relative and from-imports are edges."""
+    pkg = tmp_path / "crossflow" / "kernels"
+    pkg.mkdir(parents=True)
+    (tmp_path / "crossflow" / "__init__.py").write_text("")
+    (tmp_path / "crossflow" / "units.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "gemm.py").write_text("")
+    probe = pkg / "probe.py"
+    probe.write_text(
+        "import crossflow.sim.engine\n"
+        "from crossflow import units\n"
+        "def f():\n"
+        "    from ..search import study\n"
+        "    from .gemm import x\n"
+        "    import optuna\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert imports(probe) == [("crossflow.sim.engine", 1), ("crossflow.units", 2),
+                              ("crossflow.search", 4), ("crossflow.kernels.gemm", 5),
+                              ("optuna", 6)]
+    assert layer_of("crossflow.search.reports.pareto") == RANK["reports"]
+    assert layer_of("crossflow.search.study") == SEARCH
+    assert layer_of("crossflow") == RANK["predict"]
+    assert layer_of("numpy") is None
+
+
+def test_every_module_is_in_a_layer():
+    for path in MODULES:
+        layer_of(module_name(path))  # raises for a package the order does not know
+
+
+def test_imports_go_down_the_layers():
+    upward = []
+    for path in MODULES:
+        module = module_name(path)
+        mine = layer_of(module)
+        for target, line in imports(path):
+            theirs = layer_of(target)
+            if theirs is not None and theirs > mine:
+                upward.append(f"{path.relative_to(ROOT)}:{line}: {module} ({LAYERS[mine][0]}) "
+                              f"imports {target} ({LAYERS[theirs][0]})")
+    assert not upward, "imports that go up the layers:\n" + "\n".join(upward)
+
+
+def test_no_optuna_or_mlflow_below_search():
+    found = []
+    for path in MODULES:
+        module = module_name(path)
+        if layer_of(module) >= SEARCH:
+            continue
+        for target, line in imports(path):
+            if target.split(".")[0] in ("optuna", "mlflow"):
+                found.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target}")
+    assert not found, "\n".join(found)
+
+
+# Spelled in pieces so that this file does not contain them.
+FORBIDDEN = ("../" + "shared", "/work/" + "shared", "DESIGN" + ".md")
+
+
+def _repo_files(suffixes: tuple[str, ...]) -> list[Path]:
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        found += [Path(folder, f) for f in files if Path(f).suffix in suffixes]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("text", FORBIDDEN)
+def test_nothing_points_outside_the_repository(text):
+    """Users have neither the development folder beside the checkout nor the design notes:
+    the code and docs cite docs/architecture.md."""
+    hits = [f"{p.relative_to(ROOT)}:{n}" for p in _repo_files((".py", ".md"))
+            for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace")
+                                     .splitlines(), 1) if text in line]
+    assert not hits, f"{text!r} in " + ", ".join(hits)
+
+
+# --- the config layer's registry of kinds ------------------------------------------------
+
+ABOVE_CONFIG = sorted(key for key, rank in RANK.items() if rank > RANK["config"]
+                      and key != "__init__")
+
+
+def test_the_config_layer_names_no_module_above_it():
+    """Not even in a string: kinds defined above config register themselves (or are
+    declared by the package root), the config layer does not list them."""
+    pattern = re.compile(r"crossflow\.(" + "|".join(ABOVE_CONFIG) + r")\b")
+    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+            for p in sorted((PACKAGE / "config").rglob("*.py"))
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if pattern.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+def test_kinds_defined_above_config_load_through_their_entry_points():
+    from crossflow.config import loader
+
+    assert loader.ENTRY_POINTS["study"] == ("studies", "crossflow.search.study")
+    spec = loader.load_spec(ROOT / "studies" / "quickstart.yaml")
+    assert spec.kind == "study" and type(spec).__module__ == "crossflow.search.study"
+    assert loader.spec_class("search_space").__module__ == "crossflow.search.space"
+
+
+def test_an_unregistered_kind_is_a_clear_config_error(monkeypatch):
+    from crossflow.config import loader
+    from crossflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown kind 'nope'") as err:
+        loader.load_spec({"kind": "nope"})
+    assert "gemm" in err.value.allowed and "study" in err.value.allowed
+    # declared, but the module named does not register it: said so, not a KeyError
+    monkeypatch.setitem(loader.ENTRY_POINTS, "ghost", ("workloads", "crossflow.units"))
+    with pytest.raises(ConfigError, match="importing crossflow.units did not register it"):
+        loader.load_spec({"kind": "ghost"}, "workloads")
