@@ -10,6 +10,8 @@ them*, and raised as one :class:`~crossflow.errors.ConfigError`.
 
 from __future__ import annotations
 
+import math
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -46,6 +48,11 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     seen: dict[Any, Any] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, str | int | float | bool) and key is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a plain name, not a {type(key).__name__} "
+                f"('? ' complex keys are not config keys)", key_node.start_mark
+            )
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -70,6 +77,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read the file ({exc.__class__.__name__})", file=str(path)) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - safe loader subclass
+    except RecursionError:
+        raise ConfigError("the YAML is nested too deeply (or an alias refers to itself)",
+                          file=str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -276,6 +286,7 @@ def build(model: type[Spec], data: Mapping[str, Any], file: str | None = None) -
     """Validate ``data`` (with unit-suffixed keys) into an instance of ``model``."""
     keymap: dict[tuple, tuple[str, Any]] = {}
     try:
+        check_numbers(data)
         normalized = normalize(model, data, "", keymap)
         spec = model.model_validate(normalized)
         spec._file = file
@@ -284,3 +295,32 @@ def build(model: type[Spec], data: Mapping[str, Any], file: str | None = None) -
         raise exc.with_file(file) if file else exc from None
     except ValidationError as exc:
         raise _error_from_pydantic(exc, keymap, file) from None
+    except RecursionError:
+        raise ConfigError("the document is nested too deeply", file=file) from None
+
+
+#: Nesting deeper than this is not a config (the deepest shipped preset is 6 levels deep).
+MAX_DEPTH = 64
+
+
+def check_numbers(data: Any, key: str = "", depth: int = 0) -> None:
+    """Reject every number no physical quantity takes: infinities, NaN and denormals (below
+    ~2.2e-308, a value that underflows the arithmetic of the model), and nesting deeper
+    than :data:`MAX_DEPTH`.  Each error names the key path."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"nested more than {MAX_DEPTH} levels deep", key=key or None)
+    if isinstance(data, bool):
+        return
+    if isinstance(data, float):
+        if not math.isfinite(data):
+            raise ConfigError("must be a finite number", key=key or None, value=data)
+        if data != 0 and abs(data) < sys.float_info.min:
+            raise ConfigError("is too small to compute with (a denormal number)",
+                              key=key or None, value=data,
+                              allowed=f"0, or a magnitude of at least {sys.float_info.min:.3g}")
+    elif isinstance(data, Mapping):
+        for k, v in data.items():
+            check_numbers(v, f"{key}.{k}" if key else str(k), depth + 1)
+    elif isinstance(data, list | tuple):
+        for i, v in enumerate(data):
+            check_numbers(v, f"{key}[{i}]", depth + 1)
