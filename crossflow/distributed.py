@@ -167,7 +167,21 @@ def _memory_breakdown(spec, strategy, par) -> dict[str, float]:
             spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.zero1 if par else False)
+    if spec.kind == "lstm" and spec.seq_length > 2 * _SHORT_UNROLL:
+        # Every quantity of graph_memory is affine in the sequence length once it is
+        # past a few steps (weights are shared over time, the largest kernel is the same,
+        # stashed activations grow by one step's worth per step): two short unrolls give
+        # it exactly, in milliseconds, however long the sequence (tests/test_faults_size.py
+        # checks the equality against the full graph)
+        a, b = (graph_memory(compute_graph(spec.model_copy(update={"seq_length": n})),
+                             strategy) for n in (_SHORT_UNROLL, 2 * _SHORT_UNROLL))
+        steps = (spec.seq_length - _SHORT_UNROLL) / _SHORT_UNROLL
+        return {k: a[k] + steps * (b[k] - a[k]) for k in a}
     return graph_memory(compute_graph(spec), strategy)
+
+
+#: The short unroll (time steps) the LSTM memory of a long sequence is extrapolated from.
+_SHORT_UNROLL = 16
 
 
 def _memory_check(spec, strategy, par, arch: MicroArch) -> MemoryCheck:

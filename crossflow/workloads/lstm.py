@@ -28,13 +28,43 @@ import networkx as nx
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT
 from crossflow.config.workload import LstmSpec
+from crossflow.errors import ConfigError
 from crossflow.workloads.graph import GraphBuilder
+
+#: The most kernels an unrolled LSTM graph may have: about 5 s to build and simulate one
+#: iteration on one core (34,004 kernels, seq_length 2000 with 2 layers, take 2.7 s).  A
+#: longer unroll is refused up front rather than taking minutes and gigabytes.
+MAX_KERNELS = 50_000
+
+
+def lstm_kernels(spec: LstmSpec) -> int:
+    """The kernels (graph nodes) of ``spec``'s unrolled iteration, without building it.
+    Per step: forward the embedding, per layer the cell and its gates, the projection and
+    the softmax (2L + 3); backward per layer gates.bwd, cell.dX and cell.dW, then
+    softmax.bwd, logits.dX, logits.dW and emb.bwd (3L + 4).  Plus one optimizer per
+    pipeline unit (L + 2)."""
+    L, S = spec.num_layers, spec.seq_length
+    return S * (5 * L + 7) + L + 2
+
+
+def check_size(spec: LstmSpec) -> None:
+    """Refuse an unroll over :data:`MAX_KERNELS` kernels (a ConfigError naming the limit)."""
+    n = lstm_kernels(spec)
+    if n > MAX_KERNELS:
+        per_step = (n - spec.num_layers - 2) / spec.seq_length
+        longest = int((MAX_KERNELS - spec.num_layers - 2) // per_step)
+        raise ConfigError(
+            f"unrolls into {n:,} kernels per iteration; the graph simulator takes at most "
+            f"{MAX_KERNELS:,} (about 5 s per prediction)", key="seq_length",
+            value=spec.seq_length, allowed=f"seq_length <= {longest} with "
+            f"{spec.num_layers} layers")
 
 
 @lru_cache(maxsize=64)
 def lstm_graph(spec: LstmSpec) -> nx.DiGraph:
     """The compute graph of one iteration (the whole global batch; data parallelism
-    divides the batch)."""
+    divides the batch).  Refused over :data:`MAX_KERNELS` kernels (:func:`check_size`)."""
+    check_size(spec)
     B, H, V = spec.global_batch_size, spec.hidden_size, spec.vocab_size
     L, S, G = spec.num_layers, spec.seq_length, spec.num_gates
     nb = BYTES_PER_ELEMENT[spec.precision]
