@@ -38,6 +38,9 @@ def check_file(file: str | Path) -> str:
     """Validate ``file``; returns what it is (``architecture``, ``design of study ...``) with
     notes.  Raises :class:`~crossflow.errors.ConfigError` on the first problem."""
     file = str(file)
+    if not file.strip():
+        raise ConfigError("an empty name", file="command line", value=file,
+                          allowed="a path to a YAML file")
     data = read_yaml(file)
     if is_design(data):
         return check_design(data, file)

@@ -11,6 +11,7 @@ them*, and raised as one :class:`~crossflow.errors.ConfigError`.
 from __future__ import annotations
 
 import math
+import stat
 import sys
 import types
 import typing
@@ -66,15 +67,44 @@ _UniqueKeyLoader.add_constructor(
 )
 
 
+#: The largest config file read (bytes): the biggest shipped preset is ~10 KB; a larger
+#: file is a mistake (a data file, a device such as /dev/zero), not a config.
+MAX_FILE_BYTES = 16 * 2**20
+
+
+def read_text(path: Path) -> str:
+    """The text of a config file; a path that is not a readable regular file of at most
+    :data:`MAX_FILE_BYTES` is a ConfigError naming it and saying why (nothing blocks: a
+    FIFO or a device is refused before it is opened)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(path)) from None
+    except OSError as exc:  # a symlink loop, a name too long, a component not a directory
+        raise ConfigError(f"cannot read the file ({exc.strerror or exc})",
+                          file=str(path)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError("is a directory, not a config file", file=str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError("is not a regular file (a device, FIFO or socket): configs are "
+                          "read from YAML files", file=str(path))
+    if st.st_size > MAX_FILE_BYTES:
+        raise ConfigError(f"is {st.st_size / 2**20:.0f} MiB: too large for a config file "
+                          f"(at most {MAX_FILE_BYTES // 2**20} MiB)", file=str(path))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(MAX_FILE_BYTES + 1)
+    except UnicodeDecodeError:
+        raise ConfigError("is not UTF-8 text (a binary file?)", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file ({exc.strerror or exc})",
+                          file=str(path)) from None
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping from ``path``; any problem is a ConfigError naming the file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the file ({exc.__class__.__name__})", file=str(path)) from None
+    text = read_text(path)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - safe loader subclass
     except RecursionError:

@@ -176,7 +176,14 @@ def _load_file(file: str, stamp: int | None, families: tuple[str, ...]) -> Spec:
 
 def _locate(source: str, families: tuple[str, ...]) -> str:
     path = Path(source)
-    if path.suffix in (".yaml", ".yml") or path.exists() or "/" in source:
+    try:
+        exists = path.exists()
+    except OSError:  # a name too long, say: read_yaml says so
+        exists = True
+    if path.suffix in (".yaml", ".yml") or exists or "/" in source:
+        if not source.strip():
+            raise ConfigError("an empty name", value=source,
+                              allowed="a preset name or a path to a YAML file")
         return str(path)
     for family in families:
         if family in LOCAL_FAMILIES:
