@@ -14,6 +14,7 @@ from pathlib import Path
 
 from crossflow import __version__
 from crossflow.errors import ConfigError, CrossflowError
+from crossflow.search.samplers import NAMES as SAMPLER_NAMES
 
 EXIT_OK, EXIT_TOLERANCE, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
 
@@ -63,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     sr = ss.add_parser("run", help="run a study (re-running resumes it)")
     sr.add_argument("name", help="study name or YAML file")
     sr.add_argument("--trials", type=int, help="the study's total number of trials")
-    sr.add_argument("--sampler", choices=["structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2"])
+    sr.add_argument("--sampler", choices=SAMPLER_NAMES)
     sr.add_argument("--seed", type=int, help="sampler seed (default: the study's)")
     sr.add_argument("--storage", help="Optuna storage URL or journal file")
     sr.add_argument("--tracking-uri", help="MLflow tracking URI")
@@ -269,9 +270,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
               f"{result.total} in the study ({redact(args.storage or setup.storage)})")
         _print_best(setup, result.best)
         if result.interrupted:
-            print(f"crossflow: interrupted; run 'crossflow study run {args.name}' again to "
-                  "resume", file=sys.stderr)
+            print(f"crossflow: interrupted; run '{studies.resume_command(args.name, args.trials)}'"
+                  " again to resume", file=sys.stderr)
             return 130
+        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
         return EXIT_OK
     study = studies.open_study(setup, args.storage, create=False)
     if args.study_command == "show":
@@ -332,38 +334,15 @@ def _print_best(setup, design, full: bool = False) -> None:
 
 
 def _print_summary(s: dict) -> None:
-    print(f"{s['study']}: {s['description']}")
-    print(f"  storage     {s['storage']}")
-    workers = f", {s['workers']} worker processes" if s.get("workers", 0) > 1 else ""
-    print(f"  sampler     {s['sampler']} ({len(s['launches'])} launches{workers})")
-    print(f"  objectives  {', '.join(s['objectives'])}")
-    print(f"  trials      {s['finished']} finished of {s['n_trials']}: "
-          + ", ".join(f"{k} {v}" for k, v in s["states"].items() if v))
-    if s.get("memory_rejected"):
-        print(f"  screened    {s['memory_rejected']} combinations over memory at the template's "
-              "split, rejected without an evaluation (structured.memory_rejected)")
-    if s.get("phases"):
-        print("  phases      " + ", ".join(f"{k} {v}" for k, v in s["phases"].items()))
-    if not s["best"]:
-        print("  best        no feasible trial yet")
-    for i, b in enumerate(s["best"]):
-        values = ", ".join(f"{k} {v:.6g}" for k, v in b["values"].items())
-        head = "best" if i == 0 else ""
-        print(f"  {head:<11} trial {b['trial']}: {values}")
-        if i == 0:
-            for key, value in b["design"].items():
-                if isinstance(value, dict):
-                    value = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                      for k, v in value.items())
-                print(f"    {key:<20} {value}")
-    if s["pareto_size"]:
-        print(f"  Pareto front: {s['pareto_size']} designs")
+    from crossflow.search.study import summary_lines
+
+    print("\n".join(summary_lines(s)))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     import time
 
-    from crossflow.search.reports import run_report
+    from crossflow.reports import run_report
 
     t0 = time.perf_counter()
     path = run_report(args.name, args.out, quick=args.quick, tracking_uri=args.tracking_uri)

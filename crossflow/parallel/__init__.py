@@ -14,6 +14,7 @@ from crossflow.parallel.strategy import GRAMMAR, Strategy
 
 _LAZY = {
     "ParallelismSpec": "crossflow.parallel.spec",
+    "parse_parallelism": "crossflow.parallel.spec",
     "enumerate_strategies": "crossflow.parallel.enumerate",
     "check_strategy": "crossflow.parallel.enumerate",
     "assign_stages": "crossflow.parallel.supergraph",

@@ -83,3 +83,27 @@ class ParallelismSpec(Spec):
         except ConfigError as exc:
             key = next(k for k, f in MEGATRON_KEYS.items() if f == exc.key)
             raise ConfigError(exc.problem, key=key, value=getattr(self, key)) from None
+
+
+def parse_parallelism(source) -> ParallelismSpec:
+    """A ParallelismSpec from a spec, a preset name, a file or a mapping — or a bare strategy
+    name such as ``RC-4-2-d32-p2`` or ``t8-d24-p8`` (paper / Megatron names).  The one
+    reader of a parallelism reference (predictions and study files)."""
+    from crossflow.config.loader import load_spec
+
+    if isinstance(source, ParallelismSpec):
+        return source
+    try:
+        return load_spec(source, "parallelism")
+    except ConfigError as not_a_preset:
+        if not isinstance(source, str) or source.endswith((".yaml", ".yml")):
+            raise
+        try:
+            Strategy.parse(source)
+        except ConfigError as bad:
+            raise ConfigError(
+                "neither a parallelism preset, a file, nor a strategy name",
+                key="parallelism", value=source,
+                allowed=f"{not_a_preset.allowed}; or a strategy: {bad.allowed}",
+            ) from None
+        return load_spec({"kind": "parallelism", "strategy": source}, "parallelism")

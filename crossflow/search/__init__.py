@@ -1,4 +1,4 @@
-"""Studies: named co-optimisation searches on Optuna, tracked in MLflow (DESIGN.md §6).
+"""Studies: named co-optimisation searches on Optuna, tracked in MLflow (docs/architecture.md, Studies).
 
 ::
 

@@ -16,7 +16,12 @@
     ``reconnect_s`` seconds (SQLAlchemy's ``pool_pre_ping`` replaces dead pooled
     connections), so a database away for a few seconds does not end the study.
 
-Nothing here imports optuna at module import time (``crossflow.search`` is imported lazily).
+This is the one module that reaches into Optuna's internals (``optuna.storages._rdb``, a
+study's private ``_storage`` / ``_study_id`` and a trial's ``_trial_id``): the resilient
+storage, and :func:`fail_trial`, :func:`retry_trial` and :func:`live_below` for the worker
+code.  (The ``structured`` and ``gd`` samplers keep their own per-trial bookkeeping.)
+``tests/test_storage_contract.py`` runs Optuna's own storage contract on the storages made
+here.  Nothing here imports optuna at module import time.
 """
 
 from __future__ import annotations
@@ -346,3 +351,36 @@ def make_storage(url: str, *, heartbeat_s: float | None = None,
     path = Path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
     return JournalStorage(JournalFileBackend(str(path)))
+
+
+# --- what the worker code needs of a study's storage ---------------------------------------
+
+
+def fail_trial(study, trial) -> bool:
+    """Set the RUNNING ``trial`` of ``study`` FAIL.  False when it had already finished
+    (another worker failed it first)."""
+    from optuna.trial import TrialState
+
+    try:
+        return study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL) \
+            is not False
+    except RuntimeError:  # the trial is finished: no longer updatable
+        return False
+
+
+def retry_trial(study, trial, *, max_retry: int = 2) -> None:
+    """Enqueue a copy of the failed ``trial`` (same parameters, its ``gd`` role kept) as
+    Optuna's heartbeat retry does, at most ``max_retry`` times per original trial."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(
+        study, study._storage.get_trial(trial._trial_id))
+
+
+def live_below(study, total: int) -> bool:
+    """Cheaply, whether ``study`` has fewer than ``total`` live trials (COMPLETE, PRUNED,
+    RUNNING, WAITING) by one COUNT query; False when the storage cannot tell that (then a
+    full census is needed)."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    count = getattr(backend, "count_live", None)
+    return count is not None and count(study._study_id) < total
