@@ -176,6 +176,10 @@ def _resilient_class():
         def __init__(self, url: str, *, reconnect_s: float = RECONNECT_S, **kwargs: Any):
             self.reconnect_s = reconnect_s
             self._user_attrs: dict[int, dict[str, Any]] = {}
+            #: the RUNNING trials this process runs: only theirs are held back (another
+            #: trial's attribute is written at once, so a missing or finished trial raises
+            #: as Optuna's contract says)
+            self._running: set[int] = set()
             # the first connection too (a worker started while the database restarts)
             retrying(lambda: RDBStorage.__init__(self, url, **kwargs), reconnect_s)
 
@@ -184,10 +188,18 @@ def _resilient_class():
         immediate_user_attrs = frozenset({WORKER})
 
         def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-            if key in self.immediate_user_attrs:
+            if key in self.immediate_user_attrs or trial_id not in self._running:
                 super().set_trial_user_attr(trial_id, key, value)
             else:
                 self._user_attrs.setdefault(trial_id, {})[key] = value
+
+        def _create_new_trial(self, study_id: int, template_trial=None):
+            from optuna.trial import TrialState
+
+            trial = super()._create_new_trial(study_id, template_trial)
+            if trial.state == TrialState.RUNNING:
+                self._running.add(trial._trial_id)
+            return trial
 
         def _flush_user_attrs(self, trial_id: int) -> None:
             attrs = self._user_attrs.pop(trial_id, None)
@@ -215,8 +227,25 @@ def _resilient_class():
             retrying(write, self.reconnect_s)
 
         def set_trial_state_values(self, trial_id: int, state, values=None) -> bool:
+            from optuna.trial import TrialState
+
+            if state == TrialState.RUNNING:  # a WAITING trial this process takes up
+                taken = super().set_trial_state_values(trial_id, state, values)
+                if taken:
+                    self._running.add(trial_id)
+                return taken
             self._flush_user_attrs(trial_id)
+            self._running.discard(trial_id)
             return super().set_trial_state_values(trial_id, state, values)
+
+        def _get_trials(self, study_id: int, states, included_trial_ids: set[int],
+                        trial_id_greater_than: int) -> list:
+            trials = super()._get_trials(study_id, states, included_trial_ids,
+                                         trial_id_greater_than)
+            for trial in trials:
+                if trial._trial_id in self._user_attrs:
+                    trial.user_attrs.update(self._user_attrs[trial._trial_id])
+            return trials
 
         def get_trial(self, trial_id: int):
             trial = super().get_trial(trial_id)
@@ -275,8 +304,12 @@ def _resilient_class():
             state = super().__getstate__()
             state["reconnect_s"] = self.reconnect_s
             state["_user_attrs"] = {}
+            state["_running"] = set()
             return state
 
+    # pickled by name (crossflow.search.storage.ResilientRDBStorage, see __getattr__ below)
+    ResilientRDBStorage.__module__ = __name__
+    ResilientRDBStorage.__qualname__ = "ResilientRDBStorage"
     return ResilientRDBStorage
 
 
@@ -284,6 +317,12 @@ def _resilient_class():
 def resilient_rdb_storage_class():
     """The :class:`ResilientRDBStorage` class (built on first use: it subclasses Optuna's)."""
     return _resilient_class()
+
+
+def __getattr__(name: str):
+    if name == "ResilientRDBStorage":  # built on first use (pickle finds it by this name)
+        return resilient_rdb_storage_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
