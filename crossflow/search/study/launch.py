@@ -89,14 +89,14 @@ def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None) 
         lines.append(f"the study is complete ({result.finished} of {result.n_trials} trials "
                      f"finished); to extend it, give a larger total: crossflow study run "
                      f"{ref} --trials N, with N > {max(result.finished, result.n_trials)}")
-    lines.append("next:")
+    lines.append("next steps:")
     if result.tracked:
         ui = "crossflow ui" + (f" --tracking-uri {redact(tracking_uri)}" if tracking_uri else "")
-        lines.append(f"  {ui:<50} browse the trials in MLflow")
-    lines.append(f"  {'crossflow study show ' + ref:<50} the study's summary")
+        lines.append(f"  {ui:<54} browse the trials in MLflow")
+    lines.append(f"  {'crossflow study show ' + ref:<54} the study's summary")
     if result.best is not None:
         export = f"crossflow study best {ref} --export design.yaml"
-        lines.append(f"  {export:<50} the best design, for crossflow predict")
+        lines.append(f"  {export:<54} the best design, for crossflow predict")
     return lines
 
 

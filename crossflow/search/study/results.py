@@ -203,8 +203,8 @@ def _state_label(trial) -> str:
     return STATE_LABELS[state]
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
+def _plural(n: int, word: str, plural: str) -> str:
+    return f"{n} {word if n == 1 else plural}"
 
 
 def summary_lines(s: Mapping[str, Any]) -> list[str]:
@@ -212,7 +212,7 @@ def summary_lines(s: Mapping[str, Any]) -> list[str]:
     lines = [f"{s['study']}: {s['description']}", f"  storage     {s['storage']}"]
     workers = (f", up to {s['workers']} worker processes on a launch"
                if s.get("workers", 0) > 1 else "")
-    lines.append(f"  sampler     {s['sampler']} ({_plural(len(s['launches']), 'launch')}"
+    lines.append(f"  sampler     {s['sampler']} ({_plural(len(s['launches']), 'launch', 'launches')}"
                  f"{workers})")
     lines.append(f"  objectives  {', '.join(s['objectives'])}")
     lines.append(f"  trials      {s['finished']} finished of {s['n_trials']}"
