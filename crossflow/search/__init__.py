@@ -1,4 +1,5 @@
-"""Studies: named co-optimisation searches on Optuna, tracked in MLflow (docs/architecture.md, Studies).
+"""Studies: named co-optimisation searches on Optuna, tracked in MLflow (docs/architecture.md,
+Studies).
 
 ::
 

@@ -1,4 +1,9 @@
-"""Search spaces: what a study may change, as Optuna distributions (docs/architecture.md, Studies).
+"""Search spaces: what a study may change, as Optuna distributions (docs/architecture.md,
+Studies).
+
+(About 600 lines, one module on purpose: the file's schema and its resolution against a
+workload and template share each dimension's checks; the hardware knobs themselves are in
+:mod:`crossflow.search.knobs`.)
 
 File shape (``search_spaces/*.yaml``, ``kind: search_space``; a study may also give one
 inline)::
@@ -52,20 +57,11 @@ from pydantic import Field, model_validator
 from crossflow.config.base import Spec
 from crossflow.errors import ConfigError
 from crossflow.search import encoding
+from crossflow.search.knobs import HARDWARE_PARAMS, SCALAR_DIMS, TECHNOLOGY_CATEGORY
 
 SIMPLEXES = ("area", "power", "perimeter")
 #: The AGE override each simplex fills.
 SIMPLEX_OVERRIDE = {s: f"{s}_fractions" for s in SIMPLEXES}
-#: The hardware knobs, in one place (the search space, the study's baseline, the exported
-#: template and the best-known search read these).  Named dimensions that pick a
-#: technology from the library, by library category (besides ``memory.<level>``):
-_TECH_CATEGORY = {"logic_node": "logic", "dram": "dram", "intra_link": "links",
-                  "inter_link": "links"}
-TECHNOLOGY_DIMS = tuple(_TECH_CATEGORY)
-#: Named dimensions that are numbers of the template (its power and areas).
-SCALAR_DIMS = ("tdp_W", "chip_area_mm2", "node_area_mm2")
-#: Named dimensions that become AGE overrides (need an architecture template).
-HARDWARE_PARAMS = (*TECHNOLOGY_DIMS, *SCALAR_DIMS)
 #: Named dimensions that go into the parallelism file.
 PARALLELISM_PARAMS = ("micro_batch_size", "schedule", "zero1", "overlap_grad_reduce")
 _NUMERIC = (*SCALAR_DIMS, "micro_batch_size")
@@ -550,7 +546,7 @@ def _check_resolved_param(name: str, dist, workload: Spec, template: Spec | None
                       allowed=", ".join(f"memory.{m}" for m in levels))
         category = "dram" if level == levels[-1] else "sram"
     else:
-        category = _TECH_CATEGORY.get(name)
+        category = TECHNOLOGY_CATEGORY.get(name)
     if category is None:
         return
     names = lib.names(category)
@@ -605,36 +601,3 @@ def _strategies(spec: SearchSpaceSpec, options: StrategySpaceSpec, workload: Spe
         raise err(f"no strategy fits workload {workload.name!r} on {devices} devices with "
                   "these options", "strategy")
     return tuple(found)
-
-
-def template_hardware(template, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The value of every hardware knob of an architecture template with AGE ``overrides``
-    applied: :data:`HARDWARE_PARAMS` and ``memory.<level>`` (technology names, numbers)."""
-    o = overrides or {}
-    current = {"logic_node": template.logic_node, "dram": template.memory[-1].technology,
-               "intra_link": template.links.intra, "inter_link": template.links.inter,
-               **{k: getattr(template, k) for k in SCALAR_DIMS}}
-    current = {k: o.get(k, v) for k, v in current.items()}
-    for m in template.memory:
-        current[f"memory.{m.name}"] = (o.get("memory") or {}).get(m.name, m.technology)
-    return current
-
-
-def write_hardware(doc: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``doc`` (a template dumped to JSON) with the hardware knobs of ``overrides`` written
-    in: the inverse of :func:`template_hardware`, for an exported design."""
-    o = overrides
-    memory = doc["memory"]
-    if "dram" in o:
-        memory[-1]["technology"] = o["dram"]
-    for level, tech in (o.get("memory") or {}).items():
-        next(m for m in memory if m["name"] == level)["technology"] = tech
-    if "logic_node" in o:
-        doc["logic_node"] = o["logic_node"]
-    for kind in ("intra", "inter"):
-        if f"{kind}_link" in o:
-            doc["links"][kind] = o[f"{kind}_link"]
-    for key in SCALAR_DIMS:
-        if key in o:
-            doc[key] = float(o[key])
-    return doc

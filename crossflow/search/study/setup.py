@@ -17,16 +17,9 @@ from crossflow.config.base import Spec, build
 from crossflow.config.loader import load_spec
 from crossflow.errors import ConfigError
 from crossflow.parallel import Strategy
+from crossflow.search.knobs import TECHNOLOGY_DIMS, template_hardware
 from crossflow.search.locations import default_storage, default_tracking_uri, is_url, redact
-from crossflow.search.space import (
-    STRATEGY,
-    TECHNOLOGY_DIMS,
-    Design,
-    SearchSpace,
-    SearchSpaceSpec,
-    resolve,
-    template_hardware,
-)
+from crossflow.search.space import STRATEGY, Design, SearchSpace, SearchSpaceSpec, resolve
 from crossflow.search.storage import make_storage
 from crossflow.search.study.spec import StudySpec
 
