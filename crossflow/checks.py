@@ -127,9 +127,9 @@ def _load_part(part: str, value: Any, families: tuple[str, ...], file: str):
     a preset name (a parallelism may also be a strategy string such as ``RC-4-2-d32-p2``)."""
     try:
         if part == "parallelism":
-            from crossflow.distributed import _parallelism_spec
+            from crossflow.parallel import parse_parallelism
 
-            return _parallelism_spec(value)
+            return parse_parallelism(value)
         return load_spec(value, *families)
     except ConfigError as exc:
         if isinstance(value, Mapping):

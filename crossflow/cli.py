@@ -160,8 +160,8 @@ def _about(command: str) -> dict[str, str]:
 
 def _parser() -> argparse.ArgumentParser:
     from crossflow.config.loader import preset_names
+    from crossflow.reports import REPORTS
     from crossflow.search.locations import default_storage
-    from crossflow.search.reports import REPORTS
     from crossflow.search.samplers import NAMES as SAMPLERS
 
     p = _Parser(prog="crossflow", **_about("crossflow"))
@@ -506,9 +506,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
               f"{result.total} in the study ({redact(args.storage or setup.storage)})")
         _print_best(setup, result.best)
         if result.interrupted:
-            print(f"crossflow: interrupted; run 'crossflow study run {args.name}' again to "
-                  "resume", file=sys.stderr)
+            print(f"crossflow: interrupted; run '{studies.resume_command(args.name, args.trials)}'"
+                  " again to resume", file=sys.stderr)
             return 130
+        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
         return EXIT_OK
     study = studies.open_study(setup, args.storage, create=False)
     if args.study_command == "show":
@@ -569,38 +570,15 @@ def _print_best(setup, design, full: bool = False) -> None:
 
 
 def _print_summary(s: dict) -> None:
-    print(f"{s['study']}: {s['description']}")
-    print(f"  storage     {s['storage']}")
-    workers = f", {s['workers']} worker processes" if s.get("workers", 0) > 1 else ""
-    print(f"  sampler     {s['sampler']} ({len(s['launches'])} launches{workers})")
-    print(f"  objectives  {', '.join(s['objectives'])}")
-    print(f"  trials      {s['finished']} finished of {s['n_trials']}: "
-          + ", ".join(f"{k} {v}" for k, v in s["states"].items() if v))
-    if s.get("memory_rejected"):
-        print(f"  screened    {s['memory_rejected']} combinations over memory at the template's "
-              "split, rejected without an evaluation (structured.memory_rejected)")
-    if s.get("phases"):
-        print("  phases      " + ", ".join(f"{k} {v}" for k, v in s["phases"].items()))
-    if not s["best"]:
-        print("  best        no feasible trial yet")
-    for i, b in enumerate(s["best"]):
-        values = ", ".join(f"{k} {v:.6g}" for k, v in b["values"].items())
-        head = "best" if i == 0 else ""
-        print(f"  {head:<11} trial {b['trial']}: {values}")
-        if i == 0:
-            for key, value in b["design"].items():
-                if isinstance(value, dict):
-                    value = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                      for k, v in value.items())
-                print(f"    {key:<20} {value}")
-    if s["pareto_size"]:
-        print(f"  Pareto front: {s['pareto_size']} designs")
+    from crossflow.search.study import summary_lines
+
+    print("\n".join(summary_lines(s)))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     import time
 
-    from crossflow.search.reports import run_report
+    from crossflow.reports import run_report
 
     t0 = time.perf_counter()
     path = run_report(args.name, args.out, quick=args.quick, tracking_uri=args.tracking_uri)
@@ -623,20 +601,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    try:
-        from crossflow.search.tracking import launch_ui
-    except ImportError:
-        launch_ui = None
-    if launch_ui is not None:
-        return launch_ui(args.tracking_uri, host="127.0.0.1", port=args.port)
-    import subprocess
+    from crossflow.search.tracking import launch_ui
 
-    from crossflow.search.locations import default_tracking_uri
-
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
-           args.tracking_uri or default_tracking_uri(), "--host", "127.0.0.1",
-           "--port", str(args.port)]
-    return subprocess.run(cmd, check=False).returncode
+    return launch_ui(args.tracking_uri, host="127.0.0.1", port=args.port)
 
 
 _COMMANDS = {

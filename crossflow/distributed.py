@@ -24,7 +24,7 @@ from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import MicroArch
 from crossflow.config.loader import load_spec
 from crossflow.errors import ConfigError, InfeasibleDesignError
-from crossflow.parallel import ParallelismSpec, Strategy, check_strategy
+from crossflow.parallel import Strategy, check_strategy, parse_parallelism
 from crossflow.prediction import Prediction, infeasible
 from crossflow.sim.graph_sim import graph_iteration, graph_memory
 from crossflow.sim.memory import capacity_problem, check_capacity
@@ -62,32 +62,11 @@ def _device(arch: MicroArch, gemm_efficiency: float, memory_bound_efficiency: fl
                    kernel_min_s=kernel_min_s, memory_passes=dict(memory_passes))
 
 
-def _parallelism_spec(source):
-    """A ParallelismSpec from a spec, preset, file, dict — or a bare strategy string such as
-    ``RC-4-2-d32-p2`` or ``t8-d24-p8`` (paper / Megatron names, :mod:`crossflow.parallel`)."""
-    if isinstance(source, ParallelismSpec):
-        return source
-    try:
-        return load_spec(source, "parallelism")
-    except ConfigError as not_a_preset:
-        if not isinstance(source, str) or source.endswith((".yaml", ".yml")):
-            raise
-        try:
-            Strategy.parse(source)
-        except ConfigError as bad:
-            raise ConfigError(
-                "neither a parallelism preset, a file, nor a strategy name",
-                key="parallelism", value=source,
-                allowed=f"{not_a_preset.allowed}; or a strategy: {bad.allowed}",
-            ) from None
-        return load_spec({"kind": "parallelism", "strategy": source}, "parallelism")
-
-
 @lru_cache(maxsize=4096)
 def _cached_parallelism(key: tuple) -> Any:
     """A validated ParallelismSpec per distinct dict, so the batch path and a study's many
     trials with the same options do not re-validate the same few specs."""
-    return _parallelism_spec(dict(key))
+    return parse_parallelism(dict(key))
 
 
 def _strategy(spec, parallelism):
@@ -105,7 +84,7 @@ def _strategy(spec, parallelism):
             if key is not None:
                 par = _cached_parallelism(key)
         if par is None:
-            par = _parallelism_spec(parallelism)
+            par = parse_parallelism(parallelism)
         strategy = par.to_strategy()
         if par.micro_batch_size and spec.kind == "transformer":
             spec = _with_micro_batch(spec, par.micro_batch_size)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from crossflow.errors import ConfigError
-from crossflow.search.reports import REPORTS, run_report
+from crossflow.reports import REPORTS, run_report
 
 
 @pytest.mark.parametrize("name", list(REPORTS))

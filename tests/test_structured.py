@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from optuna.trial import TrialState
 
 from crossflow.search.samplers.structured._inner import METHODS
 from crossflow.search.samplers.structured._problem import Cont, Problem
@@ -15,9 +16,6 @@ from crossflow.search.samplers.structured._sampler import BUDGET, MEMORY, PHASE,
 from crossflow.search.space import SearchSpace, Simplex
 from crossflow.search.study import is_feasible, load_study, run_study
 from crossflow.system import order_classes, order_representative
-
-optuna = pytest.importorskip("optuna")
-from optuna.trial import TrialState  # noqa: E402
 
 
 def _run(setup, tmp_path, n, name=None, **kw):

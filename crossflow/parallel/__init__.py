@@ -8,7 +8,7 @@ Importing this package registers the ``parallelism`` config kind
 from __future__ import annotations
 
 from crossflow.parallel.enumerate import check_strategy, enumerate_strategies
-from crossflow.parallel.spec import ParallelismSpec
+from crossflow.parallel.spec import ParallelismSpec, parse_parallelism
 from crossflow.parallel.strategy import GRAMMAR, Strategy
 from crossflow.parallel.supergraph import assign_stages, local_graph, shard_node, supergraph
 
@@ -20,6 +20,7 @@ __all__ = [
     "check_strategy",
     "enumerate_strategies",
     "local_graph",
+    "parse_parallelism",
     "shard_node",
     "supergraph",
 ]

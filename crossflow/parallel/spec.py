@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
-from crossflow.config.loader import register_kind
+from crossflow.config.loader import load_spec, register_kind
 from crossflow.errors import ConfigError
 from crossflow.parallel.strategy import Strategy
 
@@ -85,6 +85,29 @@ class ParallelismSpec(Spec):
         except ConfigError as exc:
             key = next(k for k, f in MEGATRON_KEYS.items() if f == exc.key)
             raise ConfigError(exc.problem, key=key, value=getattr(self, key)) from None
+
+
+def parse_parallelism(source) -> ParallelismSpec:
+    """A ParallelismSpec from a spec, a preset name, a file or a mapping — or a bare strategy
+    name such as ``RC-4-2-d32-p2`` or ``t8-d24-p8`` (paper / Megatron names).  The one
+    reader of a parallelism reference (predictions and study files)."""
+    if isinstance(source, ParallelismSpec):
+        return source
+    try:
+        return load_spec(source, "parallelism")
+    except ConfigError as not_a_preset:
+        if (not isinstance(source, str) or source.endswith((".yaml", ".yml"))
+                or not_a_preset.file):  # a file was found and read: its error is the one
+            raise
+        try:
+            Strategy.parse(source)
+        except ConfigError as bad:
+            raise ConfigError(
+                "neither a parallelism preset, a file, nor a strategy name",
+                key="parallelism", value=source,
+                allowed=f"{not_a_preset.allowed}; or a strategy: {bad.allowed}",
+            ) from None
+        return load_spec({"kind": "parallelism", "strategy": source}, "parallelism")
 
 
 # Parallelism files (kind may be left out: loader.DEFAULT_KINDS) validate here.

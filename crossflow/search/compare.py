@@ -41,11 +41,11 @@ from typing import Any
 import numpy as np
 
 from crossflow.errors import ConfigError
-from crossflow.search.locations import MLRUNS
+from crossflow.search.locations import MLRUNS, is_url
+from crossflow.search.samplers import COMPARED
 
 FRACTIONS = (0.10, 0.25, 0.50, 1.00)
 TOLERANCES = (0.01, 0.05)
-COMPARE_SAMPLERS = ("structured", "gd", "tpe", "cmaes", "random")
 
 
 def run_name(study: str, sampler: str, seed: int) -> str:
@@ -81,7 +81,7 @@ def run_one(setup, sampler: str, seed: int, budget: int, *, storage: str | None 
 
 def _fresh(url: str, name: str) -> None:
     """Remove an earlier run of ``name`` so every comparison run starts empty."""
-    if "://" not in url:
+    if not is_url(url):
         path = Path(url)
         if path.exists():
             path.unlink()
@@ -90,7 +90,7 @@ def _fresh(url: str, name: str) -> None:
         return
     import optuna
 
-    from crossflow.search.study import make_storage
+    from crossflow.search.storage import make_storage
 
     with contextlib.suppress(KeyError):
         optuna.delete_study(study_name=name, storage=make_storage(url))
@@ -151,7 +151,7 @@ def _finite(x: float) -> float | None:
 # --- the whole comparison -------------------------------------------------------------------
 
 
-def compare(setup, *, samplers: Sequence[str] = COMPARE_SAMPLERS, seeds: int = 3,
+def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
             budget: int = 100, workers: int = 1, storage: str | None = None,
             tracking_uri: str | None = None, track: bool = True,
             root: str | Path | None = None, progress: bool = True,
@@ -168,7 +168,7 @@ def compare(setup, *, samplers: Sequence[str] = COMPARE_SAMPLERS, seeds: int = 3
     for s in samplers:
         if s not in NAMES or s == "nsga2":
             raise ConfigError("unknown or multi-objective sampler", key="samplers", value=s,
-                              allowed=", ".join(COMPARE_SAMPLERS))
+                              allowed=", ".join(COMPARED))
         if s == setup.spec.sampler:
             check_options(s, setup.spec.sampler_options)
     from crossflow.search.samplers import check_objectives

@@ -1,6 +1,10 @@
 """Search spaces: what a study may change, as Optuna distributions
 (docs/architecture.md, "Data flow of one study trial").
 
+(About 600 lines, one module on purpose: the file's schema and its resolution against a
+workload and template share each dimension's checks; the hardware knobs themselves are in
+:mod:`crossflow.search.knobs`.)
+
 File shape (``search_spaces/*.yaml``, ``kind: search_space``; a study may also give one
 inline)::
 
@@ -54,18 +58,14 @@ from crossflow.config.base import Spec
 from crossflow.config.loader import register_kind
 from crossflow.errors import ConfigError
 from crossflow.search import encoding
+from crossflow.search.knobs import HARDWARE_PARAMS, SCALAR_DIMS, TECHNOLOGY_CATEGORY
 
 SIMPLEXES = ("area", "power", "perimeter")
 #: The AGE override each simplex fills.
 SIMPLEX_OVERRIDE = {s: f"{s}_fractions" for s in SIMPLEXES}
-#: Named dimensions that become AGE overrides (need an architecture template).
-HARDWARE_PARAMS = ("logic_node", "dram", "intra_link", "inter_link", "tdp_W",
-                   "chip_area_mm2", "node_area_mm2")
 #: Named dimensions that go into the parallelism file.
 PARALLELISM_PARAMS = ("micro_batch_size", "schedule", "zero1", "overlap_grad_reduce")
-_NUMERIC = ("tdp_W", "chip_area_mm2", "node_area_mm2", "micro_batch_size")
-_TECH_CATEGORY = {"logic_node": "logic", "dram": "dram", "intra_link": "links",
-                  "inter_link": "links"}
+_NUMERIC = (*SCALAR_DIMS, "micro_batch_size")
 STRATEGY = "strategy"
 MAPPING_ORDER = "mapping_order"
 
@@ -547,7 +547,7 @@ def _check_resolved_param(name: str, dist, workload: Spec, template: Spec | None
                       allowed=", ".join(f"memory.{m}" for m in levels))
         category = "dram" if level == levels[-1] else "sram"
     else:
-        category = _TECH_CATEGORY.get(name)
+        category = TECHNOLOGY_CATEGORY.get(name)
     if category is None:
         return
     names = lib.names(category)

@@ -16,7 +16,12 @@
     ``reconnect_s`` seconds (SQLAlchemy's ``pool_pre_ping`` replaces dead pooled
     connections), so a database away for a few seconds does not end the study.
 
-Nothing here imports optuna at module import time (``crossflow.search`` is imported lazily).
+This is the one module that reaches into Optuna's internals (``optuna.storages._rdb``, a
+study's private ``_storage`` / ``_study_id`` and a trial's ``_trial_id``): the resilient
+storage, and :func:`fail_trial`, :func:`retry_trial` and :func:`live_below` for the worker
+code.  (The ``structured`` and ``gd`` samplers keep their own per-trial bookkeeping.)
+``tests/test_storage_contract.py`` runs Optuna's own storage contract on the storages made
+here.  Nothing here imports optuna at module import time.
 """
 
 from __future__ import annotations
@@ -171,6 +176,10 @@ def _resilient_class():
         def __init__(self, url: str, *, reconnect_s: float = RECONNECT_S, **kwargs: Any):
             self.reconnect_s = reconnect_s
             self._user_attrs: dict[int, dict[str, Any]] = {}
+            #: the RUNNING trials this process runs: only theirs are held back (another
+            #: trial's attribute is written at once, so a missing or finished trial raises
+            #: as Optuna's contract says)
+            self._running: set[int] = set()
             # the first connection too (a worker started while the database restarts)
             retrying(lambda: RDBStorage.__init__(self, url, **kwargs), reconnect_s)
 
@@ -179,10 +188,18 @@ def _resilient_class():
         immediate_user_attrs = frozenset({WORKER})
 
         def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-            if key in self.immediate_user_attrs:
+            if key in self.immediate_user_attrs or trial_id not in self._running:
                 super().set_trial_user_attr(trial_id, key, value)
             else:
                 self._user_attrs.setdefault(trial_id, {})[key] = value
+
+        def _create_new_trial(self, study_id: int, template_trial=None):
+            from optuna.trial import TrialState
+
+            trial = super()._create_new_trial(study_id, template_trial)
+            if trial.state == TrialState.RUNNING:
+                self._running.add(trial._trial_id)
+            return trial
 
         def _flush_user_attrs(self, trial_id: int) -> None:
             attrs = self._user_attrs.pop(trial_id, None)
@@ -210,8 +227,25 @@ def _resilient_class():
             retrying(write, self.reconnect_s)
 
         def set_trial_state_values(self, trial_id: int, state, values=None) -> bool:
+            from optuna.trial import TrialState
+
+            if state == TrialState.RUNNING:  # a WAITING trial this process takes up
+                taken = super().set_trial_state_values(trial_id, state, values)
+                if taken:
+                    self._running.add(trial_id)
+                return taken
             self._flush_user_attrs(trial_id)
+            self._running.discard(trial_id)
             return super().set_trial_state_values(trial_id, state, values)
+
+        def _get_trials(self, study_id: int, states, included_trial_ids: set[int],
+                        trial_id_greater_than: int) -> list:
+            trials = super()._get_trials(study_id, states, included_trial_ids,
+                                         trial_id_greater_than)
+            for trial in trials:
+                if trial._trial_id in self._user_attrs:
+                    trial.user_attrs.update(self._user_attrs[trial._trial_id])
+            return trials
 
         def get_trial(self, trial_id: int):
             trial = super().get_trial(trial_id)
@@ -270,8 +304,12 @@ def _resilient_class():
             state = super().__getstate__()
             state["reconnect_s"] = self.reconnect_s
             state["_user_attrs"] = {}
+            state["_running"] = set()
             return state
 
+    # pickled by name (crossflow.search.storage.ResilientRDBStorage, see __getattr__ below)
+    ResilientRDBStorage.__module__ = __name__
+    ResilientRDBStorage.__qualname__ = "ResilientRDBStorage"
     return ResilientRDBStorage
 
 
@@ -279,6 +317,12 @@ def _resilient_class():
 def resilient_rdb_storage_class():
     """The :class:`ResilientRDBStorage` class (built on first use: it subclasses Optuna's)."""
     return _resilient_class()
+
+
+def __getattr__(name: str):
+    if name == "ResilientRDBStorage":  # built on first use (pickle finds it by this name)
+        return resilient_rdb_storage_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
@@ -353,3 +397,36 @@ def make_storage(url: str, *, heartbeat_s: float | None = None,
     path = check_journal_path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
     return JournalStorage(SafeJournalBackend(str(path)))
+
+
+# --- what the worker code needs of a study's storage ---------------------------------------
+
+
+def fail_trial(study, trial) -> bool:
+    """Set the RUNNING ``trial`` of ``study`` FAIL.  False when it had already finished
+    (another worker failed it first)."""
+    from optuna.trial import TrialState
+
+    try:
+        return study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL) \
+            is not False
+    except RuntimeError:  # the trial is finished: no longer updatable
+        return False
+
+
+def retry_trial(study, trial, *, max_retry: int = 2) -> None:
+    """Enqueue a copy of the failed ``trial`` (same parameters, its ``gd`` role kept) as
+    Optuna's heartbeat retry does, at most ``max_retry`` times per original trial."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(
+        study, study._storage.get_trial(trial._trial_id))
+
+
+def live_below(study, total: int) -> bool:
+    """Cheaply, whether ``study`` has fewer than ``total`` live trials (COMPLETE, PRUNED,
+    RUNNING, WAITING) by one COUNT query; False when the storage cannot tell that (then a
+    full census is needed)."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    count = getattr(backend, "count_live", None)
+    return count is not None and count(study._study_id) < total

@@ -175,24 +175,20 @@ def fail_orphans(study) -> list[int]:
     """Fail the RUNNING trials whose worker was a process of this machine that is gone (a
     journal file has no heartbeat), and enqueue a copy of each (Optuna's retry callback:
     same parameters, the ``gd`` role kept).  Returns the numbers failed by this call."""
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
+
+    from crossflow.search.storage import fail_trial, retry_trial
 
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pid = _local_pid(t.user_attrs.get(WORKER))
         if pid is None or _alive(pid):
             continue
-        try:
-            ok = study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        except RuntimeError:  # another worker failed it first
-            continue
-        if ok is False:
+        if not fail_trial(study, t):
             continue
         failed.append(t.number)
         with _quiet():
-            RetryHeartbeatStaleTrialCallback(max_retry=2)(study, study._storage.get_trial(
-                t._trial_id))
+            retry_trial(study, t)
     return failed
 
 
@@ -219,24 +215,18 @@ class Budgeted:
         return any(t.number == trial.number for t in c.live[:self.total])
 
 
-def _live_below(study, total: int) -> bool:
-    """Cheaply, whether the study has fewer than ``total`` live trials (then a slot is
-    free); False when that needs a full :func:`census` to tell."""
-    backend = getattr(study._storage, "_backend", study._storage)
-    count = getattr(backend, "count_live", None)
-    return count is not None and count(study._study_id) < total
-
-
 def work(study, objective, total: int, *, callbacks: list[Any], stop: GracefulStop,
          heartbeats: bool) -> None:
     """Run trials of ``study`` until it has ``total`` finished ones (other workers may run
     some), or ``stop`` is requested."""
     import optuna
 
+    from crossflow.search.storage import live_below
+
     budgeted = Budgeted(objective, total, heartbeats=heartbeats)
 
     def full(study, trial) -> None:  # no slot left: let the outer loop wait or end
-        if not _live_below(study, total) and \
+        if not live_below(study, total) and \
                 census(study, total, heartbeats=heartbeats).free <= 0:
             study.stop()
 

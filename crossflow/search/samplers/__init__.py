@@ -29,8 +29,10 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from crossflow.errors import ConfigError, CrossflowError
+from crossflow.errors import ConfigError
 
+#: Every sampler a study can name: the one list (the study file's schema, ``study run
+#: --sampler``, ``crossflow compare`` and the reports read it from here).
 NAMES = ("structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2")
 #: Defaults a study's sampler_options can override.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -46,6 +48,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 _DRIVERS = ("structured", "gd")
 #: Samplers of one objective only.
 SINGLE_OBJECTIVE = ("structured", "gd", "gd-paper", "cmaes")
+#: Samplers of several objectives too.
+MULTI_OBJECTIVE = tuple(n for n in NAMES if n not in SINGLE_OBJECTIVE)
+#: The samplers ``crossflow compare`` runs by default (``gd-paper`` is the paper's method
+#: alone, ``nsga2`` a multi-objective method: neither is a contender on one objective).
+COMPARED = ("structured", "gd", "tpe", "cmaes", "random")
+#: The multi-objective samplers the Pareto report runs (random search is no contender).
+PARETO = ("nsga2", "tpe")
 
 
 def sampler_class(name: str):
@@ -58,12 +67,6 @@ def sampler_class(name: str):
         from crossflow.search.samplers.gd import GDSampler
 
         return GDSampler
-    if name == "cmaes":
-        try:
-            import cmaes  # noqa: F401 - optuna's CmaEsSampler needs it at the first trial
-        except ImportError:
-            raise CrossflowError("the cmaes sampler needs the 'cmaes' package "
-                                 "(pip install cmaes)") from None
     import optuna
 
     classes = {"tpe": optuna.samplers.TPESampler, "cmaes": optuna.samplers.CmaEsSampler,
@@ -102,7 +105,8 @@ def check_objectives(name: str, n_objectives: int, *, key: str = "sampler",
     several (checked before a study is created)."""
     if name in SINGLE_OBJECTIVE and n_objectives > 1:
         raise ConfigError(f"the {name} sampler optimises one objective and the study has "
-                          f"{n_objectives}; use nsga2, tpe or random for several", file=file,
+                          f"{n_objectives}; use {', '.join(MULTI_OBJECTIVE)} for several",
+                          file=file,
                           key=key, value=name)
 
 

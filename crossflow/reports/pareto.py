@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from crossflow.reports import _common as C
 from crossflow.search.keys import is_feasible
-from crossflow.search.reports import _common as C
+from crossflow.search.samplers import PARETO
 
 STRATEGY, ORDER = "RC-32-16-d1-p1", "kp2-kp1-dp-lp"
-SAMPLERS = ("nsga2", "tpe")
 #: Single-objective runs of the structured sampler: label -> the objective it minimises.
 STRUCTURED = {"structured (time)": "iteration_time_s", "structured (energy)": "energy_J"}
 OBJECTIVES = ["iteration_time_s", "energy_J"]
@@ -29,19 +29,10 @@ COLOURS = {"nsga2": "tab:blue", "tpe": "tab:orange", "structured (time)": "tab:g
 def _run(sampler: str, n_trials: int, storage_dir: Path, objectives: list[str] = OBJECTIVES,
          name: str | None = None) -> list[tuple[float, float]]:
     """(time s, energy J) of every feasible trial of a budget search for ``objectives``."""
-    from crossflow.search import load_study, run_study
-
     name = name or f"case-pareto-{sampler}"
-    journal = storage_dir / f"{name}.journal"
-    if journal.exists():
-        journal.unlink()  # a report recomputes from scratch
-    study = {"kind": "study", "name": name, "workload": C.WORKLOAD, "hardware": C.TEMPLATE,
-             "overrides": {"chip_area_mm2": C.CHIP_AREA_MM2, "logic_node": "N12"},
-             "system": C.SYSTEM, "devices": C.DEVICES, "parallelism": STRATEGY,
-             "mapping_order": ORDER, "search_space": C.BUDGETS_SPACE,
-             "objectives": list(objectives), "sampler": sampler, "seed": 0,
-             "n_trials": n_trials, "storage": str(journal)}
-    r = run_study(load_study(study), track=False, progress=False)
+    r = C.run_budget_study(C.budget_study(
+        name, {"logic_node": "N12"}, C.SYSTEM, STRATEGY, n_trials, storage_dir,
+        mapping_order=ORDER, objectives=objectives, sampler=sampler))
     return [(t.user_attrs["iteration_time_s"], t.user_attrs["energy_J"])
             for t in r.study.get_trials(deepcopy=False)
             if t.values is not None and is_feasible(t)]
@@ -50,7 +41,7 @@ def _run(sampler: str, n_trials: int, storage_dir: Path, objectives: list[str] =
 def run_all(n_trials: int, storage_dir: Path) -> dict[str, list[tuple[float, float]]]:
     """Every run of the report: the two multi-objective samplers, then the structured
     sampler once per objective, each with ``n_trials`` model evaluations."""
-    results = {s: _run(s, n_trials, storage_dir) for s in SAMPLERS}
+    results = {s: _run(s, n_trials, storage_dir) for s in PARETO}
     for label, objective in STRUCTURED.items():
         results[label] = _run("structured", n_trials, storage_dir, [objective],
                               name=f"case-pareto-structured-{objective}")
@@ -68,12 +59,12 @@ def end_point(label: str, pts: list[tuple[float, float]]) -> tuple[float, float]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The non-dominated points (both objectives minimised), sorted by the first."""
-    front: list[tuple[float, float]] = []
-    for p in sorted(set(points)):
-        if not front or p[1] < front[-1][1]:
-            front.append(p)
-    return front
+    """The non-dominated points (both objectives minimised), each once, sorted by the first
+    (:func:`crossflow.search.study.pareto_front` picks them)."""
+    from crossflow.search.study import pareto_front as front
+
+    unique = sorted(set(points))
+    return [unique[i] for i in front(unique)]
 
 
 def _time_axis(ax, times: list[float]) -> None:
@@ -147,10 +138,7 @@ def _plot(results: dict[str, list[tuple[float, float]]], out: Path, n_trials: in
             handle.set_alpha(1.0)
     fig.suptitle("LSTM case study, 512 nodes: budget split, time vs energy "
                  f"({n_trials} model evaluations per run)")
-    fig.tight_layout()
-    fig.savefig(out / "pareto.png", dpi=120)
-    plt.close(fig)
-    return "pareto.png"
+    return C.save_figure(fig, out, "pareto.png")
 
 
 def report(out: Path, quick: bool) -> dict:

@@ -1,9 +1,11 @@
-"""Shared pieces of the LSTM case-study reports (Fig. 10, Fig. 11): the parallelism search
-(exhaustive) and the architecture (budget) search (an Optuna study through
-:func:`crossflow.search.run_study`, with the ``structured`` sampler)."""
+"""Shared pieces of the case-study reports: the LSTM case (Figs. 9–11, the Pareto report),
+its parallelism search (exhaustive) and its architecture (budget) study (an Optuna study
+through :func:`crossflow.search.run_study`, by default with the ``structured`` sampler), and
+how a report writes its figures and data."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,35 @@ def parallelism_search(hw, system, *, top: int | None = None,
     return best
 
 
+def budget_study(name: str, overrides: dict, system, strategy: str, n_trials: int,
+                 storage_dir: Path | None, *, mapping_order: str = "best",
+                 objectives: list[str] | None = None, sampler: str = SAMPLER,
+                 seed: int = 0) -> dict[str, Any]:
+    """The study file (a mapping) of a budgets-only search of the LSTM case: the area,
+    power and perimeter simplexes at a fixed strategy and mapping order, on the template at
+    the case's chip area with ``overrides``.  Its journal in ``storage_dir`` is removed (a
+    report recomputes from scratch); ``storage_dir`` None: a study only loaded, not run."""
+    study = {"kind": "study", "name": name, "workload": WORKLOAD, "hardware": TEMPLATE,
+             "overrides": {"chip_area_mm2": CHIP_AREA_MM2, **overrides}, "system": system,
+             "devices": DEVICES, "parallelism": strategy, "mapping_order": mapping_order,
+             "search_space": BUDGETS_SPACE, "sampler": sampler, "seed": seed,
+             "n_trials": n_trials}
+    if objectives is not None:
+        study["objectives"] = list(objectives)
+    if storage_dir is not None:
+        journal = storage_dir / f"{name}.journal"
+        journal.unlink(missing_ok=True)
+        study["storage"] = str(journal)
+    return study
+
+
+def run_budget_study(study: dict[str, Any]):
+    """Run a :func:`budget_study` (untracked, quietly): its RunResult."""
+    from crossflow.search import load_study, run_study
+
+    return run_study(load_study(study), track=False, progress=False)
+
+
 def architecture_search(name: str, overrides: dict, system, strategy: str, n_trials: int,
                         storage_dir: Path, *, sampler: str = SAMPLER, seed: int = 0) -> dict:
     """Budgets-only study (area, power, perimeter simplexes) at a fixed strategy, every
@@ -91,18 +122,26 @@ def architecture_search(name: str, overrides: dict, system, strategy: str, n_tri
     The sampler is the structure-aware driver by default (``structured``: with the strategy
     fixed it is its cliff-aware exchange search of the budget split, starting from the
     template's split).  Returns the best time and design."""
-    from crossflow.search import load_study, run_study
-
-    journal = storage_dir / f"{name}.journal"
-    if journal.exists():
-        journal.unlink()  # a report recomputes from scratch
-    study = {"kind": "study", "name": name, "workload": WORKLOAD, "hardware": TEMPLATE,
-             "overrides": {"chip_area_mm2": CHIP_AREA_MM2, **overrides}, "system": system,
-             "devices": DEVICES, "parallelism": strategy, "mapping_order": "best",
-             "search_space": BUDGETS_SPACE, "sampler": sampler, "seed": seed,
-             "n_trials": n_trials, "storage": str(journal)}
-    r = run_study(load_study(study), track=False, progress=False)
+    r = run_budget_study(budget_study(name, overrides, system, strategy, n_trials,
+                                      storage_dir, sampler=sampler, seed=seed))
     if r.best is None:
         return {"time_s": math.inf, "design": None, "trials": r.total}
     return {"time_s": r.best["objectives"]["iteration_time_s"], "design": r.best["design"],
             "trials": r.total}
+
+
+def save_figure(fig, out: Path, name: str) -> str:
+    """Lay out ``fig``, write it to ``out/name`` (PNG, 120 dpi), close it; returns ``name``
+    (a report lists its figures by file name)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=120)
+    plt.close(fig)
+    return name
+
+
+def write_json(out: Path, name: str, data: Any) -> str:
+    """Write a report's data points to ``out/name`` (JSON); returns ``name``."""
+    (out / name).write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    return name

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-TEMPLATE = "deepflow-case-study"
-WORKLOAD = "lstm-paper-case-study"
-SYSTEM = "deepflow-case-study-512"
-CHIP_AREA_MM2 = 850
+from crossflow.reports import _common as C
+
+TEMPLATE, WORKLOAD, SYSTEM, CHIP_AREA_MM2 = C.TEMPLATE, C.WORKLOAD, C.SYSTEM, C.CHIP_AREA_MM2
 LOGIC = ["N12", "N7", "N5", "N3", "N2", "N1"]
 MEMORY = ["HBM2", "HBM2e", "HBM3", "HBM4"]
 NETWORK = ["NDR-x8", "XDR-x8", "GDR-x8"]
@@ -29,10 +28,7 @@ BASE = ("N12", "HBM2", "NDR-x8")
 
 
 def _arch(logic: str, dram: str, net: str):
-    from crossflow.arch import age
-    return age.generate(TEMPLATE, overrides={"logic_node": logic, "dram": dram,
-                                             "inter_link": net,
-                                             "chip_area_mm2": CHIP_AREA_MM2})
+    return C.arch({"logic_node": logic, "dram": dram, "inter_link": net})
 
 
 def choose_strategy() -> tuple[str, list[dict]]:
@@ -101,10 +97,7 @@ def _plot(rows: list[dict], out: Path, base_t: float) -> str:
     axes[0].set_ylabel("speed-up over N12 / HBM2 / NDR-x8")
     axes[0].legend(title="memory")
     fig.suptitle("LSTM case study, 512 nodes, 300 W, 850 mm²: technology scaling")
-    fig.tight_layout()
-    fig.savefig(out / "fig9_technology_scaling.png", dpi=120)
-    plt.close(fig)
-    return "fig9_technology_scaling.png"
+    return C.save_figure(fig, out, "fig9_technology_scaling.png")
 
 
 def _plot_breakdown(rows: list[dict], out: Path) -> str:
@@ -128,10 +121,7 @@ def _plot_breakdown(rows: list[dict], out: Path) -> str:
         ax.set_title(f"{mem}, {net}")
         ax.set_ylabel("seconds per iteration")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fig9_breakdown.png", dpi=120)
-    plt.close(fig)
-    return "fig9_breakdown.png"
+    return C.save_figure(fig, out, "fig9_breakdown.png")
 
 
 def _t(rows, lg, mem, net):

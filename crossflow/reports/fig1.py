@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from crossflow.reports import _common as C
+
 HARDWARE = "deepflow-case-study"
 WORKLOAD = "gemm-64k"
 
@@ -99,10 +101,7 @@ def _plots(rows: list[dict], out: Path) -> list[str]:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_title("64K³ GEMM: spread over RC/CR strategies")
     axes[1].set_title("distributed 64K³ GEMM on an N-node torus")
-    fig.tight_layout()
-    fig.savefig(out / "fig1_left_intensity_vs_devices.png", dpi=120)
-    plt.close(fig)
-    figs.append("fig1_left_intensity_vs_devices.png")
+    figs.append(C.save_figure(fig, out, "fig1_left_intensity_vs_devices.png"))
 
     nmax = counts[-1]
     sel = [r for r in rows if r["devices"] == nmax]
@@ -115,10 +114,7 @@ def _plots(rows: list[dict], out: Path) -> list[str]:
     ax.set_ylabel("computation intensity (FLOP / DRAM byte)")
     ax.set_title(f"per strategy at {nmax} devices (blue RC, orange CR)")
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "fig1_right_strategies.png", dpi=120)
-    plt.close(fig)
-    figs.append("fig1_right_strategies.png")
+    figs.append(C.save_figure(fig, out, "fig1_right_strategies.png"))
     return figs
 
 

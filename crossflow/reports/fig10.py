@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crossflow.search.reports import _common as C
+from crossflow.reports import _common as C
 
 LOGIC = ["N12", "N7", "N5", "N3", "N2", "N1"]
 
@@ -89,19 +89,13 @@ def _plot(rows: list[dict], out: Path) -> str:
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.set_title("LSTM case study, 512 nodes, HBM2 / NDR-x8: co-optimisation")
-    fig.tight_layout()
-    fig.savefig(out / "fig10_cooptimization.png", dpi=120)
-    plt.close(fig)
-    return "fig10_cooptimization.png"
+    return C.save_figure(fig, out, "fig10_cooptimization.png")
 
 
 def report(out: Path, quick: bool) -> dict:
-    import json
-
     rows = compute(out, quick)
     fig = _plot(rows, out)
-    (out / "fig10_points.json").write_text(json.dumps(rows, indent=1, default=str),
-                                          encoding="utf-8")
+    C.write_json(out, "fig10_points.json", rows)
     table = ["| node | baseline (s) | parallelism search (s) | ×  | + architecture (s) | × over "
              "parallelism | strategy, order |", "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crossflow.search.reports import _common as C
+from crossflow.reports import _common as C
 
 SIZES = [1, 2, 4, 8, 16]
 INTRA_GBPS = 2000.0
@@ -48,21 +48,17 @@ def _cross_check(rows: list[dict]) -> None:
     the split kept (None: the template's split)."""
     from crossflow.search import load_study
     from crossflow.search.objective import evaluate
-    from crossflow.search.space import Design
+    from crossflow.search.space import SIMPLEXES, Design
 
     searched = [(src["nodes_per_package"], src["arch_design"]) for src in rows]
     for r in rows:
-        study = {"kind": "study", "name": f"case-fig11-check{r['nodes_per_package']}",
-                 "workload": C.WORKLOAD, "hardware": C.TEMPLATE,
-                 "overrides": {"chip_area_mm2": C.CHIP_AREA_MM2, "logic_node": LOGIC},
-                 "system": C.package_system(r["nodes_per_package"], INTRA_GBPS),
-                 "devices": C.DEVICES, "parallelism": r["strategy"], "mapping_order": "best",
-                 "search_space": C.BUDGETS_SPACE, "n_trials": 1}
-        setup = load_study(study)
+        setup = load_study(C.budget_study(
+            f"case-fig11-check{r['nodes_per_package']}", {"logic_node": LOGIC},
+            C.package_system(r["nodes_per_package"], INTRA_GBPS), r["strategy"], 1, None))
         for k, d in searched:
             if k == r["nodes_per_package"] or d is None:
                 continue
-            design = Design({s: d[f"{s}_fractions"] for s in ("area", "power", "perimeter")},
+            design = Design({s: d[f"{s}_fractions"] for s in SIMPLEXES},
                             r["strategy"], "best", d.get("technology") or {})
             ev = evaluate(setup, design)
             if ev.feasible and ev.prediction.time_s < r["arch_s"]:
@@ -90,19 +86,13 @@ def _plot(rows: list[dict], out: Path) -> str:
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower left", fontsize=9)
     ax.set_title("LSTM, 512 nodes, 2 TB/s intra-package links")
-    fig.tight_layout()
-    fig.savefig(out / "fig11_packages.png", dpi=120)
-    plt.close(fig)
-    return "fig11_packages.png"
+    return C.save_figure(fig, out, "fig11_packages.png")
 
 
 def report(out: Path, quick: bool) -> dict:
-    import json
-
     rows = compute(out, quick)
     fig = _plot(rows, out)
-    (out / "fig11_points.json").write_text(json.dumps(rows, indent=1, default=str),
-                                          encoding="utf-8")
+    C.write_json(out, "fig11_points.json", rows)
     ref = rows[0]["arch_s"]
     ref_p = rows[0]["parallelism_s"]
     table = ["| nodes / package | packages | parallelism search (s) | gain, parallelism only | "

@@ -1,0 +1,333 @@
+"""Running a study: :func:`run_study` creates or resumes it and runs one launch, in this
+process or in ``--workers K`` processes it supervises; :func:`join_study` adds a worker to a
+launch (docs/architecture.md, Studies).  :class:`Launch` holds how a launch runs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from crossflow.errors import ConfigError
+from crossflow.search.locations import git_label, is_url, redact
+from crossflow.search.study.progress import Progress
+from crossflow.search.study.results import best_design
+from crossflow.search.study.setup import StudySetup, open_study
+from crossflow.search.study.spec import SAMPLER_NAMES
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a launch runs (the keyword arguments of :func:`run_study`; a joining worker uses
+    the storage, tracking, progress and heartbeat ones and :attr:`join` /
+    :attr:`worker_index`)."""
+
+    #: the study's total of finished trials to reach (default: the study file's)
+    n_trials: int | None = None
+    #: sampler name (default: the study file's) and its options (default: the file's when
+    #: the sampler is the file's, else none)
+    sampler: str | None = None
+    sampler_options: Mapping[str, Any] | None = None
+    #: the seed of launch 0 ("study": the study file's); launch k adds k
+    seed: int | None | Literal["study"] = "study"
+    #: Optuna storage URL or journal file (default: the study's)
+    storage: str | None = None
+    #: MLflow tracking URI (default: the study's)
+    tracking_uri: str | None = None
+    track: bool = True
+    progress: bool = True
+    #: worker processes to start on this launch (1: run in this process)
+    workers: int = 1
+    #: seconds between heartbeats of running trials on an RDB storage
+    heartbeat_s: float | None = None
+    #: (a joining worker) the launch to join (default: the latest)
+    join: str | None = None
+    #: (a joining worker) its index, which picks its seed (default: one of its own)
+    worker_index: int | None = None
+
+
+@dataclass
+class RunResult:
+    """What one :func:`run_study` launch did."""
+
+    study: Any                   # the optuna.Study
+    trials_run: int              # trials this launch finished
+    total: int                   # trials in the study now (any state)
+    interrupted: bool
+    elapsed_s: float
+    best: dict[str, Any] | None  # best_design(), None if nothing is feasible
+    #: the total of finished trials the launch ran to, and those the study has now
+    n_trials: int = 0
+    finished: int = 0
+    #: the study had its n_trials finished before the launch (nothing to run)
+    was_complete: bool = False
+    #: the trials were logged to MLflow
+    tracked: bool = False
+    launch: Mapping[str, Any] = field(default_factory=dict)
+
+
+def resume_command(ref: str, n_trials: int | None = None) -> str:
+    """The command that resumes an interrupted ``crossflow study run REF`` (with the
+    ``--trials`` it was given, or the resumed launch would stop at the study file's)."""
+    return f"crossflow study run {ref}" + (f" --trials {n_trials}" if n_trials else "")
+
+
+def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None) -> list[str]:
+    """What to do after a finished ``crossflow study run REF`` (lines to print): extend a
+    study that was already complete, browse the trials, export the best design."""
+    lines = []
+    if result.was_complete and result.trials_run == 0:
+        lines.append(f"the study is complete ({result.finished} of {result.n_trials} trials "
+                     f"finished); to extend it, give a larger total: crossflow study run "
+                     f"{ref} --trials N, with N > {max(result.finished, result.n_trials)}")
+    lines.append("next steps:")
+    if result.tracked:
+        ui = "crossflow ui" + (f" --tracking-uri {redact(tracking_uri)}" if tracking_uri else "")
+        lines.append(f"  {ui:<54} browse the trials in MLflow")
+    lines.append(f"  {'crossflow study show ' + ref:<54} the study's summary")
+    if result.best is not None:
+        export = f"crossflow study best {ref} --export design.yaml"
+        lines.append(f"  {export:<54} the best design, for crossflow predict")
+    return lines
+
+
+def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):
+    from crossflow.search.tracking import StudyTracker
+
+    return StudyTracker(study_name=setup.name, tracking_uri=tracking_uri,
+                        launch_params=dict(launch), search_space=setup.describe())
+
+
+def worker_seed(sampler: str, seed: int | None, index: int) -> int | None:
+    """The sampler seed of worker ``index`` of a launch seeded ``seed``.  Worker 0 keeps the
+    launch's seed (one worker is reproducible); ``structured``, ``gd`` and ``gd-paper`` keep
+    it on every worker (the workers share one plan, or one set of chains, keyed by it);
+    other samplers get distinct seeds, or the workers would propose the same points."""
+    if seed is None or sampler in ("structured", "gd", "gd-paper") or index == 0:
+        return seed
+    return (seed + 7919 * index) % 2**32  # numpy's seed range
+
+
+def run_study(setup: StudySetup, *, n_trials: int | None = None, sampler: str | None = None,
+              seed: int | None | Literal["study"] = "study",
+              sampler_options: Mapping[str, Any] | None = None, storage: str | None = None,
+              tracking_uri: str | None = None, track: bool = True,
+              progress: bool = True, workers: int = 1,
+              heartbeat_s: float | None = None) -> RunResult:
+    """Create or resume the study and run it until it has ``n_trials`` (default: the
+    study's) finished trials; Ctrl-C stops it cleanly after logging what finished.
+
+    ``n_trials`` counts the study's total, so re-running resumes.  Launch k (0 for the
+    first) seeds its sampler with ``seed + k``: a fresh single-worker study is reproducible
+    for its seed, and a resumed or extra worker does not replay the first launch's draws.
+    Each trial is logged as an MLflow child run (``track``) off the critical path.
+
+    ``workers`` > 1 runs that many ``crossflow study worker`` processes on this launch (see
+    :mod:`crossflow.search.workers`); the study must then be one the workers can load by
+    name or file (not an inline mapping).  ``heartbeat_s``: seconds between heartbeats of
+    running trials on an RDB storage (a dead worker's trial is retried after about three).
+    See :class:`Launch` for each argument.
+    """
+    options = Launch(n_trials=n_trials, sampler=sampler, seed=seed,
+                     sampler_options=sampler_options, storage=storage,
+                     tracking_uri=tracking_uri, track=track, progress=progress,
+                     workers=workers, heartbeat_s=heartbeat_s)
+    if workers < 1:
+        raise ConfigError("must be >= 1", key="--workers", value=workers)
+    return _quietly(_run, setup, options)
+
+
+def join_study(setup: StudySetup, *, storage: str | None = None, launch: str | None = None,
+               worker_index: int | None = None, tracking_uri: str | None = None,
+               track: bool = True, progress: bool = True,
+               heartbeat_s: float | None = None) -> RunResult:
+    """``crossflow study worker``: join a launch of an existing study (default: its latest)
+    and run its trials until the launch's ``n_trials`` are finished, with the launch's
+    sampler, options and seed (see :func:`worker_seed`; a worker without an index gets a
+    seed of its own)."""
+    options = Launch(storage=storage, join=launch, worker_index=worker_index,
+                     tracking_uri=tracking_uri, track=track, progress=progress,
+                     heartbeat_s=heartbeat_s)
+    return _quietly(_join, setup, options)
+
+
+def _quietly(fn, setup: StudySetup, options: Launch) -> RunResult:
+    import optuna
+
+    verbosity = optuna.logging.get_verbosity()
+    # the progress line replaces Optuna's log lines; a trial fails only on a bug (the
+    # objective records infeasible designs), and then the exception is raised
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            # CMA-ES ranks infeasible trials by their penalty values, not by constraints
+            warnings.filterwarnings("ignore", message="Constraints have been set, but CmaEs")
+            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+            return fn(setup, options)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+
+
+def _storage_url(setup: StudySetup, storage: str | None) -> str:
+    """The storage URL, a journal file as an absolute path (workers may start elsewhere)."""
+    url = storage or setup.storage
+    return url if is_url(url) else str(Path(url).resolve())
+
+
+def _run(setup: StudySetup, options: Launch) -> RunResult:
+    from crossflow import __version__
+    from crossflow.search.samplers import check_objectives, check_options, make_sampler
+
+    total = options.n_trials if options.n_trials is not None else setup.spec.n_trials
+    if total < 1:
+        raise ConfigError("must be >= 1", key="n_trials", value=total)
+    sampler_name = options.sampler or setup.spec.sampler
+    if sampler_name not in SAMPLER_NAMES:
+        raise ConfigError("unknown sampler", key="sampler", value=sampler_name,
+                          allowed=", ".join(SAMPLER_NAMES))
+    sampler_options = options.sampler_options
+    if sampler_options is None:
+        sampler_options = setup.spec.sampler_options if sampler_name == setup.spec.sampler \
+            else {}
+    check_options(sampler_name, sampler_options)
+    check_objectives(sampler_name, len(setup.objectives))  # before anything is created
+    base_seed = setup.spec.seed if options.seed == "study" else options.seed
+    url = _storage_url(setup, options.storage)
+    study = open_study(setup, url, heartbeat_s=options.heartbeat_s)
+
+    if setup.spec.baseline and not study.get_trials(deepcopy=False):
+        for params in setup.baseline_trials():
+            study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
+    index = sum(1 for k in study.user_attrs if k.startswith("launch."))
+    launch_seed = None if base_seed is None else base_seed + index
+    launch = {
+        "study": setup.name, "launch": index, "sampler": sampler_name,
+        "sampler_options": dict(sampler_options), "seed": launch_seed,
+        "n_trials": total, "objectives": list(setup.objectives), "storage": redact(url),
+        "workers": options.workers, "crossflow_version": __version__,
+        "git_revision": git_label(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(), "pid": os.getpid(),
+    }
+    uri = options.tracking_uri or setup.tracking_uri
+    if not uri.startswith(("sqlite:", "file:")) and "://" in uri:
+        launch["tracking_uri"] = redact(uri)  # where workers that join log (a server, a DB)
+    key = f"launch.{index:04d}.{uuid.uuid4().hex[:8]}"
+    study.set_user_attr(key, launch)
+    if options.workers > 1:
+        return _supervise(setup, study, url, key, launch, uri, options)
+    study.sampler = make_sampler(sampler_name, seed=launch_seed, options=sampler_options,
+                                 space=setup.space, n_objectives=len(setup.objectives),
+                                 setup=setup)
+    return _work(setup, study, launch, total, uri, options, summary=True)
+
+
+def _join(setup: StudySetup, options: Launch) -> RunResult:
+    from crossflow.search.samplers import make_sampler
+
+    url = _storage_url(setup, options.storage)
+    study = open_study(setup, url, create=False, heartbeat_s=options.heartbeat_s)
+    launches = {k: v for k, v in study.user_attrs.items() if k.startswith("launch.")}
+    if not launches:
+        raise ConfigError(f"study {setup.name!r} has no launch to join: start it with "
+                          f"'crossflow study run {setup.name} --storage URL' first",
+                          key="storage", value=redact(url))
+    launch_key = options.join
+    if launch_key is None:
+        launch_key = max(launches)
+    elif launch_key not in launches:
+        raise ConfigError("no such launch in the study", key="--launch", value=launch_key,
+                          allowed=", ".join(sorted(launches)))
+    launch = launches[launch_key]
+    worker_index = options.worker_index
+    if worker_index is None:  # a worker joining from anywhere: a seed of its own
+        worker_index = 1 + (os.getpid() * 1_000_003 + time.time_ns()) % 99_991
+    seed = worker_seed(launch["sampler"], launch.get("seed"), worker_index)
+    study.sampler = make_sampler(launch["sampler"], seed=seed,
+                                 options=launch.get("sampler_options") or {},
+                                 space=setup.space, n_objectives=len(setup.objectives),
+                                 setup=setup)
+    joined = {**launch, "worker_index": worker_index, "seed": seed, "role": "worker",
+              "host": socket.gethostname(), "pid": os.getpid()}
+    uri = options.tracking_uri or launch.get("tracking_uri") or setup.tracking_uri
+    return _work(setup, study, joined, int(launch["n_trials"]), uri, options, summary=False)
+
+
+def _work(setup: StudySetup, study, launch: Mapping[str, Any], total: int, tracking_uri: str,
+          options: Launch, *, summary: bool) -> RunResult:
+    """Run trials in this process until the study has ``total`` finished ones."""
+    from crossflow.search.objective import Objective
+    from crossflow.search.workers import GracefulStop, census, work
+
+    heartbeats = is_url(str(launch["storage"]))
+    start = census(study, total, heartbeats=heartbeats)
+    bar = Progress(setup.name, study, total, options.progress and not start.finished)
+    interrupted = False
+    t0 = time.perf_counter()
+    tracking = _tracker(setup, tracking_uri, launch) if options.track else nullcontext()
+    with tracking as tracker:
+        stop = GracefulStop()
+        callbacks: list[Any] = [bar]
+        if tracker is not None:
+            callbacks.insert(0, tracker)  # logged before any stop
+        try:
+            with stop:
+                work(study, Objective(setup), total, callbacks=callbacks, stop=stop,
+                     heartbeats=heartbeats)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            bar.close()
+        interrupted = interrupted or stop.requested
+        best = best_design(setup, study)
+        if tracker is not None and summary:
+            tracker.finish(study, best_design=best)
+    end = census(study, total, heartbeats=heartbeats)
+    return RunResult(study, bar.done - bar.start_done, len(study.get_trials(deepcopy=False)),
+                     interrupted, time.perf_counter() - t0, best, n_trials=total,
+                     finished=end.done, was_complete=start.finished, tracked=options.track,
+                     launch=dict(launch))
+
+
+def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str, Any],
+               tracking_uri: str, options: Launch) -> RunResult:
+    """``study run --workers K``: K worker processes on launch ``key``, their trials logged to
+    MLflow from the storage by one tracker here, one progress line, Ctrl-C forwarded."""
+    from crossflow.search.workers import census, check_workers, start_workers, supervise
+
+    total, k = int(launch["n_trials"]), int(launch["workers"])
+    start = census(study, total, heartbeats=is_url(url))
+    bar = Progress(f"{setup.name} ({k} workers)", study, total,
+                   options.progress and not start.finished)
+    t0 = time.perf_counter()
+    tracking = _tracker(setup, tracking_uri, launch) if options.track else nullcontext()
+    with tracking as tracker:
+        procs = start_workers(setup.file or setup.name, url, key, k,
+                              heartbeat_s=options.heartbeat_s)
+
+        def tick() -> None:
+            if tracker is not None:
+                tracker.sweep(study)
+            bar.poll(study)
+
+        interrupted = supervise(procs, tick=tick)
+        tick()
+        bar.close()
+        end = census(study, total, heartbeats=is_url(url))
+        for line in check_workers(procs, interrupted=interrupted, finished=end.finished):
+            print(f"crossflow: warning: {line}", file=sys.stderr)
+        best = best_design(setup, study)
+        if tracker is not None:
+            tracker.finish(study, best_design=best)
+    return RunResult(study, end.done - start.done, len(study.get_trials(deepcopy=False)),
+                     interrupted, time.perf_counter() - t0, best, n_trials=total,
+                     finished=end.done, was_complete=start.finished, tracked=options.track,
+                     launch=dict(launch))

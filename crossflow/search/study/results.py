@@ -1,0 +1,310 @@
+"""What a study found: its best trials and design, the design exported for ``crossflow
+predict``, and the summaries ``crossflow study show`` / ``study list`` print
+(docs/architecture.md, Studies)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from crossflow.config.base import Spec, read_yaml
+from crossflow.config.loader import load_spec, local_names, preset_names
+from crossflow.errors import ConfigError
+from crossflow.search import keys
+from crossflow.search.knobs import write_hardware
+from crossflow.search.locations import default_storage, is_url
+from crossflow.search.space import SIMPLEX_OVERRIDE
+from crossflow.search.storage import make_storage
+from crossflow.search.study.setup import StudySetup, _relative
+from crossflow.search.workers import SURPLUS, WORKER
+
+
+def is_feasible(trial) -> bool:
+    """A completed trial with a feasible design (see :func:`crossflow.search.keys.is_feasible`)."""
+    from optuna.trial import TrialState
+
+    return trial.state == TrialState.COMPLETE and keys.is_feasible(trial)
+
+
+def best_trials(study) -> list:
+    """The feasible trials that are best: one (single objective) or the Pareto front,
+    ordered by the first objective."""
+    from optuna.trial import TrialState
+
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if is_feasible(t)]
+    if not trials:
+        return []
+    if len(study.directions) == 1:
+        return [min(trials, key=lambda t: (t.values[0], t.number))]
+    front = [trials[i] for i in pareto_front([t.values for t in trials])]
+    return sorted(front, key=lambda t: (t.values, t.number))
+
+
+def pareto_front(points: Sequence[Sequence[float]]) -> list[int]:
+    """The indices of the non-dominated points, every objective minimised (a point is
+    dominated by one no worse in every objective and better in one; equal points are all
+    kept), in the order of ``points``.  The one Pareto front of studies and reports."""
+    import numpy as np
+
+    if not len(points):
+        return []
+    v = np.asarray(points, dtype=float)
+    return [i for i, row in enumerate(v)
+            if not np.any(np.all(v <= row, axis=1) & np.any(v < row, axis=1))]
+
+
+def best_trial(study):
+    """The feasible trial with the lowest first objective on the Pareto front (None if no
+    trial is feasible yet)."""
+    front = best_trials(study)
+    return front[0] if front else None
+
+
+def _reference(value: Any, families: tuple[str, ...], base: Path | None) -> Any:
+    """A preset name stays a name; a file becomes its mapping (self-contained export)."""
+    if isinstance(value, str):
+        names = {n for f in families for n in preset_names(f)}
+        if value in names and not Path(value).exists():
+            return value
+        return read_yaml(_relative(value, base))
+    return dict(value)
+
+
+def template_document(template: Spec, overrides: Mapping[str, Any], name: str,
+                      description: str) -> dict[str, Any]:
+    """The architecture template of a design: the study's template with the design's
+    technology choices and budget fractions written in (a ``kind: architecture`` file)."""
+    doc = write_hardware(template.model_dump(mode="json"), overrides)
+    doc["name"], doc["description"] = name, description
+    for key in SIMPLEX_OVERRIDE.values():
+        if key in overrides:
+            doc[key] = {**doc[key], **{k: float(v) for k, v in overrides[key].items()}}
+    return doc
+
+
+def best_design(setup: StudySetup, study, trial=None) -> dict[str, Any] | None:
+    """The design of ``trial`` (default: :func:`best_trial`) as the export writes it.
+
+    Keys: ``study``, ``trial``, ``objectives`` (name -> value), ``design`` (decoded
+    fractions, strategy, mapping order, technology and parallelism options) and ``predict``
+    — exactly the keyword arguments of :func:`crossflow.predict` (``workload``, ``hardware``,
+    ``system``, ``parallelism``, ``mapping_order``; preset names stay names, everything
+    else is inline: the hardware of a template study is the generated chip's template with
+    the design's fractions and technology written in).  None when no trial is feasible.
+    """
+    trial = trial if trial is not None else best_trial(study)
+    if trial is None:
+        return None
+    design = setup.design(trial.params)
+    base = Path(setup.file).parent if setup.file else None
+    order = trial.user_attrs.get("mapping_order", design.mapping_order)
+    if setup.template is not None:
+        hardware: Any = template_document(
+            setup.template, setup.overrides(design), f"{setup.name}-trial-{trial.number}",
+            f"study {setup.name}, trial {trial.number}: {setup.template.name} with the "
+            "searched budgets and technology")
+    else:
+        hardware = _reference(setup.spec.hardware or setup.system.device,
+                              ("hardware", "templates"), base)
+    predict_args: dict[str, Any] = {
+        "workload": _reference(setup.spec.workload, ("workloads",), base),
+        "hardware": hardware,
+    }
+    if setup.system is not None:
+        predict_args["system"] = _reference(setup.spec.system, ("systems",), base)
+    par = setup.parallelism(design)
+    if par is not None:
+        predict_args["parallelism"] = par
+    if order is not None:
+        predict_args["mapping_order"] = order
+    values = trial.values or []
+    return {
+        "study": setup.name,
+        "trial": trial.number,
+        "objectives": dict(zip(setup.objectives, values, strict=False)),
+        "design": {
+            **{f"{s}_fractions": dict(fr) for s, fr in design.fractions.items()},
+            **({"strategy": design.strategy} if design.strategy else {}),
+            **({"mapping_order": order} if order else {}),
+            **({"technology": dict(design.hardware)} if design.hardware else {}),
+            **({"parallelism_options": dict(design.parallelism)}
+               if design.parallelism else {}),
+        },
+        "predict": predict_args,
+    }
+
+
+def export_design(design: Mapping[str, Any], path: str | Path) -> dict[str, Path]:
+    """Write ``design`` (from :func:`best_design`) for ``crossflow predict``.
+
+    ``path`` (say ``design.yaml``) gets the whole design, and each inline part of
+    ``predict`` goes to a file beside it that ``crossflow predict`` takes:
+    ``design.hardware.yaml`` (``kind: architecture``, or the device), ``design.parallelism.yaml``
+    and, when they are not preset names, ``design.workload.yaml`` / ``design.system.yaml``.
+    ``design.yaml`` lists them under ``files`` with the ``command`` that predicts the design.
+    Returns what was written, by part (``design`` for ``path``).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    written: dict[str, Path] = {}
+    args = design["predict"]
+    command = ["crossflow", "predict"]
+    for part in ("workload", "hardware", "system", "parallelism"):
+        value = args.get(part)
+        if value is None:
+            continue
+        if isinstance(value, Mapping):
+            side = path.with_name(f"{stem}.{part}.yaml")
+            side.write_text(yaml.safe_dump(dict(value), sort_keys=False), encoding="utf-8")
+            written[part] = side
+            value = str(side)
+        command += [f"--{part}", str(value)]
+    if args.get("mapping_order"):
+        command += ["--mapping-order", args["mapping_order"]]
+    doc = {**design, "files": {k: str(v) for k, v in written.items()},
+           "command": " ".join(command)}
+    header = (f"# Best design of study {design['study']} (trial {design['trial']}).\n"
+              "# 'predict' holds the keyword arguments of crossflow.predict(**predict);\n"
+              f"# from the shell:\n#   {doc['command']}\n")
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    written["design"] = path
+    return written
+
+
+# --- summaries ------------------------------------------------------------------------------
+
+
+#: How ``study show`` names the trials of each state (readable words, in this order).
+STATE_LABELS = {
+    "COMPLETE_feasible": "complete, feasible",
+    "COMPLETE_infeasible": "complete, infeasible",
+    "PRUNED": "pruned",
+    "RUNNING": "running",
+    "WAITING": "waiting",
+    "FAIL": "failed (retried)",
+    "FAIL_surplus": "not run (over the budget)",
+}
+
+
+def _state_label(trial) -> str:
+    """The :data:`STATE_LABELS` entry of a trial.  A FAIL trial is a retried one (its
+    worker died; a copy was enqueued) or a surplus one (no slot of the budget was left)."""
+    from optuna.trial import TrialState
+
+    state = trial.state.name
+    if trial.state == TrialState.COMPLETE:
+        state += "_feasible" if is_feasible(trial) else "_infeasible"
+    elif trial.state == TrialState.FAIL and trial.user_attrs.get(SURPLUS):
+        state = "FAIL_surplus"
+    return STATE_LABELS[state]
+
+
+def _plural(n: int, word: str, plural: str) -> str:
+    return f"{n} {word if n == 1 else plural}"
+
+
+def summary_lines(s: Mapping[str, Any]) -> list[str]:
+    """The lines ``crossflow study show`` prints for a :func:`study_summary`."""
+    lines = [f"{s['study']}: {s['description']}", f"  storage     {s['storage']}"]
+    workers = (f", up to {s['workers']} worker processes on a launch"
+               if s.get("workers", 0) > 1 else "")
+    lines.append(f"  sampler     {s['sampler']} ({_plural(len(s['launches']), 'launch', 'launches')}"
+                 f"{workers})")
+    lines.append(f"  objectives  {', '.join(s['objectives'])}")
+    lines.append(f"  trials      {s['finished']} finished of {s['n_trials']}"
+                 + "".join(f"; {k}: {v}" for k, v in s["states"].items() if v))
+    if s.get("memory_rejected"):
+        lines.append(f"  screened    {s['memory_rejected']} combinations over memory at the "
+                     "template's split, rejected without an evaluation "
+                     "(structured.memory_rejected)")
+    if s.get("phases"):
+        lines.append("  phases      " + ", ".join(f"{k} {v}" for k, v in s["phases"].items()))
+    if not s["best"]:
+        lines.append("  best        no feasible trial yet")
+    for i, b in enumerate(s["best"]):
+        values = ", ".join(f"{k} {v:.6g}" for k, v in b["values"].items())
+        head = "best" if i == 0 else ""
+        lines.append(f"  {head:<11} trial {b['trial']}: {values}")
+        if i == 0:
+            for key, value in b["design"].items():
+                if isinstance(value, dict):
+                    value = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                      for k, v in value.items())
+                lines.append(f"    {key:<20} {value}")
+    if s["pareto_size"]:
+        lines.append(f"  Pareto front: {s['pareto_size']} designs")
+    return lines
+
+
+def study_summary(setup: StudySetup, study) -> dict[str, Any]:
+    """What ``crossflow study show`` prints: trials by state, launches, the best design."""
+    from collections import Counter
+
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    counts = Counter(_state_label(t) for t in trials)
+    states = {label: counts[label] for label in STATE_LABELS.values() if counts[label]}
+    launches = [v for k, v in sorted(study.user_attrs.items()) if k.startswith("launch.")]
+    best = best_trials(study)
+    return {
+        "study": setup.name,
+        "description": setup.spec.description,
+        "storage": setup.storage,
+        "objectives": list(setup.objectives),
+        "n_trials": int(launches[-1].get("n_trials", setup.spec.n_trials)) if launches
+        else setup.spec.n_trials,
+        "finished": sum(1 for t in trials if t.state in (TrialState.COMPLETE,
+                                                         TrialState.PRUNED)),
+        "trials": len(trials),
+        "states": states,
+        "sampler": launches[-1].get("sampler") if launches else setup.spec.sampler,
+        "launches": launches,
+        "best": [{"trial": t.number,
+                  "values": dict(zip(setup.objectives, t.values, strict=True)),
+                  "design": best_design(setup, study, t)["design"]} for t in best[:10]],
+        "pareto_size": len(best) if len(setup.objectives) > 1 else None,
+        # the most worker processes one launch started ('study run --workers K'; 1 when
+        # every launch ran in its own process), and the processes that ever ran a trial
+        "workers": max((int(v.get("workers") or 1) for v in launches), default=0),
+        "processes": len({t.user_attrs[WORKER] for t in trials if WORKER in t.user_attrs}),
+        # the structured driver's memory screen and the trials of each of its phases
+        "memory_rejected": len(study.user_attrs.get("structured.memory_rejected", [])),
+        "phases": dict(Counter(t.user_attrs[keys.PHASE] for t in trials
+                               if keys.PHASE in t.user_attrs)),
+    }
+
+
+def list_studies() -> list[dict[str, Any]]:
+    """Every study by name (``./studies/`` and the shipped ones) with its state in its
+    default storage, when that is a journal file that exists."""
+    out = []
+    for name in sorted(set(local_names("studies")) | set(preset_names("studies"))):
+        try:
+            spec = load_spec(name, "studies")
+        except ConfigError as exc:
+            out.append({"name": name, "error": str(exc)})
+            continue
+        storage = spec.storage or default_storage(spec.name)
+        row: dict[str, Any] = {"name": spec.name, "description": spec.description,
+                               "sampler": spec.sampler, "n_trials": spec.n_trials,
+                               "storage": storage, "trials": None}
+        if not is_url(storage) and Path(storage).is_file():
+            row["trials"] = _count_trials(storage, spec.name)
+        out.append(row)
+    return out
+
+
+def _count_trials(path: str, name: str) -> int | None:
+    import optuna
+
+    try:
+        summaries = optuna.get_all_study_summaries(make_storage(path))
+    except Exception:  # noqa: BLE001 - a damaged file should not break the listing
+        return None
+    return next((s.n_trials for s in summaries if s.study_name == name), None)

@@ -1,0 +1,112 @@
+"""What a new user reads around a study run: the progress line, ``study show``, the next
+steps after a run and the resume hint after Ctrl-C (crossflow.search.study)."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState, create_trial
+
+from crossflow.search import study as studies
+from crossflow.search.study import Progress, RunResult, load_study, run_study, summary_lines
+
+
+def _trial(value: float, feasible: bool):
+    return create_trial(values=[value], user_attrs={"feasible": feasible})
+
+
+def test_progress_counts_every_launch_of_the_study(capsys):
+    """Finished trials, the best value and the infeasible count all include the trials of
+    earlier launches (the infeasible count used to start from 0 at each launch)."""
+    study = optuna.create_study()
+    for value, feasible in ((5.0, True), (3.0, True), (1.0, False), (9.0, False)):
+        study.add_trial(_trial(value, feasible))
+    bar = Progress("s", study, 10, enabled=True)
+    assert "4/10 trials, best 3, 2 infeasible" in bar.line(bar.t0 + 1)
+    study.add_trial(_trial(0.5, False))
+    bar(study, study.trials[-1])
+    study.add_trial(_trial(2.0, True))
+    bar(study, study.trials[-1])
+    line = bar.line(bar.t0 + 1)
+    assert "6/10 trials, best 2, 3 infeasible" in line
+    bar.poll(study)  # the storage recount (workers) agrees with the callback's
+    assert bar.line(bar.t0 + 1) == line
+
+
+def test_progress_line_of_a_resumed_run_is_study_wide(tmp_path, capsys):
+    setup = load_study("quickstart")
+    storage = str(tmp_path / "q.journal")
+    run_study(setup, n_trials=15, sampler="random", storage=storage, track=False,
+              progress=False)
+    capsys.readouterr()
+    result = run_study(setup, n_trials=25, sampler="random", storage=storage, track=False,
+                       progress=True)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    trials = result.study.get_trials(states=(TrialState.COMPLETE,))
+    infeasible = sum(1 for t in trials if not t.user_attrs["feasible"])
+    best = min(t.values[0] for t in trials if t.user_attrs["feasible"])
+    assert f"25/25 trials, best {best:.6g}, {infeasible} infeasible" in last
+    assert infeasible > sum(1 for t in trials[15:] if not t.user_attrs["feasible"])
+
+
+def test_show_reads_as_words(tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+    assert cli("study", "run", "quickstart", "--trials", "8", "--no-tracking",
+               "--sampler", "random")[0] == 0
+    code, out, err = cli("study", "show", "quickstart")
+    assert code == 0, err
+    assert "random (1 launch)" in out  # not "1 launches"
+    assert "complete, feasible" in out and "COMPLETE" not in out
+    assert "worker processes" not in out  # never run with --workers
+    assert cli("study", "run", "quickstart", "--trials", "10", "--no-tracking")[0] == 0
+    out = cli("study", "show", "quickstart")[1]
+    assert "tpe (2 launches)" in out and "10 finished of 10" in out
+
+
+def test_summary_names_workers_only_when_a_launch_started_several():
+    summary = {"study": "s", "description": "d", "storage": "x.journal", "sampler": "tpe",
+               "launches": [{"workers": 1}, {"workers": 1}], "objectives": ["iteration_time_s"],
+               "finished": 3, "n_trials": 3,
+               "states": {"complete, feasible": 2, "complete, infeasible": 1}, "best": [],
+               "pareto_size": None, "workers": 1, "processes": 2}
+    lines = "\n".join(summary_lines(summary))
+    assert "tpe (2 launches)" in lines and "worker" not in lines
+    assert "3 finished of 3; complete, feasible: 2; complete, infeasible: 1" in lines
+    summary["workers"] = 4
+    assert "up to 4 worker processes on a launch" in "\n".join(summary_lines(summary))
+
+
+def test_run_names_the_next_commands_and_a_complete_study_says_how_to_extend(
+        tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("study", "run", "quickstart", "--trials", "6", "--no-tracking")
+    assert code == 0, err
+    assert "crossflow study best quickstart --export design.yaml" in out
+    assert "crossflow study show quickstart" in out
+    assert "crossflow ui" not in out  # nothing was logged to MLflow
+    assert "complete" not in out
+    code, out, err = cli("study", "run", "quickstart", "--trials", "6", "--no-tracking")
+    assert code == 0, err
+    assert "0 trials run" in out
+    assert ("the study is complete (6 of 6 trials finished); to extend it, give a larger "
+            "total: crossflow study run quickstart --trials N, with N > 6") in out
+
+
+def test_next_steps_name_the_ui_when_the_run_was_tracked():
+    result = RunResult(None, 5, 5, False, 1.0, None, n_trials=5, finished=5, tracked=True)
+    lines = "\n".join(studies.next_steps("q", result, tracking_uri="postgresql://u:pw@h/db"))
+    assert "crossflow ui --tracking-uri postgresql://u:***@h/db" in lines
+    assert "--export" not in lines  # no feasible design to export
+
+
+def test_resume_hint_keeps_the_launchs_trials(tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+
+    def interrupted(setup, **kwargs):
+        return RunResult(None, 3, 3, True, 0.1, None, n_trials=kwargs["n_trials"] or 200)
+
+    monkeypatch.setattr(studies, "run_study", interrupted)
+    code, _, err = cli("study", "run", "quickstart", "--trials", "50", "--no-tracking")
+    assert code == 130
+    assert "run 'crossflow study run quickstart --trials 50' again to resume" in err
+    code, _, err = cli("study", "run", "quickstart", "--no-tracking")
+    assert code == 130 and "run 'crossflow study run quickstart' again to resume" in err
