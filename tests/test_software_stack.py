@@ -268,6 +268,20 @@ def test_nccl_tuner_flips_between_ring_and_tree_at_powers_of_two():
     assert tuner_picks_tree(48 << 20, tree16)
 
 
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_tree_gets_the_nodes_network_bandwidth_at_its_own_efficiency(nodes):
+    from crossflow.system.system import _tree
+
+    spec = load_spec("vidur-a100-dgx", "systems")
+    system = build_system(spec, num_nodes=nodes)
+    mapping = system.map((8 * nodes, 1, 1, 1))
+    tree = _tree(system, *mapping.hierarchy("kp1"))
+    level = system.inter  # endpoints are nodes: bandwidth per node, after the NIC limit
+    assert (tree.nodes, tree.local) == (nodes, 8)
+    assert tree.bandwidth_Bps == pytest.approx(
+        level.bandwidth_Bps * level.efficiency * spec.inter.collective.tree.efficiency)
+
+
 def test_mapping_all_reduce_takes_the_tuners_choice():
     from crossflow.system.collectives import nccl_ring, tree_all_reduce
 
@@ -305,6 +319,12 @@ def test_p2p_efficiency_sets_send_recv_bandwidth_only():
         plain.map(cross).group("lp").send_bandwidth_Bps * ratio)
     assert shipped.map(cross).group("lp").bandwidth_Bps == pytest.approx(
         plain.map(cross).group("lp").bandwidth_Bps)
+    # the all-reduce across nodes (ring and tree) does not depend on it
+    ring16 = (16, 1, 1, 1)
+    assert shipped.map(ring16).all_reduce("kp1", 12 << 20) == pytest.approx(
+        plain.map(ring16).all_reduce("kp1", 12 << 20))
+    assert shipped.map(ring16).all_reduce("kp1", 1 << 20) == pytest.approx(
+        plain.map(ring16).all_reduce("kp1", 1 << 20))
 
 
 def test_nics_reached_by_the_gpus_used_up_to_the_nodes_limit():

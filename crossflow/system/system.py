@@ -567,12 +567,13 @@ def _spread(system: System, members: np.ndarray, num_edges: int):
 def _tree(system: System, intra: Group, inter: Group) -> Tree | None:
     """NCCL's tree over the nodes of a two-level group (None where the inter level declares
     none): a chain of ``intra.size`` devices in each node; the node's network bandwidth is the
-    ``intra.size`` concurrent inter-node rings' together, at the tree's efficiency."""
+    ``intra.size`` concurrent inter-node rings' together (a ring's bandwidth is what each of
+    its members sends), at the tree's efficiency instead of the ring's."""
     spec = system.spec.inter.collective.tree if system.inter else None
     if spec is None:
         return None
     level = system.inter
-    node_Bps = intra.size * inter.send_bandwidth_Bps * spec.efficiency / level.collective_efficiency
+    node_Bps = intra.size * inter.bandwidth_Bps * spec.efficiency / level.collective_efficiency
     return Tree(inter.size, intra.size, node_Bps, intra.step_latency_s,
                 level.latency_s + spec.step_latency_s, system.launch_s,
                 spec.tuner_ring_busbw_Bps, spec.tuner_tree_busbw_Bps)
