@@ -63,8 +63,9 @@ class LowLatencySpec(Spec):
 
 
 class TreeSpec(Spec):
-    """NCCL's tree all-reduce across nodes (crossflow.system.collectives.tree_all_reduce), and
-    the bandwidths NCCL's tuner believes when it rates the tree against the ring."""
+    """The constants of NCCL's tree all-reduce across nodes (the system layer's collectives
+    use them), and the bandwidths NCCL's tuner believes when it rates the tree against the
+    ring."""
 
     #: the tree's bandwidth across nodes as a fraction of the level's (like ``efficiency``)
     efficiency: Fraction
