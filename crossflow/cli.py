@@ -386,20 +386,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    try:
-        from crossflow.search.tracking import launch_ui
-    except ImportError:
-        launch_ui = None
-    if launch_ui is not None:
-        return launch_ui(args.tracking_uri, host="127.0.0.1", port=args.port)
-    import subprocess
+    from crossflow.search.tracking import launch_ui
 
-    from crossflow.search.locations import default_tracking_uri
-
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
-           args.tracking_uri or default_tracking_uri(), "--host", "127.0.0.1",
-           "--port", str(args.port)]
-    return subprocess.run(cmd, check=False).returncode
+    return launch_ui(args.tracking_uri, host="127.0.0.1", port=args.port)
 
 
 _COMMANDS = {
