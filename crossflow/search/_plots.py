@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ _LABELS = {
     "zero1": "ZeRO-1 optimiser sharding",
     "overlap_grad_reduce": "overlap gradient reduction",
 }
+#: Budget components (``arch.age``) -> readable names.
+_COMPONENTS = {"dram_ctrl": "DRAM controller", "intra_links": "intra-node links",
+               "inter_links": "inter-node links", "registers": "registers", "core": "core"}
 #: Unit suffixes of metric names -> (quantity, unit).
 _UNITS = (("_flops_per_s", "FLOP/s"), ("_bytes", "B"), ("_s", "s"), ("_J", "J"), ("_W", "W"))
 _PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"),
@@ -75,13 +79,13 @@ def si_scale(values: Sequence[float], unit: str) -> tuple[float, str]:
 
 def label(name: str) -> str:
     """What an architect calls a (decoded) parameter or a metric, with its unit:
-    ``area_fractions.core`` -> "area fraction: core", ``iteration_time_s`` ->
+    ``area_fractions.dram_ctrl`` -> "area fraction: DRAM controller", ``iteration_time_s`` ->
     "iteration time (s)", ``memory.capacity`` -> "memory capacity"."""
     if name in _LABELS:
         return _LABELS[name]
     simplex, dot, comp = name.partition("_fractions.")
     if dot:
-        return f"{simplex.replace('_', ' ')} fraction: {comp}"
+        return f"{simplex.replace('_', ' ')} fraction: {_COMPONENTS.get(comp, comp)}"
     if name.startswith("memory."):
         return "memory " + name[len("memory."):].replace("_", " ")
     quantity, unit = unit_of(name)
@@ -159,31 +163,43 @@ def history_png(path: Path, trials: Sequence[Any], directions: Sequence[str],
     feasible design's value and the best so far; infeasible / pruned / failed trials as
     rows of ticks under the axis, counted in the legend.  Returns the series drawn."""
     series = history_series(trials, directions, names)
-    fig = _figure(7.5, 3.4 * len(series) + 0.8)
+    fig = _figure(7.5, 4.0 * len(series) + 0.6)
+    grid = fig.add_gridspec(2 * len(series), 1, height_ratios=[5, 1] * len(series))
+    numbers = [t.number for t in trials]
     for i, s in enumerate(series):
-        ax = fig.add_subplot(len(series), 1, i + 1)
+        ax = fig.add_subplot(grid[2 * i])
         if len(s["y"]):
             y, best = s["y"] / s["scale"], s["best"] / s["scale"]
             ax.scatter(s["x"], y, s=12, alpha=0.6, color="C0",
                        label=f"feasible design ({len(y)})")
             ax.step(s["x"], best, where="post", color="C3", lw=1.6,
-                    label=f"best so far ({'lowest' if s['direction'] == 'minimize' else 'highest'})")
+                    label=f"best so far ({'lowest' if s['direction'] == 'minimize' else 'highest'}"
+                          f": {best[-1]:.4g} {s['unit']})")
             if s["log"]:
                 ax.set_yscale("log")
+            ax.legend(fontsize=7, loc="best")
         else:
             ax.text(0.5, 0.55, "no feasible complete design yet", ha="center", va="center",
                     transform=ax.transAxes)
-        rows = [("infeasible (penalty, not plotted)", s["infeasible"], "C1"),
-                ("pruned", s["pruned"], "0.5"), ("failed", s["failed"], "C7")]
-        for j, (what, numbers, color) in enumerate(r for r in rows if r[1]):
-            ax.plot(numbers, [0.02 + 0.05 * j] * len(numbers), "|", color=color,
-                    markersize=7, transform=ax.get_xaxis_transform(),
-                    label=f"{what} ({len(numbers)})")
         ax.set_ylabel(s["ylabel"])
         ax.grid(alpha=0.3, which="both" if s["log"] else "major")
-        ax.legend(fontsize=7, loc="upper right")
-        ax.set_title(f"{label(s['name'])}: {s['direction']}", fontsize=9)
-    fig.axes[-1].set_xlabel("trial number")
+        ax.set_title(f"{unit_of(s['name'])[0]} ({s['direction']})", fontsize=9)
+        ax.tick_params(labelbottom=False)
+        # the trials without a value to plot: one row of ticks each, counted
+        rows = [("infeasible", s["infeasible"], "C1"), ("pruned", s["pruned"], "0.5"),
+                ("failed", s["failed"], "C7")]
+        strip = fig.add_subplot(grid[2 * i + 1], sharex=ax)
+        for j, (_, nums, color) in enumerate(rows):
+            strip.plot(nums, [j] * len(nums), "|", color=color, markersize=8)
+        strip.set_yticks(range(len(rows)),
+                         [f"{what} ({len(nums)})" for what, nums, _ in rows], fontsize=7)
+        strip.set_ylim(-0.6, len(rows) - 0.4)
+        strip.grid(axis="x", alpha=0.3)
+        if numbers:
+            strip.set_xlim(min(numbers) - 1, max(numbers) + 1)
+        if i == len(series) - 1:
+            strip.set_xlabel("trial number (infeasible: valued by the study's penalty, "
+                             "not plotted)", fontsize=8)
     fig.suptitle(f"{title}: optimisation history ({len(trials)} trials)")
     fig.tight_layout()
     fig.savefig(path)
@@ -318,7 +334,7 @@ def importance_png(path: Path, trials: Sequence[Any], names: Sequence[str], titl
             ax.barh([label(k) for k in keys], [scores[k] for k in keys], color="C0")
             what = ("share of the variance explained" if method.startswith("optuna")
                     else "|rank correlation|")
-            ax.set_xlabel(f"importance for {label(name)} ({what})", fontsize=8)
+            ax.set_xlabel(f"importance for {unit_of(name)[0]} ({what})", fontsize=8)
             ax.tick_params(axis="y", labelsize=8)
             ax.set_xlim(0, max(1e-9, max(scores.values())) * 1.1)
             ax.grid(axis="x", alpha=0.3)
@@ -328,10 +344,11 @@ def importance_png(path: Path, trials: Sequence[Any], names: Sequence[str], titl
             ax.text(0.5, 0.5, "parameter importance needs >= 2 complete feasible trials\n"
                     f"with varying parameters (this study has {len(params)})",
                     ha="center", va="center", transform=ax.transAxes)
-    extra = (f"; constant, not shown: {', '.join(label(k) for k in constant[:6])}"
-             + ("…" if len(constant) > 6 else "")) if constant else ""
-    fig.suptitle(f"{title}: what drives the objectives "
-                 f"({len(params)} feasible designs{extra})", fontsize=9)
+    head = f"{title}: what drives the objectives ({len(params)} feasible designs)"
+    if constant:
+        head += "\n" + textwrap.shorten("constant, not shown: " + ", ".join(
+            label(k) for k in constant), width=110, placeholder=" …")
+    fig.suptitle(head, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     return panels[0][2] if panels else "none"
