@@ -175,8 +175,14 @@ with StudyTracker("killed", {uri!r}, {{"sampler": "random"}}, {{}}) as tr:
 """
 
 
-def test_the_logging_process_goes_with_a_killed_study_and_closes_its_run(tmp_path):
+@pytest.mark.parametrize("how", ["kill-study", "terminate-logger"])
+def test_the_logging_process_goes_with_a_killed_study_and_closes_its_run(tmp_path, how):
+    """SIGKILL of the study process (its stdin closes; the death signal follows), or a
+    SIGTERM of the logging process itself: it logs what it has, closes the launch's run
+    as KILLED and exits."""
     from mlflow import MlflowClient
+
+    from crossflow.search.tracking import EXIT_GRACE_S
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = subprocess.Popen(
@@ -192,9 +198,12 @@ def test_the_logging_process_goes_with_a_killed_study_and_closes_its_run(tmp_pat
                                               "tags.trial_number != ''")) >= 3:
                 break
             time.sleep(0.5)
-        proc.kill()
-        proc.wait()
-        deadline = time.monotonic() + 40
+        if how == "kill-study":
+            proc.kill()
+            proc.wait()
+        else:
+            os.kill(logger, signal.SIGTERM)
+        deadline = time.monotonic() + EXIT_GRACE_S + 10
         while alive({logger}) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not alive({logger})
