@@ -182,7 +182,7 @@ def test_the_logging_process_goes_with_a_killed_study_and_closes_its_run(tmp_pat
     as KILLED and exits."""
     from mlflow import MlflowClient
 
-    from crossflow.search.tracking import EXIT_GRACE_S
+    from crossflow.search.tracking import EXIT_GRACE_S, _db_lock
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = subprocess.Popen(
@@ -190,7 +190,9 @@ def test_the_logging_process_goes_with_a_killed_study_and_closes_its_run(tmp_pat
         env=_env(), stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         logger = int(proc.stdout.readline())
-        client = MlflowClient(uri)
+        with _db_lock(uri):  # the logger may be creating the database: no racing migration
+            client = MlflowClient(uri)
+            client.search_experiments()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until some trials are logged
             exp = client.get_experiment_by_name("killed")

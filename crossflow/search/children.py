@@ -192,7 +192,7 @@ def _supervise(cmd: Sequence[str], grace: float = GRACE_S) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, on_signal)
-    main = os.posix_spawn(cmd[0], list(cmd), os.environ)
+    main = os.posix_spawnp(cmd[0], list(cmd), os.environ)
     code: int | None = None
     deadline: float | None = None
     while True:
