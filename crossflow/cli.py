@@ -162,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     from crossflow.config.loader import preset_names
     from crossflow.reports import REPORTS
     from crossflow.search.locations import default_storage
+    from crossflow.search.samplers import COMPARED
     from crossflow.search.samplers import NAMES as SAMPLERS
 
     p = _Parser(prog="crossflow", **_about("crossflow"))
@@ -280,7 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("compare", help="compare samplers on a study at equal budgets",
                         **_about("compare"))
     cp.add_argument("name", help="study name or YAML file")
-    cp.add_argument("--samplers", default="gd,tpe,cmaes,random",
+    cp.add_argument("--samplers", default=",".join(COMPARED),
                     help="comma-separated samplers, of " + ", ".join(SAMPLERS))
     cp.add_argument("--seeds", type=int, default=3, metavar="N",
                     help="seeds per sampler (0 .. N-1)")
