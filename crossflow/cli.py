@@ -291,6 +291,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="processes over the runs")
     cp.add_argument("--storage", help="Optuna storage URL (default: a journal file per run "
                     "under mlruns/optuna/compare/)")
+    cp.add_argument("--root", metavar="DIR", default="mlruns",
+                    help="folder for the report, best-known cache, journals and MLflow "
+                    "store (DIR/compare/NAME/, DIR/optuna/compare/, DIR/mlflow.db)")
     cp.add_argument("--tracking-uri", help="MLflow tracking URI (default: mlruns/mlflow.db)")
     cp.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     cp.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -596,7 +599,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
                      workers=args.workers, storage=args.storage,
                      tracking_uri=args.tracking_uri, track=not args.no_tracking,
-                     progress=not args.quiet)
+                     root=args.root, progress=not args.quiet)
     print(main_table(result))
     return EXIT_OK
 
