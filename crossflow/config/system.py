@@ -63,7 +63,7 @@ class LowLatencySpec(Spec):
 
 
 class TreeSpec(Spec):
-    """NCCL's tree all-reduce across nodes (crossflow.system.collectives.tree_all_reduce), and
+    """NCCL's tree all-reduce across nodes (the system layer's collectives.tree_all_reduce), and
     the bandwidths NCCL's tuner believes when it rates the tree against the ring."""
 
     #: the tree's bandwidth across nodes as a fraction of the level's (like ``efficiency``)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import ConfigError
+from crossflow.search.tracking import resolve_locations
 
 #: Report name -> "module:function" (module relative to this package when it starts with ".").
 REPORTS: dict[str, str] = {
@@ -74,8 +75,6 @@ def _log(name: str, out: Path, result: dict, quick: bool, elapsed: float,
          tracking_uri: str | None) -> None:
     import mlflow
     from mlflow.tracking import MlflowClient
-
-    from crossflow.search.tracking import resolve_locations
 
     uri, artifact_root = resolve_locations(tracking_uri)
     client = MlflowClient(tracking_uri=uri)

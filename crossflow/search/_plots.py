@@ -7,18 +7,22 @@ caller's backend (an interactive session) is never changed and no display is nee
 from __future__ import annotations
 
 import csv
+import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from optuna.trial import TrialState
+
+# matplotlib and optuna at the top: tracking.py imports this module only when it draws a
+# study's figures, so `import crossflow.search...` never loads it.
 
 
 def _figure(width: float = 7.0, height: float = 4.2):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     return fig
@@ -121,8 +125,6 @@ def importance_png(path: Path, study: Any, names: Sequence[str], title: str) -> 
     ``optuna.importance.get_param_importances`` (Optuna's default evaluator) when at least
     two trials are complete and it succeeds; otherwise a rank-correlation fallback, named
     as such on the figure; with fewer than two complete trials a figure saying so."""
-    from optuna.trial import TrialState
-
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     multi = len(names) > 1
 
@@ -132,8 +134,9 @@ def importance_png(path: Path, study: Any, names: Sequence[str], title: str) -> 
     method, note, scores = "none", "", {}
     if len(complete) >= 2:
         try:
-            import importlib
-
+            # imported only here: the fANOVA evaluator costs ~0.5 s to load and a study
+            # with fewer than two complete trials never needs it; import_module gives the
+            # module itself, not the package's lazy proxy (tests patch the module)
             importance = importlib.import_module("optuna.importance")
             scores = importance.get_param_importances(study, target=target if multi else None)
             method = "optuna.importance.get_param_importances"
