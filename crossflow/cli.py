@@ -1,4 +1,7 @@
-"""``crossflow`` command line (docs/architecture.md, "Layers").
+"""``crossflow`` command line (docs/architecture.md, "Command line").
+
+(Over 600 lines, one job: the parsers with their help texts and examples, and a thin
+``_cmd_*`` per command that calls the layers below; no model or search logic lives here.)
 
 Exit status: 0 success, 1 a validation data set missed its tolerance, 2 bad input (one
 paragraph on stderr, no traceback unless ``--debug``), 3 the design is infeasible.

@@ -22,6 +22,9 @@ sampler, each with its own colour, line style and marker; 1 % and 5 % marked) an
 files are the artifacts of one MLflow parent run in the experiment ``<study>.compare``,
 with a child run per sampler × seed carrying its best-so-far curve as the metric
 ``best_so_far`` (step = evaluation number) and its summary metrics.
+
+(About 500 lines, one job: a comparison from its runs to its report — the table, files,
+plot and MLflow runs all read the same per-run curves and summary.)
 """
 
 from __future__ import annotations
