@@ -1,4 +1,7 @@
-"""``crossflow`` command line (docs/architecture.md, "Layers").
+"""``crossflow`` command line (docs/architecture.md, "Command line").
+
+(Over 600 lines, one job: the parsers with their help texts and examples, and a thin
+``_cmd_*`` per command that calls the layers below; no model or search logic lives here.)
 
 Exit status: 0 success, 1 a validation data set missed its tolerance, 2 bad input (one
 paragraph on stderr, no traceback unless ``--debug``), 3 the design is infeasible.
@@ -162,6 +165,7 @@ def _parser() -> argparse.ArgumentParser:
     from crossflow.config.loader import preset_names
     from crossflow.reports import REPORTS
     from crossflow.search.locations import default_storage
+    from crossflow.search.samplers import COMPARED
     from crossflow.search.samplers import NAMES as SAMPLERS
 
     p = _Parser(prog="crossflow", **_about("crossflow"))
@@ -280,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("compare", help="compare samplers on a study at equal budgets",
                         **_about("compare"))
     cp.add_argument("name", help="study name or YAML file")
-    cp.add_argument("--samplers", default="gd,tpe,cmaes,random",
+    cp.add_argument("--samplers", default=",".join(COMPARED),
                     help="comma-separated samplers, of " + ", ".join(SAMPLERS))
     cp.add_argument("--seeds", type=int, default=3, metavar="N",
                     help="seeds per sampler (0 .. N-1)")
@@ -290,6 +294,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="processes over the runs")
     cp.add_argument("--storage", help="Optuna storage URL (default: a journal file per run "
                     "under mlruns/optuna/compare/)")
+    cp.add_argument("--root", metavar="DIR", default="mlruns",
+                    help="folder for the report, best-known cache, journals and MLflow "
+                    "store (DIR/compare/NAME/, DIR/optuna/compare/, DIR/mlflow.db)")
     cp.add_argument("--tracking-uri", help="MLflow tracking URI (default: mlruns/mlflow.db)")
     cp.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     cp.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -595,7 +602,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
                      workers=args.workers, storage=args.storage,
                      tracking_uri=args.tracking_uri, track=not args.no_tracking,
-                     progress=not args.quiet)
+                     root=args.root, progress=not args.quiet)
     print(main_table(result))
     return EXIT_OK
 

@@ -137,3 +137,63 @@ def test_cli_compare_with_workers(cli, tmp_path, monkeypatch):
     assert len(rows) == 4 and {r["evaluations"] for r in rows} == {"8"}
     code, _, err = cli("compare", "quickstart", "--samplers", "nsga2", "--budget", "5")
     assert code == 2 and "samplers" in err
+
+
+def _drawn(monkeypatch, tmp_path, runs, reference, budget_name="p.png"):
+    """Draw the convergence plot; return its axes (plot() closes the figure: keep it)."""
+    import matplotlib.pyplot as plt
+
+    from crossflow.search.compare import plot
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    known = {"objective": "iteration_time_s", "value": reference}
+    plot(tmp_path / budget_name, "toy", runs, reference, known)
+    assert (tmp_path / budget_name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return kept[0].axes[0]
+
+
+def _toy_runs(budget):
+    same = [3.0, 2.0] + [1.5] * (budget - 2)  # two samplers on the very same curve
+    return ([{"sampler": s, "seed": k, "values": same} for s in ("tpe", "random")
+             for k in range(2)]
+            + [{"sampler": "structured", "seed": k, "values": [3.0] + [1.1] * (budget - 1)}
+               for k in range(2)])
+
+
+def test_convergence_plot_tells_samplers_apart(monkeypatch, tmp_path):
+    """Samplers on the same curve stay visible: each median has its own line style and
+    marker, the one drawn first is the thickest and lowest; the legend names each."""
+    ax = _drawn(monkeypatch, tmp_path, _toy_runs(30), 1.0)
+    lines = [ln for ln in ax.get_lines() if "median" in ln.get_label()]
+    assert [ln.get_label().split()[0] for ln in lines] == ["tpe", "random", "structured"]
+    assert len({ln.get_linestyle() for ln in lines}) == 3
+    assert len({ln.get_marker() for ln in lines}) == 3
+    widths = [ln.get_linewidth() for ln in lines]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[1]
+    assert [ln.get_zorder() for ln in lines] == sorted(ln.get_zorder() for ln in lines)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(any(t.startswith(s) for t in legend) for s in ("tpe", "random", "structured"))
+
+
+def test_convergence_plot_axes_read_in_units(monkeypatch, tmp_path):
+    """A small budget gets a linear evaluation axis, a large one a log axis; the y label
+    names the objective in words with its unit (gap in %, or seconds without reference)."""
+    ax = _drawn(monkeypatch, tmp_path, _toy_runs(30), 1.0)
+    assert ax.get_xscale() == "linear" and ax.get_yscale() == "log"
+    assert "iteration time" in ax.get_ylabel() and "%" in ax.get_ylabel()
+    assert "iteration_time_s" not in ax.get_ylabel() and "1 s" in ax.get_ylabel()
+    ax = _drawn(monkeypatch, tmp_path, _toy_runs(1000), 1.0)
+    assert ax.get_xscale() == "log"
+    ax = _drawn(monkeypatch, tmp_path, _toy_runs(30), None)
+    assert ax.get_ylabel() == "best feasible iteration time so far (s)"
+    assert ax.get_yscale() == "linear"
+
+
+def test_cli_compare_defaults_to_the_compared_samplers():
+    from crossflow.cli import _parser
+    from crossflow.search.samplers import COMPARED
+
+    args = _parser().parse_args(["compare", "quickstart"])
+    assert args.samplers.split(",") == list(COMPARED)
+    assert args.root == "mlruns"

@@ -210,3 +210,61 @@ def test_an_unregistered_kind_is_a_clear_config_error(monkeypatch):
     monkeypatch.setitem(loader.ENTRY_POINTS, "ghost", ("workloads", "crossflow.units"))
     with pytest.raises(ConfigError, match="importing crossflow.units did not register it"):
         loader.load_spec({"kind": "ghost"}, "workloads")
+
+
+# --- citations of docs/architecture.md resolve ---------------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: ``docs/architecture.md, "Section name"`` or ``docs/architecture.md, Section`` (a bare
+#: name runs to the first ``)``, ``;``, ``,``, ``.``, quote or line end); a citation of the
+#: file alone cites no section.
+CITATION = re.compile(r'docs/architecture\.md,\s*(?:"([^"]+)"|([A-Z][^);,."\n]*))')
+
+
+def headings() -> set[str]:
+    return {line[3:].strip() for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines()
+            if line.startswith("## ")}
+
+
+def citations(text: str) -> list[tuple[int, str]]:
+    """(line, section name) of every citation of a section of docs/architecture.md; a
+    quoted name may run over a line break (a docstring wrapped in the middle of it)."""
+    return [(text.count("\n", 0, m.start()) + 1,
+             " ".join((m.group(1) or m.group(2)).split()))
+            for m in CITATION.finditer(text)]
+
+
+def test_the_citation_parser():
+    text = ('x (docs/architecture.md, "Layers").\n'
+            '"""Y (docs/architecture.md, "Data\n  flow of one prediction").\n'
+            "z (docs/architecture.md, Studies), one module per job\n"
+            "w (docs/architecture.md, Command line); v docs/architecture.md.\n"
+            "see `docs/architecture.md`: the layers, and docs/architecture.md, which ...\n")
+    assert citations(text) == [(1, "Layers"), (2, "Data flow of one prediction"),
+                               (4, "Studies"), (5, "Command line")]
+
+
+def _cited_files() -> list[Path]:
+    files = [ROOT / "README.md"]
+    for top in (PACKAGE, ROOT / "docs"):
+        for folder, dirs, names in os.walk(top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            files += [Path(folder, n) for n in names
+                      if Path(n).suffix in (".py", ".md", ".yaml", ".yml", ".csv", ".txt")]
+    return sorted(files)
+
+
+def test_every_citation_of_the_architecture_names_one_of_its_sections():
+    """Docstrings, docs and the README cite docs/architecture.md by section: each section
+    named exists as a ``## `` heading there."""
+    known = headings()
+    assert {"Layers", "Studies", "Tracking", "Command line"} <= known
+    bad, seen = [], 0
+    for path in _cited_files():
+        for line, name in citations(path.read_text(encoding="utf-8", errors="replace")):
+            seen += 1
+            if name not in known:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {name!r}")
+    assert seen > 10, "the citations were not found: is the pattern right?"
+    assert not bad, ("citations of docs/architecture.md naming no heading of it (headings: "
+                     + ", ".join(sorted(known)) + "):\n" + "\n".join(bad))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import ConfigError
+from crossflow.search.tracking import resolve_locations
 
 #: Report name -> "module:function" (module relative to this package when it starts with ".").
 REPORTS: dict[str, str] = {
@@ -51,11 +52,13 @@ def _function(name: str):
 def run_report(name: str, out_dir: str | Path | None = None, *, quick: bool = False,
                tracking_uri: str | None = None, log_mlflow: bool = True) -> Path:
     """Compute report ``name``; write ``report.md`` + PNGs into ``out_dir``; return its path."""
+    # matplotlib and mlflow are imported here, not at the top: the CLI imports this package
+    # to list the reports, and `crossflow predict` must not pay for them.
+    import matplotlib
+    matplotlib.use("Agg")  # before a report module imports pyplot
     fn = _function(name)
     out = Path(out_dir) if out_dir is not None else Path("mlruns") / "reports" / name
     out.mkdir(parents=True, exist_ok=True)
-    import matplotlib
-    matplotlib.use("Agg")
     t0 = time.perf_counter()
     result: dict[str, Any] = fn(out, quick)
     elapsed = time.perf_counter() - t0
@@ -72,8 +75,6 @@ def _log(name: str, out: Path, result: dict, quick: bool, elapsed: float,
          tracking_uri: str | None) -> None:
     import mlflow
     from mlflow.tracking import MlflowClient
-
-    from crossflow.search.tracking import resolve_locations
 
     uri, artifact_root = resolve_locations(tracking_uri)
     client = MlflowClient(tracking_uri=uri)

@@ -10,6 +10,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
+
+import crossflow
+from crossflow.arch import age
+from crossflow.config.loader import load_spec
+from crossflow.parallel import enumerate_strategies
+from crossflow.search import load_study, run_study
+
 TEMPLATE = "deepflow-case-study"
 WORKLOAD = "lstm-paper-case-study"
 SYSTEM = "deepflow-case-study-512"
@@ -26,7 +34,6 @@ BUDGETS_SPACE = {"kind": "search_space", "name": "case-budgets",
 
 
 def arch(overrides: dict[str, Any]):
-    from crossflow.arch import age
     return age.generate(TEMPLATE, overrides={"chip_area_mm2": CHIP_AREA_MM2, **overrides})
 
 
@@ -58,10 +65,6 @@ def parallelism_search(hw, system, *, top: int | None = None,
     """Every strategy for 512 devices (default mapping order), then all 24 mapping orders
     for the ``top`` fastest feasible ones (None: every feasible one).  ``limit`` keeps every ``len/limit``-th strategy
     (quick mode)."""
-    import crossflow
-    from crossflow.config.loader import load_spec
-    from crossflow.parallel import enumerate_strategies
-
     w = load_spec(WORKLOAD, "workloads")
     strategies = list(enumerate_strategies(w, DEVICES))
     if DATA_PARALLEL_BASELINE not in [str(s) for s in strategies]:
@@ -110,8 +113,6 @@ def budget_study(name: str, overrides: dict, system, strategy: str, n_trials: in
 
 def run_budget_study(study: dict[str, Any]):
     """Run a :func:`budget_study` (untracked, quietly): its RunResult."""
-    from crossflow.search import load_study, run_study
-
     return run_study(load_study(study), track=False, progress=False)
 
 
@@ -133,8 +134,6 @@ def architecture_search(name: str, overrides: dict, system, strategy: str, n_tri
 def save_figure(fig, out: Path, name: str) -> str:
     """Lay out ``fig``, write it to ``out/name`` (PNG, 120 dpi), close it; returns ``name``
     (a report lists its figures by file name)."""
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(out / name, dpi=120)
     plt.close(fig)

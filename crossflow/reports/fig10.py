@@ -20,14 +20,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator
+
+import crossflow
+from crossflow.arch.paper_check import paper_check
 from crossflow.reports import _common as C
 
 LOGIC = ["N12", "N7", "N5", "N3", "N2", "N1"]
 
 
 def compute(out: Path, quick: bool) -> list[dict]:
-    import crossflow
-
     logic = ["N12", "N3"] if quick else LOGIC
     n_trials = 6 if quick else 200
     rows = []
@@ -61,8 +64,6 @@ def compute(out: Path, quick: bool) -> list[dict]:
 
 
 def _plot(rows: list[dict], out: Path) -> str:
-    import matplotlib.pyplot as plt
-
     logic = [r["logic"] for r in rows]
     ref = rows[0]["baseline_s"]
     x = range(len(rows))
@@ -79,8 +80,6 @@ def _plot(rows: list[dict], out: Path) -> str:
     ax.set_xlabel("logic node")
     ax.set_ylabel(f"speed-up over the {rows[0]['logic']} baseline (×, log scale)")
     ax.set_yscale("log")
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
@@ -187,8 +186,6 @@ def section9(row: dict) -> tuple[str, dict]:
     """The §9 check: :func:`crossflow.arch.paper_check.paper_check` at the template's split
     and at the split the search found for ``row`` (a logic node), as markdown with the
     reasons for every disagreement, in numbers."""
-    from crossflow.arch.paper_check import paper_check
-
     base = {"chip_area_mm2": C.CHIP_AREA_MM2, "logic_node": row["logic"]}
     design = row.get("arch_design") or {}
     split = {k: design[k] for k in ("area_fractions", "power_fractions",

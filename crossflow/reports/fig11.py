@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+
 from crossflow.reports import _common as C
+from crossflow.search import load_study
+from crossflow.search.objective import evaluate
+from crossflow.search.space import SIMPLEXES, Design
 
 SIZES = [1, 2, 4, 8, 16]
 INTRA_GBPS = 2000.0
@@ -46,10 +51,6 @@ def _cross_check(rows: list[dict]) -> None:
     mapping order) and keep the fastest: a short search's residual would otherwise show
     as a difference between package sizes.  ``arch_from`` is the size whose search found
     the split kept (None: the template's split)."""
-    from crossflow.search import load_study
-    from crossflow.search.objective import evaluate
-    from crossflow.search.space import SIMPLEXES, Design
-
     searched = [(src["nodes_per_package"], src["arch_design"]) for src in rows]
     for r in rows:
         setup = load_study(C.budget_study(
@@ -68,8 +69,6 @@ def _cross_check(rows: list[dict]) -> None:
 
 
 def _plot(rows: list[dict], out: Path) -> str:
-    import matplotlib.pyplot as plt
-
     ks = [r["nodes_per_package"] for r in rows]
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for key, label in (("parallelism_s", "parallelism search"),

@@ -16,8 +16,14 @@ fastest of those at the baseline technology.
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+
+import crossflow
+from crossflow.config.loader import load_spec
+from crossflow.parallel import enumerate_strategies
 from crossflow.reports import _common as C
 
 TEMPLATE, WORKLOAD, SYSTEM, CHIP_AREA_MM2 = C.TEMPLATE, C.WORKLOAD, C.SYSTEM, C.CHIP_AREA_MM2
@@ -33,10 +39,6 @@ def _arch(logic: str, dram: str, net: str):
 
 def choose_strategy() -> tuple[str, list[dict]]:
     """The most data-parallel strategy that fits the baseline (HBM2) node; ties -> fastest."""
-    import crossflow
-    from crossflow.config.loader import load_spec
-    from crossflow.parallel import enumerate_strategies
-
     w = load_spec(WORKLOAD, "workloads")
     arch = _arch(*BASE)
     cands = []
@@ -52,8 +54,6 @@ def choose_strategy() -> tuple[str, list[dict]]:
 
 
 def compute(quick: bool) -> tuple[str, list[dict], list[dict]]:
-    import crossflow
-
     if quick:
         strategy, cands = "RC-1-16-d32-p1", []
         logic, memory, network = ["N12", "N7", "N3", "N1"], ["HBM2", "HBM4"], ["NDR-x8", "GDR-x8"]
@@ -79,8 +79,6 @@ def compute(quick: bool) -> tuple[str, list[dict], list[dict]]:
 
 
 def _plot(rows: list[dict], out: Path, base_t: float) -> str:
-    import matplotlib.pyplot as plt
-
     logic = list(dict.fromkeys(r["logic"] for r in rows))
     nets = list(dict.fromkeys(r["network"] for r in rows))
     mems = list(dict.fromkeys(r["memory"] for r in rows))
@@ -101,8 +99,6 @@ def _plot(rows: list[dict], out: Path, base_t: float) -> str:
 
 
 def _plot_breakdown(rows: list[dict], out: Path) -> str:
-    import matplotlib.pyplot as plt
-
     mem = rows[-1]["memory"]
     nets = list(dict.fromkeys(r["network"] for r in rows))
     logic = list(dict.fromkeys(r["logic"] for r in rows))
@@ -130,8 +126,6 @@ def _t(rows, lg, mem, net):
 
 
 def report(out: Path, quick: bool) -> dict:
-    import csv
-
     strategy, rows, cands = compute(quick)
     base_t = _t(rows, *BASE)
     figs = [_plot(rows, out, base_t), _plot_breakdown(rows, out)]

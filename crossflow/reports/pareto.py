@@ -14,9 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
 from crossflow.reports import _common as C
 from crossflow.search.keys import is_feasible
 from crossflow.search.samplers import PARETO
+from crossflow.search.study import pareto_front as front
 
 STRATEGY, ORDER = "RC-32-16-d1-p1", "kp2-kp1-dp-lp"
 #: Single-objective runs of the structured sampler: label -> the objective it minimises.
@@ -61,8 +65,6 @@ def end_point(label: str, pts: list[tuple[float, float]]) -> tuple[float, float]
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The non-dominated points (both objectives minimised), each once, sorted by the first
     (:func:`crossflow.search.study.pareto_front` picks them)."""
-    from crossflow.search.study import pareto_front as front
-
     unique = sorted(set(points))
     return [unique[i] for i in front(unique)]
 
@@ -70,8 +72,6 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 def _time_axis(ax, times: list[float]) -> None:
     """Iteration time on a log axis with plain-number ticks when it spans more than 3×,
     else linear (a log axis over a narrow range has no readable ticks)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     if times and max(times) > 3 * min(times):
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -85,8 +85,6 @@ def _time_axis(ax, times: list[float]) -> None:
 
 
 def _plot(results: dict[str, list[tuple[float, float]]], out: Path, n_trials: int) -> str:
-    import matplotlib.pyplot as plt
-
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
     for label, pts in results.items():
         colour = COLOURS.get(label, "tab:gray")

@@ -99,6 +99,7 @@ import hashlib
 import itertools
 import json
 import math
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -106,6 +107,9 @@ from typing import Any
 
 import numpy as np
 
+from crossflow import __version__
+from crossflow.arch.cliffs import quantities_at, steps, unit_quantity
+from crossflow.errors import CrossflowError
 from crossflow.search import encoding
 from crossflow.search.locations import MLRUNS
 from crossflow.search.objective import evaluate, evaluate_many
@@ -122,8 +126,6 @@ def cache_path(name: str, root: str | Path | None = None) -> Path:
 
 
 def cache_key(setup, settings: Mapping[str, Any]) -> str:
-    from crossflow import __version__
-
     doc = {"spec": setup.spec.model_dump(mode="json"), "space": setup.space.describe(),
            "version": __version__, "settings": dict(settings)}
     for k in ("n_trials", "sampler", "sampler_options", "seed", "storage", "tracking_uri"):
@@ -382,8 +384,6 @@ def _bounds(space, floats, name: str) -> tuple[float, float]:
 
 def _say(enabled: bool, text: str) -> None:
     if enabled:
-        import sys
-
         print(f"best-known: {text}", file=sys.stderr, flush=True)
 
 
@@ -394,9 +394,6 @@ def _thresholds(template, overrides: Mapping[str, Any], component: str,
                 unit: str) -> dict[int, float]:
     """count -> the smallest area fraction of ``component`` that builds ``count`` units,
     the other fractions held (:func:`crossflow.arch.cliffs.steps`, ``held`` convention)."""
-    from crossflow.arch.cliffs import steps
-    from crossflow.errors import CrossflowError
-
     try:
         found = steps(template, overrides, "area", component, 0.0, 1.0, convention="held")
     except CrossflowError:
@@ -414,8 +411,6 @@ def _enumerate(f: _Counter, setup, params: dict[str, Any], opts: Mapping[str, An
     """Phase 6: every integer area design in a box around ``params`` (a refined optimum),
     each at the smallest area fractions that buy its units, priced at the refined power
     split; the best few then get their power split refined.  Returns the record."""
-    from crossflow.arch.cliffs import quantities_at, unit_quantity
-
     t0, n0, v0 = time.perf_counter(), f.n, f.best[0]
     simplex = next((s for s in setup.space.simplexes if s.name == "area"), None)
     if setup.template is None or simplex is None:

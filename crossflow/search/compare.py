@@ -16,11 +16,15 @@ the better value is the reference (and the table says so).
 Written to ``mlruns/compare/<study>/``: ``table.txt`` (what the terminal shows),
 ``summary.csv`` (per sampler), ``runs.csv`` (per run), ``curves.csv`` (every evaluation),
 ``convergence.png`` (the gap of the best-so-far to the reference, in % on a log scale, vs
-evaluations: median line and min–max band per sampler, 1 % and 5 % marked) and
+evaluations — a linear axis up to 200, log above: median line and min–max band per
+sampler, each with its own colour, line style and marker; 1 % and 5 % marked) and
 ``best_known.json``; the table's header says how the best-known value was obtained.  The same
 files are the artifacts of one MLflow parent run in the experiment ``<study>.compare``,
 with a child run per sampler × seed carrying its best-so-far curve as the metric
 ``best_so_far`` (step = evaluation number) and its summary metrics.
+
+(About 500 lines, one job: a comparison from its runs to its report — the table, files,
+plot and MLflow runs all read the same per-run curves and summary.)
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ import contextlib
 import csv
 import dataclasses
 import io
+import json
+import logging
 import math
+import multiprocessing as mp
 import os
 import sys
 import time
@@ -40,9 +47,14 @@ from typing import Any
 
 import numpy as np
 
+from crossflow import __version__
 from crossflow.errors import ConfigError
-from crossflow.search.locations import MLRUNS, is_url
-from crossflow.search.samplers import COMPARED
+from crossflow.search.best_known import best_known
+from crossflow.search.locations import MLRUNS, git_label, is_url
+from crossflow.search.samplers import COMPARED, NAMES, check_objectives, check_options
+from crossflow.search.storage import make_storage
+from crossflow.search.study import is_feasible, load_study, run_study
+from crossflow.search.tracking import _db_lock, _key, resolve_locations
 
 FRACTIONS = (0.10, 0.25, 0.50, 1.00)
 TOLERANCES = (0.01, 0.05)
@@ -57,8 +69,6 @@ def run_one(setup, sampler: str, seed: int, budget: int, *, storage: str | None 
     """One sampler × seed: a fresh study of exactly ``budget`` evaluations.  Returns
     ``sampler``, ``seed``, ``study``, ``storage``, ``values`` (per evaluation, in trial
     order; ``inf`` for an infeasible design), ``feasible``, ``params`` and ``wall_s``."""
-    from crossflow.search.study import is_feasible, run_study
-
     name = run_name(setup.name, sampler, seed)
     url = storage or str(Path(root or MLRUNS) / "optuna" / "compare" / f"{name}.journal")
     _fresh(url, name)
@@ -88,9 +98,9 @@ def _fresh(url: str, name: str) -> None:
         for lock in path.parent.glob(f"{path.name}.lock*"):
             lock.unlink(missing_ok=True)
         return
+    # optuna (and mlflow, matplotlib below) are imported where they are used, not at the
+    # top: the CLI and `crossflow.search` stay light until a comparison actually runs.
     import optuna
-
-    from crossflow.search.storage import make_storage
 
     with contextlib.suppress(KeyError):
         optuna.delete_study(study_name=name, storage=make_storage(url))
@@ -98,8 +108,6 @@ def _fresh(url: str, name: str) -> None:
 
 def _worker(task: tuple) -> dict[str, Any]:
     source, sampler, seed, budget, storage, root = task
-    from crossflow.search.study import load_study
-
     return run_one(load_study(source), sampler, seed, budget, storage=storage, root=root)
 
 
@@ -161,9 +169,6 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     ``root`` is the ``mlruns`` folder (default ``./mlruns``).  Returns ``runs`` (see
     :func:`run_one`), ``summary`` (:func:`summarize`), ``reference`` / ``best_known``,
     ``table`` (text), ``files`` (name -> path) and ``mlflow_run_id`` (the parent run)."""
-    from crossflow.search.best_known import best_known
-    from crossflow.search.samplers import NAMES, check_options
-
     samplers = list(dict.fromkeys(samplers))
     for s in samplers:
         if s not in NAMES or s == "nsga2":
@@ -171,8 +176,6 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
                               allowed=", ".join(COMPARED))
         if s == setup.spec.sampler:
             check_options(s, setup.spec.sampler_options)
-    from crossflow.search.samplers import check_objectives
-
     for s in samplers:
         check_objectives(s, len(setup.objectives), key="samplers")
     if seeds < 1 or budget < 1 or workers < 1:
@@ -185,8 +188,6 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
              for s in samplers for seed in range(seeds)]
     runs: list[dict[str, Any]] = []
     if workers > 1 and len(tasks) > 1:
-        import multiprocessing as mp
-
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         with mp.get_context(method).Pool(min(workers, len(tasks))) as pool:
             for r in pool.imap_unordered(_worker, tasks):
@@ -275,8 +276,6 @@ def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seed
 
 def write_report(out_dir: Path, setup, runs, summary, table: str, reference,
                  known: dict[str, Any]) -> dict[str, Path]:
-    import json
-
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"table": out_dir / "table.txt", "summary": out_dir / "summary.csv",
              "runs": out_dir / "runs.csv", "curves": out_dir / "curves.csv",
@@ -334,19 +333,34 @@ def how_known(known: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+#: Line style and marker per sampler, in legend order: a curve drawn over another (two
+#: samplers that stay on the same design) still shows both.
+_STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1, 1, 1)), "v"),
+           ((0, (1, 1)), "P"), ((0, (8, 2)), "X"))
+#: Budgets above this get a log evaluation axis (the early evaluations are most of the
+#: story); at or below it a linear axis reads better.
+LOG_X_ABOVE = 200
+
+
 def plot(path: Path, name: str, runs, reference: float | None, known: dict[str, Any]) -> None:
     """Best-so-far vs evaluations, median and min–max band per sampler: as the gap to the
-    reference in % (log scale, 1 % and 5 % marked) when there is one, else the value."""
+    reference in % (log scale, 1 % and 5 % marked) when there is one, else the value with
+    its unit.  Each sampler has its own colour, line style and marker; the first sampler is
+    drawn thickest and lowest, so one that lies on another's line shows around it.  The
+    evaluation axis is linear up to :data:`LOG_X_ABOVE` evaluations, logarithmic above."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     relative = reference is not None and reference > 0
     objective = known.get("objective", "objective")
-    for i, sampler in enumerate(dict.fromkeys(r["sampler"] for r in runs)):
+    what, unit = _HUMAN.get(objective, (objective.replace("_", " "), ""))
+    samplers = list(dict.fromkeys(r["sampler"] for r in runs))
+    budget = max(len(r["values"]) for r in runs)
+    for i, sampler in enumerate(samplers):
         curves = np.array([best_so_far(r["values"]) for r in runs if r["sampler"] == sampler])
         if relative:  # the gap in %, floored so that reaching the reference stays visible
             curves = np.maximum(100.0 * (curves / reference - 1.0), 0.01)
@@ -361,27 +375,40 @@ def plot(path: Path, name: str, runs, reference: float | None, known: dict[str, 
         hi = curves.max(axis=0)
         med, hi = (np.where(np.isinf(a), np.nan, a) for a in (med, hi))
         color = f"C{i}"
-        style = ("-", "--", "-.", ":")[i % 4]  # told apart where two medians overlap
-        ax.plot(x, med, color=color, linestyle=style, linewidth=1.8, drawstyle="steps-post",
+        style, marker = _STYLES[i % len(_STYLES)]
+        ax.plot(x, med, color=color, linestyle=style, linewidth=max(1.2, 3.0 - 0.6 * i),
+                drawstyle="steps-post", zorder=3 + i, marker=marker, markersize=6,
+                markerfacecolor="white" if i % 2 else color, markeredgecolor=color,
+                # markers every tenth of the axis, staggered so that two samplers on one
+                # line show both (fractions of the axis: even on a log axis)
+                markevery=(0.02 + 0.1 * i / len(samplers), 0.1),
                 label=f"{sampler} (median of {len(curves)} seeds)")
-        ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0, step="post")
+        ax.fill_between(x, lo, hi, color=color, alpha=0.12, linewidth=0, step="post",
+                        zorder=1)
     if relative:
         for tol, dash in ((1.0, "--"), (5.0, ":")):
-            ax.axhline(tol, color="k", linestyle=dash, linewidth=1, label=f"{tol:g} % gap")
+            ax.axhline(tol, color="0.3", linestyle=dash, linewidth=1, zorder=2,
+                       label=f"{tol:g} % from the reference")
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
-            lambda v, _: f"{v:g} %"))
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g} %"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         label = "best known" if known.get("value") == reference else "best found"
-        what, unit = _HUMAN.get(objective, (objective, ""))
-        ax.set_ylabel(f"{what}: gap to the {label} ({reference:.4g} {unit}), %")
+        ax.set_ylabel(f"best {what} so far: gap to the {label}\n"
+                      f"({reference:.4g} {unit}), % (log scale)".replace(" )", ")"))
     else:
-        what, unit = _HUMAN.get(objective, (objective, ""))
-        ax.set_ylabel(f"best feasible {what} ({unit})" if unit else f"best feasible {what}")
-    ax.set_xlabel("model evaluations (trials)")
-    ax.set_xlim(1, max(len(r["values"]) for r in runs))
+        ax.set_ylabel(f"best feasible {what} so far ({unit})" if unit
+                      else f"best feasible {what} so far")
+    if budget > LOG_X_ABOVE:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_xlabel("model evaluations (trials), log scale")
+    else:
+        ax.set_xlabel("model evaluations (trials)")
+    ax.set_xlim(1, budget)
     ax.set_title(f"{name}: best design so far (median, min–max band over seeds)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -394,14 +421,8 @@ def log_mlflow(setup, runs, summary, files: dict[str, Path], reference, known, b
                seeds: int, tracking_uri: str | None) -> str:
     """One parent run in the experiment ``<study>.compare`` (summary metrics, the report
     files as artifacts), a child run per sampler × seed (its curve and summary)."""
-    import logging
-
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
-
-    from crossflow import __version__
-    from crossflow.search.locations import git_label
-    from crossflow.search.tracking import _db_lock, _key, resolve_locations
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     uri, artifact_root = resolve_locations(tracking_uri)

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from crossflow.distributed import MEMORY_CHECK
+from crossflow.distributed import MEMORY_CHECK, memory_check, predict_many
 from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.search.keys import CONSTRAINT, FEASIBLE, REASON
 from crossflow.search.space import Design
@@ -102,8 +102,6 @@ def evaluate_many(setup, designs: Sequence[Design]) -> list[Evaluation]:
     anything.  Returns the Evaluations ``evaluate`` would, in order; each design's
     ``eval_time_s`` is its chip's time divided among the chip's designs.
     """
-    from crossflow.distributed import predict_many
-
     results: list[Evaluation | None] = [None] * len(designs)
     groups: dict[str, list[int]] = {}
     for i, design in enumerate(designs):
@@ -202,8 +200,6 @@ def memory_verdicts(setup, designs: Sequence[Design]) -> list:
     no kernel priced, each chip generated once (designs grouped as in
     :func:`evaluate_many`).  None for a design whose chip cannot be built, whose strategy
     does not fit the workload, or that runs on one device."""
-    from crossflow.distributed import memory_check
-
     out: list = [None] * len(designs)
     groups: dict[str, list[int]] = {}
     for i, design in enumerate(designs):

@@ -54,11 +54,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from crossflow.config.base import Spec
+from crossflow.config.base import Spec, build
 from crossflow.config.loader import register_kind
+from crossflow.config.template import PERIMETER_KEYS
 from crossflow.errors import ConfigError
+from crossflow.parallel import Strategy, check_strategy, enumerate_strategies
 from crossflow.search import encoding
 from crossflow.search.knobs import HARDWARE_PARAMS, SCALAR_DIMS, TECHNOLOGY_CATEGORY
+from crossflow.system import ORDERS, parse_order
+from crossflow.tech.library import library
 
 SIMPLEXES = ("area", "power", "perimeter")
 #: The AGE override each simplex fills.
@@ -164,16 +168,12 @@ class SearchSpaceSpec(Spec):
                                   key=f"simplexes.{simplex}", value=list(comps))
             _unique(f"simplexes.{simplex}", comps)
             if simplex == "perimeter":
-                from crossflow.config.template import PERIMETER_KEYS
-
                 for i, c in enumerate(comps):
                     if c not in PERIMETER_KEYS:
                         raise ConfigError("unknown perimeter component",
                                           key=f"simplexes.perimeter[{i}]", value=c,
                                           allowed=", ".join(PERIMETER_KEYS))
         if isinstance(self.mapping_order, tuple):
-            from crossflow.system import parse_order
-
             if not self.mapping_order:
                 raise ConfigError("list at least one order (or true for all 24)",
                                   key="mapping_order", value=[])
@@ -219,8 +219,6 @@ class SearchSpaceSpec(Spec):
 
 
 def _build(model: type[Spec], data: Mapping[str, Any], prefix: str) -> Any:
-    from crossflow.config.base import build
-
     try:
         return build(model, dict(data))
     except ConfigError as exc:
@@ -328,6 +326,8 @@ class Dimension:
     log: bool = False
 
     def distribution(self):
+        # optuna is imported here, not at the top: the config layer loads this module to
+        # read a search_space file, and `crossflow check` / `predict` must not pay for it.
         from optuna.distributions import (
             CategoricalDistribution,
             FloatDistribution,
@@ -476,8 +476,6 @@ def resolve(spec: SearchSpaceSpec, *, workload: Spec, template: Spec | None,
     for name in SIMPLEXES:  # a fixed order, whatever the file's
         if name not in spec.simplexes:
             continue
-        from crossflow.config.template import PERIMETER_KEYS
-
         allowed = PERIMETER_KEYS if name == "perimeter" else template.budget_keys
         comps = spec.simplexes[name]
         comps = tuple(allowed) if comps == "all" else comps
@@ -506,8 +504,6 @@ def resolve(spec: SearchSpaceSpec, *, workload: Spec, template: Spec | None,
         if not distributed:
             raise err("a mapping-order search needs a system (a distributed study)",
                       "mapping_order")
-        from crossflow.system import ORDERS, parse_order
-
         orders = (ORDERS if spec.mapping_order is True
                   else [parse_order(o) for o in spec.mapping_order])
         dims.append(Dimension(MAPPING_ORDER, "categorical",
@@ -535,8 +531,6 @@ def _check_resolved_param(name: str, dist, workload: Spec, template: Spec | None
     if template is None:
         raise err("hardware dimensions need an architecture template as the study's "
                   "hardware", key)
-    from crossflow.tech.library import library
-
     lib = library()
     choices = () if isinstance(dist, RangeSpec) else dist
     if name.startswith("memory."):
@@ -558,8 +552,6 @@ def _check_resolved_param(name: str, dist, workload: Spec, template: Spec | None
 
 def _strategies(spec: SearchSpaceSpec, options: StrategySpaceSpec, workload: Spec,
                 devices: int, err) -> tuple[str, ...]:
-    from crossflow.parallel import Strategy, check_strategy, enumerate_strategies
-
     mbs_dist = spec.dimensions.get("micro_batch_size")
     if mbs_dist is None:
         mbs_values: tuple[int | None, ...] = (None,)

@@ -1,5 +1,9 @@
 """The system model: devices in nodes, two network levels, mapping and link sharing.
 
+(About 600 lines, one job on purpose: :class:`System`'s routes, :class:`Mapping`'s placement
+and the ring / hierarchy helpers below share the same routing arrays; the cost formulas of
+the collectives are in :mod:`crossflow.system.collectives`.)
+
 :func:`build_system` turns a :class:`~crossflow.config.system.SystemSpec` and the device's
 :class:`~crossflow.arch.microarch.MicroArch` into a :class:`System`.  ``System.map(grid, order)``
 places a 4-D parallel grid ``(kp1, kp2, dp, lp)`` on the devices greedily in the given order of
