@@ -269,6 +269,9 @@ def _parser() -> argparse.ArgumentParser:
                             "and its inline parts beside it")
             sp.add_argument("--trial", type=int, metavar="N",
                             help="trial N's design instead of the best")
+            sp.add_argument("--force", action="store_true",
+                            help="with --export: replace files that exist (the named one "
+                            "and the side files beside it)")
 
     rp = sub.add_parser("report", help="regenerate one of the paper's case-study reports",
                         **_about("report"))
@@ -532,7 +535,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         print(f"{setup.name}: no feasible trial yet", file=sys.stderr)
         return EXIT_INFEASIBLE
     if args.export:
-        written = studies.export_design(design, args.export)
+        written = studies.export_design(design, args.export, overwrite=args.force)
         for part, path in written.items():
             print(f"wrote {path} ({part})")
         print(f"  {_exported_command(args.export)}")
@@ -578,8 +581,11 @@ def _print_summary(s: dict) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     import time
 
+    from crossflow.outputs import check_output_folder
     from crossflow.reports import run_report
 
+    if args.out is not None:  # before the report's minutes of work
+        check_output_folder(Path(args.out), "--out", "the report's folder")
     t0 = time.perf_counter()
     path = run_report(args.name, args.out, quick=args.quick, tracking_uri=args.tracking_uri)
     print(f"{path} ({time.perf_counter() - t0:.1f} s; logged to MLflow experiment 'reports')")
