@@ -296,17 +296,16 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
         raise ConfigError(f"no study {setup.name!r}: {url} does not exist; run it first "
                           f"('crossflow study run {setup.name}')", key="storage", value=url)
     backend = make_storage(url, heartbeat_s=heartbeat_s)
-    if create:
-        study = optuna.create_study(storage=backend, study_name=setup.name, sampler=sampler,
-                                    directions=["minimize"] * len(setup.objectives),
-                                    load_if_exists=True)
-    else:
-        try:
-            study = optuna.load_study(study_name=setup.name, storage=backend, sampler=sampler)
-        except KeyError:
+    try:  # loaded first: an existing study that is refused below gets nothing written
+        study = optuna.load_study(study_name=setup.name, storage=backend, sampler=sampler)
+    except KeyError:
+        if not create:
             raise ConfigError(f"no study {setup.name!r} in {redact(url)}: run it first "
                               f"('crossflow study run {setup.name}')", key="storage",
                               value=redact(url)) from None
+        study = optuna.create_study(storage=backend, study_name=setup.name, sampler=sampler,
+                                    directions=["minimize"] * len(setup.objectives),
+                                    load_if_exists=True)
     stored = study.user_attrs.get("objectives")
     if stored is None and create:
         study.set_user_attr("objectives", list(setup.objectives))
@@ -314,4 +313,8 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
         raise ConfigError(f"the stored study {setup.name!r} optimises {stored}, the study file "
                           f"{list(setup.objectives)}: use another name or storage",
                           file=setup.file, key="objectives", value=list(setup.objectives))
+    # the study the storage holds must be this one (its space, workload, hardware, ...)
+    from crossflow.search.study.fingerprint import check
+
+    check(study, setup, store=create, storage=redact(url))
     return study
