@@ -487,6 +487,24 @@ def _cmd_study(args: argparse.Namespace) -> int:
                   f"[{done}]  {row['description']}")
         return EXIT_OK
     setup = studies.load_study(args.name)
+    # every argument checked before anything is created (a journal, tables, a study)
+    if args.study_command == "run":
+        if args.seed is not None:
+            studies.check_seed(args.seed, key="--seed")
+        if args.trials is not None and args.trials < 1:
+            raise ConfigError("must be >= 1", key="--trials", value=args.trials)
+        if args.workers < 1:
+            raise ConfigError("must be >= 1", key="--workers", value=args.workers)
+        studies.check_launch(args.storage if args.storage is not None else setup.storage,
+                             None if args.no_tracking else
+                             args.tracking_uri or setup.tracking_uri,
+                             storage_key="--storage" if args.storage is not None
+                             else "storage", tracking_key="--tracking-uri"
+                             if args.tracking_uri else "tracking_uri")
+    elif args.storage is not None:
+        from crossflow.search.storage import check_storage
+
+        check_storage(args.storage, key="--storage")
     if args.study_command in ("run", "worker") and args.heartbeat is not None \
             and not args.heartbeat >= 1:
         raise ConfigError("must be at least 1 second", file="command line",
@@ -597,6 +615,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from crossflow.search.study import load_study
 
     setup = load_study(args.name)
+    if args.storage is not None:  # before the best-known search and any run
+        from crossflow.search.storage import check_storage
+
+        check_storage(args.storage, key="--storage")
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
                      workers=args.workers, storage=args.storage,

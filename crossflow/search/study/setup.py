@@ -270,6 +270,23 @@ def load_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup
                       order, space, file, arch)
 
 
+def check_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup:
+    """What ``crossflow check`` does with a study file: resolve it as ``study run`` will
+    (:func:`load_study`: every reference loaded, a system's device too) and build its
+    sampler with its options and seed, so whatever the run would choke on is reported
+    now.  Nothing is created."""
+    from crossflow.search.samplers import make_sampler
+
+    setup = load_study(source)
+    try:
+        make_sampler(setup.spec.sampler, seed=setup.spec.seed,
+                     options=setup.spec.sampler_options, space=setup.space,
+                     n_objectives=len(setup.objectives), setup=setup)
+    except ConfigError as exc:
+        raise _rekey(exc, "sampler_options", setup.file) from None
+    return setup
+
+
 def _parallelism(source: Any, base: Path | None, file: str | None):
     """The study's fixed parallelism (a preset, a file beside the study, a mapping or a
     strategy name), read by :func:`crossflow.parallel.parse_parallelism`."""
