@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -247,8 +248,10 @@ def _parser() -> argparse.ArgumentParser:
     sw = ss.add_parser("worker", help="join a running study from this machine (RDB storage)",
                        **_about("study worker"))
     sw.add_argument("name", help="study name or YAML file")
-    sw.add_argument("--storage", required=True, metavar="URL|FILE",
-                    help="the study's Optuna storage URL (postgresql://...) or journal file")
+    sw.add_argument("--storage", metavar="URL|FILE",
+                    help="the study's Optuna storage URL (postgresql://...) or journal file "
+                    "(default: the environment variable CROSSFLOW_STORAGE, which keeps a "
+                    "password off the command line)")
     sw.add_argument("--launch", help="the launch to join (default: the study's latest)")
     sw.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     sw.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI (default: the "
@@ -486,6 +489,13 @@ def _cmd_study(args: argparse.Namespace) -> int:
             print(f"{row['name']:<20} {row['sampler']:<7} {row['n_trials']:>6} trials  "
                   f"[{done}]  {row['description']}")
         return EXIT_OK
+    if args.study_command == "worker" and args.storage is None:
+        from crossflow.search.workers import STORAGE_ENV
+
+        args.storage = os.environ.get(STORAGE_ENV) or None
+        if args.storage is None:
+            raise ConfigError(f"the study's storage is needed: give --storage URL, or set "
+                              f"{STORAGE_ENV}", file="command line", key="--storage")
     setup = studies.load_study(args.name)
     # every argument checked before anything is created (a journal, tables, a study)
     if args.study_command == "run":

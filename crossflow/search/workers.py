@@ -53,6 +53,12 @@ SURPLUS = "surplus"
 POLL_S = 0.5
 
 
+#: The environment variable that gives ``crossflow study worker`` its storage when
+#: ``--storage`` is not on its command line: the launcher passes the URL (a database
+#: password in it) this way, where ``ps`` does not show it.
+STORAGE_ENV = "CROSSFLOW_STORAGE"
+
+
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -290,18 +296,28 @@ class WorkerProcess:
         return ""
 
 
+def worker_command(study_ref: str, launch_key: str, index: int, *,
+                   heartbeat_s: float | None = None) -> list[str]:
+    """The command line of local worker ``index`` (its storage comes from the
+    environment, :data:`STORAGE_ENV`)."""
+    cmd = [sys.executable, "-m", "crossflow", "study", "worker", study_ref,
+           "--launch", launch_key, "--worker-index", str(index), "--no-tracking", "--quiet"]
+    if heartbeat_s is not None:
+        cmd += ["--heartbeat", str(heartbeat_s)]
+    return cmd
+
+
 def start_workers(study_ref: str, storage: str, launch_key: str, k: int, *,
                   heartbeat_s: float | None) -> list[WorkerProcess]:
     """K ``crossflow study worker`` processes on one launch, each in its own session (so a
-    terminal's Ctrl-C reaches only the coordinator, which forwards it once)."""
+    terminal's Ctrl-C reaches only the coordinator, which forwards it once).  The storage
+    URL goes through the environment (:data:`STORAGE_ENV`), never the command line, where
+    any user's ``ps`` would show its password."""
     env = child_env()
+    env[STORAGE_ENV] = storage
     out = []
     for i in range(k):
-        cmd = [sys.executable, "-m", "crossflow", "study", "worker", study_ref,
-               "--storage", storage, "--launch", launch_key, "--worker-index", str(i),
-               "--no-tracking", "--quiet"]
-        if heartbeat_s is not None:
-            cmd += ["--heartbeat", str(heartbeat_s)]
+        cmd = worker_command(study_ref, launch_key, i, heartbeat_s=heartbeat_s)
         log = Path(tempfile.mkstemp(prefix=f"crossflow-worker{i}-", suffix=".log")[1])
         with log.open("w") as fh:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,

@@ -274,13 +274,14 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
     if setup.spec.baseline and not study.get_trials(deepcopy=False):
         for params in setup.baseline_trials():
             study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
+    workers = _worker_count(study, total, options.workers, heartbeats=is_url(url))
     index = sum(1 for k in study.user_attrs if k.startswith("launch."))
     launch_seed = None if base_seed is None else (base_seed + index) % 2**32
     launch = {
         "study": setup.name, "launch": index, "sampler": sampler_name,
         "sampler_options": dict(sampler_options), "seed": launch_seed,
         "n_trials": total, "objectives": list(setup.objectives), "storage": redact(url),
-        "workers": options.workers, "crossflow_version": __version__,
+        "workers": workers, "crossflow_version": __version__,
         "git_revision": git_label(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(), "pid": os.getpid(),
     }
@@ -288,12 +289,40 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
         launch["tracking_uri"] = redact(uri)  # where workers that join log (a server, a DB)
     key = f"launch.{index:04d}.{uuid.uuid4().hex[:8]}"
     study.set_user_attr(key, launch)
-    if options.workers > 1:
+    if workers > 1:
         return _supervise(setup, study, url, key, launch, uri, options)
     study.sampler = make_sampler(sampler_name, seed=launch_seed, options=sampler_options,
                                  space=setup.space, n_objectives=len(setup.objectives),
                                  setup=setup)
     return _work(setup, study, launch, total, uri, options, summary=True)
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _worker_count(study, total: int, asked: int, *, heartbeats: bool) -> int:
+    """The worker processes a launch starts: at most one per trial left (a note says so
+    when that is fewer than asked); a warning when they are more than the CPUs."""
+    if asked <= 1:
+        return 1
+    from crossflow.search.workers import census
+
+    left = max(0, total - census(study, total, heartbeats=heartbeats).done)
+    k = max(1, min(asked, left))
+    if k < asked:
+        print(f"crossflow: note: {left} of {total} trials left: starting {k} worker "
+              f"process{'es' if k != 1 else ''}, not {asked}", file=sys.stderr)
+    cpus = cpu_count()
+    if k > cpus:
+        print(f"crossflow: warning: {k} worker processes on {cpus} CPUs: they share them, "
+              "so the launch is no faster than with fewer (each trial is slower)",
+              file=sys.stderr)
+    return k
 
 
 def _join(setup: StudySetup, options: Launch) -> RunResult:
