@@ -326,11 +326,21 @@ def start_workers(study_ref: str, storage: str, launch_key: str, k: int, *,
     return out
 
 
+#: Signals that end a launch: the launcher stops its workers, then exits (SIGINT is
+#: Ctrl-C: the workers finish their trial in progress first).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: Seconds workers get to exit after a stop signal before they are killed.
+STOP_GRACE_S = 5.0
+
+
 def supervise(workers: list[WorkerProcess], *, tick, interval_s: float = 1.0) -> bool:
     """Wait for the workers, calling ``tick()`` every ``interval_s``; Ctrl-C is forwarded to
     each of them (once per Ctrl-C: the first lets them finish their trial, a second aborts
-    it).  Returns whether the user interrupted."""
+    it); SIGTERM or SIGHUP stops them at once.  Whatever ends the wait — the workers done,
+    a signal, an error here — no worker outlives it: those still running are stopped
+    (:func:`stop_workers`).  Returns whether the user interrupted."""
     interrupted = 0
+    stopped: list[int] = []
 
     def forward(signum, frame) -> None:
         nonlocal interrupted
@@ -342,25 +352,62 @@ def supervise(workers: list[WorkerProcess], *, tick, interval_s: float = 1.0) ->
             with contextlib.suppress(ProcessLookupError):
                 w.proc.send_signal(signal.SIGINT)
 
-    previous = signal.signal(signal.SIGINT, forward) \
-        if threading.current_thread() is threading.main_thread() else None
+    def stop(signum, frame) -> None:
+        stopped.append(signum)
+        print(f"\ncrossflow: {signal.Signals(signum).name}: stopping the workers",
+              file=sys.stderr, flush=True)
+        for w in workers:
+            _signal_worker(w, signal.SIGTERM)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, forward)
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, stop)
     try:
         while any(w.proc.poll() is None for w in workers):
             deadline = time.monotonic() + interval_s
             while time.monotonic() < deadline and any(w.proc.poll() is None for w in workers):
                 time.sleep(0.05)
+            if stopped:
+                break
             tick()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    return interrupted > 0
+        try:
+            stop_workers(workers)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return interrupted > 0 or bool(stopped)
+
+
+def _signal_worker(w: WorkerProcess, sig: int) -> None:
+    """``sig`` to worker ``w`` and whatever it started (its process group: it leads a
+    session of its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if w.proc.poll() is None:
+            os.killpg(w.proc.pid, sig)
+
+
+def stop_workers(workers: list[WorkerProcess], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop the workers still running: SIGTERM, up to ``grace_s`` seconds, then SIGKILL."""
+    alive = [w for w in workers if w.proc.poll() is None]
+    for w in alive:
+        _signal_worker(w, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(w.proc.poll() is None for w in alive) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for w in alive:
+        if w.proc.poll() is None:
+            _signal_worker(w, signal.SIGKILL)
+            w.proc.wait()
 
 
 def check_workers(workers: list[WorkerProcess], *, interrupted: bool,
                   finished: bool) -> list[str]:
     """The workers that exited for a reason other than Ctrl-C, as lines to warn about;
     raises CrossflowError when they left the study unfinished (with a log's tail)."""
-    ok = (0, 130, -signal.SIGINT) if interrupted else (0,)
+    ok = (0, 130, -signal.SIGINT, -signal.SIGTERM, 143) if interrupted else (0,)
     bad = [w for w in workers if w.proc.returncode not in ok]
     for w in workers:
         if w not in bad:
