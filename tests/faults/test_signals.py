@@ -101,3 +101,40 @@ def test_a_signal_to_the_launcher_takes_its_workers(sig, tmp_path):
         cwd=tmp_path, env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert _complete(journal) == total
+
+
+def test_an_error_in_the_launcher_stops_its_workers(tmp_path):
+    """A crash of the supervising loop (here: its progress tick raises) does not leave the
+    workers running: they and what they started (their process groups) are stopped."""
+    from crossflow.search.workers import WorkerProcess, supervise
+
+    procs = []
+    for i in range(2):
+        # a worker that starts a process of its own, in its session
+        proc = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60; wait"],
+                                start_new_session=True)
+        procs.append(WorkerProcess(i, proc, tmp_path / f"w{i}.log"))
+
+    def tick():
+        raise RuntimeError("the launcher crashed")
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="crashed"):
+        supervise(procs, tick=tick, interval_s=0.1)
+    assert time.monotonic() - t0 < 10
+    for w in procs:
+        assert w.proc.poll() is not None
+        assert _wait(lambda w=w: not _group_alive(w.proc.pid), 5)
+
+
+def _group_alive(pgid: int) -> bool:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+    return False
