@@ -385,11 +385,11 @@ def test_importance_falls_back_clearly_when_optuna_cannot_compute_it(tmp_path, m
 
     real = importlib.import_module("optuna.importance")  # not optuna's lazy proxy
     monkeypatch.setattr(real, "get_param_importances", broken)
-    method = _plots.importance_png(tmp_path / "imp.png", study, ["value"], "toy")
+    method = _plots.importance_png(tmp_path / "imp.png", study.trials, ["value"], "toy")
     assert method.startswith("fallback")
     assert (tmp_path / "imp.png").read_bytes()[:4] == b"\x89PNG"
-    scores = _plots.fallback_importances(
-        [t for t in study.trials if t.state == TrialState.COMPLETE], lambda t: t.value)
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    scores = _plots.fallback_importances([(t.params, t.value) for t in complete])
     assert set(scores) == {"x", "strategy"} and all(0 <= v <= 1 for v in scores.values())
     assert max(scores, key=scores.get) == "x"  # the value is (x - 1)^2 (+ 0.5 for CR-8)
 

@@ -62,6 +62,21 @@ class LowLatencySpec(Spec):
     efficiency: Fraction
 
 
+class TreeSpec(Spec):
+    """The constants of NCCL's tree all-reduce across nodes (the system layer's collectives
+    use them), and the bandwidths NCCL's tuner believes when it rates the tree against the
+    ring."""
+
+    #: the tree's bandwidth across nodes as a fraction of the level's (like ``efficiency``)
+    efficiency: Fraction
+    #: software latency per tree hop across nodes, on top of the links' own latency
+    step_latency_s: NonNegative = 0.0
+    #: the bus bandwidths NCCL's tuner assigns the ring and the tree (its topology search's
+    #: channels × per-channel speed; not what they achieve)
+    tuner_ring_busbw_Bps: Positive
+    tuner_tree_busbw_Bps: Positive
+
+
 class CollectiveSpec(Spec):
     """Constants of the α–β ring-collective model on one level (the system layer's collectives)."""
 
@@ -74,6 +89,11 @@ class CollectiveSpec(Spec):
     #: own step latency and its bandwidth as a fraction of the one above; absent: the level
     #: has one protocol (the one above, NCCL's Simple)
     low_latency: LowLatencySpec | None = None
+    #: send/recv's fraction of the (shared) link bandwidth: NCCL's point-to-point path copies
+    #: without reducing (absent: ``efficiency``)
+    p2p_efficiency: Fraction | None = None
+    #: NCCL's tree all-reduce (inter level only; absent: rings only)
+    tree: TreeSpec | None = None
 
 
 class LevelSpec(Spec):
@@ -86,6 +106,11 @@ class LevelSpec(Spec):
     latency_s: NonNegative | None = None
     efficiency: Fraction | None = None
     collective: CollectiveSpec = Field(default_factory=CollectiveSpec)
+    #: inter level: the node's NICs (rails), each serving ``devices_per_node / nics`` devices
+    #: (NCCL uses the NIC nearest each GPU), and the node's network throughput limit in NICs'
+    #: worth (a host-side limit below their sum); absent: the node's bandwidth is all usable
+    nics: Count | None = None
+    nic_limit: Positive | None = None
 
     def grid_dims(self, endpoints: int) -> tuple[int, ...]:
         """Grid sizes: the given dims, ``(endpoints,)`` for a ring without dims or a switch."""
@@ -93,6 +118,14 @@ class LevelSpec(Spec):
 
     def check(self, key: str, endpoints: int, what: str) -> None:
         """Raise ConfigError (naming ``key``.…) unless this level fits ``endpoints``."""
+        if key == "intra":
+            for name, value in (("nics", self.nics), ("nic_limit", self.nic_limit),
+                                ("collective.tree", self.collective.tree)):
+                if value is not None:
+                    raise ConfigError(f"'{name}' describes the network between nodes; it "
+                                      "applies to the inter level only", key=f"intra.{name}",
+                                      allowed="inter.nics, inter.nic_limit, "
+                                              "inter.collective.tree")
         if self.topology in SWITCHED + ("graph",) and self.dims:
             raise ConfigError(f"'dims' applies to mesh, torus and ring topologies, not to "
                               f"{self.topology!r}", key=f"{key}.dims", value=list(self.dims))

@@ -32,6 +32,26 @@ curves do (the knee near 64 KiB–1 MiB).
 Hierarchical all-reduce (two-level systems, e.g. Horovod/NCCL "2D" all-reduce): reduce-scatter
 inside the node, all-reduce of the ``S/g`` shard across nodes (``g`` concurrent rings, one per
 local rank), all-gather inside the node.
+
+NCCL's tree all-reduce across nodes (NCCL ≥ 2.4: a chain through the ``g`` devices of each
+node, a double binary tree across the ``k`` nodes; Sanders, Speck & Träff, "Two-tree algorithms
+for full bandwidth broadcast, reduction and scan", Parallel Computing 2009), pipelined, so
+its time is its latency plus its busiest link::
+
+    tree:  launch + 2·((g-1)·α_chain + ⌈log2 k⌉·α_tree) + V / B_node,   V = S (k = 2), 2·S (k > 2)
+
+``V`` is what each node sends (and receives) across the network: with two nodes each of the
+two trees sends half the buffer up and half down, S per direction, where a ring crossing the
+nodes carries 2(n-1)/n·S — so on a node-bandwidth-bound pair of nodes the tree is up to twice
+as fast.  Which of ring and tree runs is NCCL's tuner's choice, by its own cost model
+(``ncclTopoGetAlgoTime``, src/graph/tuning.cc): time = latency + bytes / bandwidth, with
+NCCL's latency constants, the bus bandwidths its topology search assigns each algorithm, and
+the tree's bandwidth multiplied by ``treeCorrectionFactor`` (:data:`TREE_CORRECTION`, a step
+function of log2 of the size).  :func:`tuner_picks_tree` evaluates that model, so the choice
+flips back and forth at powers of two as the correction steps, as measured NCCL times
+across nodes do; :func:`nccl_all_reduce` then costs the chosen algorithm with the α–β
+constants above.  NCCL's ring across nodes pays the network's step latency only on the
+steps that cross a node boundary (:func:`nccl_ring`).
 """
 
 from __future__ import annotations
@@ -149,6 +169,124 @@ def hierarchical_all_reduce(nbytes: float, intra: Group, inter: Group) -> float:
     if not isinstance(phases, np.ndarray) and phases == 0.0:
         return 0.0
     return intra.launch_s + phases
+
+
+#: NCCL's ``treeCorrectionFactor`` for the Simple protocol (NCCL 2.12-2.19, src/graph/tuning.cc,
+#: "Trees are not perfectly sticking to the model for medium sizes. Applying a static correction
+#: factor is not ideal but works quite well."): its tuner multiplies the tree's bandwidth by entry
+#: ``log2i(bytes >> 6)`` (64 B, 128 B, ... 256 MiB); none from 512 MiB up.
+TREE_CORRECTION: tuple[float, ...] = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5,
+                                      .6, .7, .8, .7, .7, .8, .9, .9)
+_TREE_TABLE = np.array((*TREE_CORRECTION, 1.0))
+
+
+def tree_correction(nbytes):
+    """NCCL's tree correction factor of ``nbytes`` (a float, or a NumPy array of sizes)."""
+    size = np.maximum(np.asarray(nbytes, dtype=float), 64.0)
+    index = np.floor(np.log2(size / 64.0)).astype(int)  # log2i(nBytes >> 6)
+    factor = _TREE_TABLE[np.minimum(index, len(TREE_CORRECTION))]
+    return factor if isinstance(nbytes, np.ndarray) else float(factor)
+
+
+#: NCCL's tuner latencies for the Simple protocol, µs (NCCL 2.12-2.19 src/graph/tuning.cc:
+#: ``baseLat``, ``hwLat``; ring across nodes ×1.4, "Plateau effect of ring", on sm80 and
+#: newer).  The ring's per-step cost inside a node is the larger of NVLink's 3.4 and the
+#: network overhead ``getNetOverhead`` × 3 = 6.0 (2.0 on AMD EPYC hosts, as DGX A100 nodes have).
+NCCL_RING_BASE_US, NCCL_RING_INTRA_US, NCCL_RING_NET_US, NCCL_RING_PLATEAU = 8.4, 6.0, 9.6, 1.4
+NCCL_TREE_HOP_US = 28.0  # Tree/Simple per hop, NVLink and network alike ("a 256kB chunk")
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """NCCL's tree all-reduce over ``nodes`` nodes of ``local`` devices each, as the α–β model
+    sees it (see the module docstring), and NCCL's tuner's view of it.
+
+    Attributes:
+        nodes, local: nodes (``k``) and devices per node in the group (``g``).
+        bandwidth_Bps: what one node's tree traffic gets across the network, per direction.
+        chain_latency_s: latency of one hop of the chain inside a node (``α_chain``).
+        step_latency_s: latency of one tree hop across nodes (``α_tree``).
+        launch_s: fixed cost of the call.
+        tuner_ring_Bps, tuner_tree_Bps: the bus bandwidths NCCL's tuner assigns the ring and
+            the tree (None: the tuner never picks the tree).
+    """
+
+    nodes: int
+    local: int
+    bandwidth_Bps: float
+    chain_latency_s: float = 0.0
+    step_latency_s: float = 0.0
+    launch_s: float = 0.0
+    tuner_ring_Bps: float | None = None
+    tuner_tree_Bps: float | None = None
+
+    @property
+    def latency_s(self) -> float:
+        return self.launch_s + 2 * ((self.local - 1) * self.chain_latency_s
+                                    + math.ceil(math.log2(self.nodes)) * self.step_latency_s)
+
+    @property
+    def volume_factor(self) -> float:
+        """Bytes each node sends across the network per byte of the buffer."""
+        return 1.0 if self.nodes == 2 else 2.0
+
+
+def tree_all_reduce(nbytes: float, tree: Tree) -> float:
+    """Seconds for NCCL's tree all-reduce of ``nbytes`` per device (whether or not NCCL's
+    tuner would pick it)."""
+    if _empty(nbytes):
+        return 0.0 * nbytes
+    return tree.latency_s + tree.volume_factor * nbytes / tree.bandwidth_Bps
+
+
+def tuner_picks_tree(nbytes, tree: Tree):
+    """Whether NCCL's tuner (``ncclTopoGetAlgoTime``) rates the Simple-protocol tree faster
+    than the Simple ring for ``nbytes`` (a bool, or a boolean array for an array of sizes):
+    each is its latency (:data:`NCCL_RING_BASE_US` …, NCCL's own constants) plus the bytes over
+    its algorithm bandwidth — the ring's bus bandwidth × n / 2(n-1), the tree's × 1/2 ×
+    :func:`tree_correction`."""
+    if tree.tuner_ring_Bps is None or tree.tuner_tree_Bps is None:
+        return np.zeros(np.shape(nbytes), bool) if isinstance(nbytes, np.ndarray) else False
+    n = tree.nodes * tree.local
+    steps = 2 * (n - 1)
+    crossing = min(2 * tree.nodes, steps)
+    ring_lat = NCCL_RING_PLATEAU * 1e-6 * (NCCL_RING_BASE_US + (steps - crossing)
+                                           * NCCL_RING_INTRA_US + crossing * NCCL_RING_NET_US)
+    tree_lat = 2e-6 * NCCL_TREE_HOP_US * ((tree.local - 1) + math.ceil(math.log2(tree.nodes)))
+    ring = ring_lat + nbytes * steps / n / tree.tuner_ring_Bps
+    estimate = tree_lat + nbytes / (0.5 * tree.tuner_tree_Bps * tree_correction(nbytes))
+    return estimate < ring
+
+
+def nccl_ring(ring: Group, intra: Group, nodes: int) -> Group:
+    """The flat ring ``ring`` across ``nodes`` nodes with NCCL's per-hop latency: a chunk's
+    trip round the ring crosses the network only at the node boundaries, so of its ``P`` steps
+    ``2·nodes`` (all-reduce: two passes) pay the ring's network step latency and the rest the
+    step latency inside a node (``intra``; NCCL's tuner: ``(nsteps - nInterSteps)·intraLat +
+    nInterSteps·interLat``).  Returned as a group whose step latencies are the per-step mean,
+    so :func:`all_reduce` of it is that sum."""
+    steps = 2 * (ring.size - 1)
+    crossing = min(2 * nodes, steps)
+
+    def mean(inter: float | None, local: float | None) -> float | None:
+        if inter is None or local is None:
+            return None
+        return (crossing * inter + (steps - crossing) * local) / steps
+
+    return replace(ring, step_latency_s=mean(ring.step_latency_s, intra.step_latency_s),
+                   ll_step_latency_s=mean(ring.ll_step_latency_s, intra.ll_step_latency_s))
+
+
+def nccl_all_reduce(nbytes: float, ring: Group, intra: Group, tree: Tree):
+    """Seconds for the all-reduce NCCL runs across ``tree.nodes`` nodes: its flat ring
+    (:func:`nccl_ring` of ``ring``), or its tree where :func:`tuner_picks_tree`."""
+    ring_s = all_reduce(nbytes, nccl_ring(ring, intra, tree.nodes))
+    if tree.nodes < 2 or _empty(nbytes):
+        return ring_s
+    picks = tuner_picks_tree(nbytes, tree)
+    if isinstance(ring_s, np.ndarray):
+        return np.where(picks, tree_all_reduce(nbytes, tree), ring_s)
+    return tree_all_reduce(nbytes, tree) if picks else ring_s
 
 
 def bus_bandwidth(nbytes: float, seconds: float, n: int, collective: str = "all_reduce") -> float:

@@ -54,8 +54,10 @@ from crossflow.config.system import SWITCHED, SystemSpec
 from crossflow.errors import ConfigError
 from crossflow.system.collectives import (
     Group,
+    Tree,
     all_reduce,
     hierarchical_all_reduce,
+    nccl_all_reduce,
     switch_group,
 )
 from crossflow.system.topology import INT, Level
@@ -134,6 +136,8 @@ def _level(spec: SystemSpec, arch: MicroArch, name: str, endpoints: int, replica
         link.latency_s if link else 0.0)
     efficiency = level_spec.efficiency if level_spec and level_spec.efficiency else (
         link.efficiency if link else 1.0)
+    if level_spec and level_spec.nics and level_spec.nic_limit:  # the node's throughput limit
+        bw *= min(1.0, level_spec.nic_limit / level_spec.nics)
     return Level.from_spec(name, level_spec, endpoints, replicas, bw * per_endpoint, latency,
                            efficiency)
 
@@ -159,16 +163,20 @@ class System:
         self.intra = _level(spec, arch, "intra", self.devices_per_node, self.num_nodes, 1)
         self.inter = _level(spec, arch, "inter", self.num_nodes, 1, self.devices_per_node)
         offset = 0
-        caps, lats = [], []
-        for level in (self.intra, self.inter):
+        caps, lats, p2p = [], [], []
+        for name, level in (("intra", self.intra), ("inter", self.inter)):
             if level is not None:
                 level.offset = offset
                 offset += level.num_resources
                 cap, lat = level.capacities()
                 caps.append(cap)
                 lats.append(lat)
+                # send/recv at its own efficiency where the level declares one
+                p2p_eff = getattr(spec, name).collective.p2p_efficiency
+                p2p.append(cap if p2p_eff is None else cap * p2p_eff / level.collective_efficiency)
         self.num_resources = offset
         self.capacity = np.concatenate(caps) if caps else np.zeros(0)
+        self.p2p_capacity = np.concatenate(p2p) if p2p else np.zeros(0)
         self.latency = np.concatenate(lats) if lats else np.zeros(0)
         self._maps: dict[tuple, Mapping] = {}
         self._ring_cache: dict[tuple, _Rings] = {}
@@ -333,7 +341,7 @@ class _Rings:
         else:
             cap, shared = system.capacity, self.loads if loads is None else loads
             found = Group(self.size, self.bandwidth(cap, shared), self.step_latency_s,
-                          system.launch_s, self.p2p_bandwidth(cap, shared),
+                          system.launch_s, self.p2p_bandwidth(system.p2p_capacity, shared),
                           self.ll_step_latency_s, self.ll_fraction, system.p2p_launch_s)
         if loads is None:
             self.alone = found
@@ -405,9 +413,14 @@ class Mapping:
 
     def all_reduce(self, dim: str, nbytes: float) -> float:
         """Seconds for an all-reduce of ``nbytes`` along ``dim``: the faster of the flat ring
-        and the hierarchical algorithm (as NCCL's tuner picks per size)."""
-        flat = all_reduce(nbytes, self.group(dim))
+        and the hierarchical algorithm; where the inter level declares NCCL's tree
+        (``collective.tree``), NCCL's own choice instead: the flat ring, or the tree where
+        NCCL's tuner picks it."""
         hier = self.hierarchy(dim)
+        tree = None if hier is None else _tree(self.system, *hier)
+        if tree is not None:  # NCCL's own algorithms: its ring or its tree
+            return nccl_all_reduce(nbytes, self.group(dim), hier[0], tree)
+        flat = all_reduce(nbytes, self.group(dim))
         if hier is None:
             return flat
         two_level = hierarchical_all_reduce(nbytes, *hier)
@@ -547,6 +560,21 @@ def _spread(system: System, members: np.ndarray, num_edges: int):
     edge_row = np.tile(np.repeat(np.arange(members.shape[0], dtype=INT),
                                  members.shape[1] if members.shape[1] > 2 else 1), 2)
     return (rows, sender, res), ~spread_row[edge_row]
+
+
+def _tree(system: System, intra: Group, inter: Group) -> Tree | None:
+    """NCCL's tree over the nodes of a two-level group (None where the inter level declares
+    none): a chain of ``intra.size`` devices in each node; the node's network bandwidth is the
+    ``intra.size`` concurrent inter-node rings' together (a ring's bandwidth is what each of
+    its members sends), at the tree's efficiency instead of the ring's."""
+    spec = system.spec.inter.collective.tree if system.inter else None
+    if spec is None:
+        return None
+    level = system.inter
+    node_Bps = intra.size * inter.bandwidth_Bps * spec.efficiency / level.collective_efficiency
+    return Tree(inter.size, intra.size, node_Bps, intra.step_latency_s,
+                level.latency_s + spec.step_latency_s, system.launch_s,
+                spec.tuner_ring_busbw_Bps, spec.tuner_tree_busbw_Bps)
 
 
 def _hierarchy(system: System, members: np.ndarray) -> tuple[Group, Group] | None:
