@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import CrossflowError
+from crossflow.search.children import group_members, kill_group, spawn_child
 
 #: A RUNNING trial older than this, of no live worker of this machine, is taken as left
 #: behind by a dead worker (journal files have no heartbeat) and no longer holds a slot.
@@ -310,7 +311,9 @@ def worker_command(study_ref: str, launch_key: str, index: int, *,
 def start_workers(study_ref: str, storage: str, launch_key: str, k: int, *,
                   heartbeat_s: float | None) -> list[WorkerProcess]:
     """K ``crossflow study worker`` processes on one launch, each in its own session (so a
-    terminal's Ctrl-C reaches only the coordinator, which forwards it once).  The storage
+    terminal's Ctrl-C reaches only the coordinator, which forwards it once) and stopped by
+    the kernel when the coordinator dies (:func:`crossflow.search.children.spawn_child`,
+    ``PR_SET_PDEATHSIG``: a SIGKILL of the coordinator, or its crash).  The storage
     URL goes through the environment (:data:`STORAGE_ENV`), never the command line, where
     any user's ``ps`` would show its password."""
     env = child_env()
@@ -320,8 +323,9 @@ def start_workers(study_ref: str, storage: str, launch_key: str, k: int, *,
         cmd = worker_command(study_ref, launch_key, i, heartbeat_s=heartbeat_s)
         log = Path(tempfile.mkstemp(prefix=f"crossflow-worker{i}-", suffix=".log")[1])
         with log.open("w") as fh:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
-                                    env=env, start_new_session=True)
+            # its own session, and the kernel's SIGTERM when this process dies, however it
+            # dies (SIGKILL included: no handler here would run)
+            proc = spawn_child(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=env)
         out.append(WorkerProcess(i, proc, log))
     return out
 
@@ -385,22 +389,19 @@ def _signal_worker(w: WorkerProcess, sig: int) -> None:
     """``sig`` to worker ``w`` and whatever it started (its process group: it leads a
     session of its own)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        if w.proc.poll() is None:
-            os.killpg(w.proc.pid, sig)
+        os.killpg(w.proc.pid, sig)
 
 
 def stop_workers(workers: list[WorkerProcess], grace_s: float = STOP_GRACE_S) -> None:
-    """Stop the workers still running: SIGTERM, up to ``grace_s`` seconds, then SIGKILL."""
-    alive = [w for w in workers if w.proc.poll() is None]
+    """Stop the workers still running and whatever they started (their process groups):
+    SIGTERM to all at once, up to ``grace_s`` seconds, then SIGKILL
+    (:func:`crossflow.search.children.kill_group`)."""
+    alive = [w for w in workers if w.proc.poll() is None or group_members(w.proc.pid)]
     for w in alive:
-        _signal_worker(w, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(w.proc.poll() is None for w in alive) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.proc.pid, signal.SIGTERM)
     for w in alive:
-        if w.proc.poll() is None:
-            _signal_worker(w, signal.SIGKILL)
-            w.proc.wait()
+        kill_group(w.proc, signal.SIGTERM, grace=grace_s)
 
 
 def check_workers(workers: list[WorkerProcess], *, interrupted: bool,

@@ -59,7 +59,7 @@ def _wait(what, timeout: float, step: float = 0.2):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM], ids=["TERM"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
 def test_a_signal_to_the_launcher_takes_its_workers(sig, tmp_path):
     journal = tmp_path / "q.journal"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
