@@ -43,7 +43,8 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
              rng: np.random.Generator, *, step: float = 0.2, min_step: float = 0.004,
              max_step: float = 1.5, donors: int = 2, every: int = 3,
              saturate: bool = True, idle: int = 3, receivers: int = 1,
-             revive_gain: float = 1e-4) -> Inner:
+             revive_gain: float = 1e-4, units: int = 0, hop_patience: int = 0,
+             hop_budget: int = 80, hop_gain: float = 1e-3) -> Inner:
     """Cliff-aware adaptive coordinate exchange.
 
     1. Sensitivity: one move up of every coordinate (one batch), then a move down of those
@@ -130,6 +131,11 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
             for d in cheap:
                 yield 1.0, lambda at, d=d: P.snap_transfer(
                     at, P.transfer(at, c, d, steps[c]), c, d, discrete)
+            # one more unit of c paid for by the largest shares: both sides' effects on
+            # the units counted (a register bank per MCU from the core: fewer MCUs share)
+            rich = sorted(mates, key=lambda d: -best.simplexes[c.block][d.index])[:units]
+            for d in rich:
+                yield 1.0, lambda at, d=d: P.unit_transfer(at, c, d, discrete)
         for r in sorted(mates, key=lambda d: up_effect[d])[:receivers]:
             yield -1.0, lambda at, r=r: P.transfer(at, r, c,
                                                            _shift(at, c, r, steps[c]))
@@ -137,8 +143,37 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
     # 2. adaptive rounds
     wins = {c: 0 for c in coords}
     rounds = 0
+    last_gain, tried = used, set()
     while used < budget:
         rounds += 1
+        if hop_patience and used - last_gain >= hop_patience and \
+                budget - used >= 2 * hop_budget:
+            # stalled: hop to another lattice point (one unit exchanged between two
+            # components) and search from there; kept when it ends better
+            last_gain = used
+            hops = [h for h in _unit_hops(P, best, discrete) if h.key() not in tried][:
+                budget - used - hop_budget]
+            tried.update(h.key() for h in hops)
+            if hops:
+                got = yield hops
+                used += len(hops)
+                v, i = min((v, i) for i, v in enumerate(got))
+                if math.isfinite(v):
+                    tally = [0]
+                    x, v = yield from _counted(exchange(P, discrete, hops[i], v, hop_budget, rng,
+                                               step=step, min_step=min_step,
+                                               max_step=max_step, donors=donors,
+                                               every=every, saturate=saturate, idle=idle,
+                                               receivers=receivers,
+                                               revive_gain=revive_gain, units=units),
+                                               tally)
+                    used += tally[0]
+                    if _better(v, fbest):
+                        best, fbest = x, v
+                        resting.clear()
+                        for c in live:
+                            steps[c] = max(steps[c], step)
+                continue
         # a coordinate that never paid off in ``idle`` tries sits out two rounds of three
         order = sorted((c for c in live if c not in resting and (
             wins[c] > 0 or fails[c] < idle or rounds % 3 == 0)), key=lambda c: -gain[c])
@@ -165,6 +200,8 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
                 if _better(v, fbest):
                     success = True
                     improved_any = improved_any or v < fbest * (1 - revive_gain)
+                    if v < fbest * (1 - hop_gain):
+                        last_gain = used
                     wins[c] += 1
                     gain[c] = max(gain[c], fbest - v)
                     best, fbest, direction[c] = x, v, sign
@@ -179,6 +216,36 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
         if improved_any:
             resting.clear()
     return best, fbest
+
+
+def _counted(gen: Inner, tally: list[int]) -> Inner:
+    """``gen`` run through, its evaluations added to ``tally[0]``."""
+    try:
+        batch = next(gen)
+        while True:
+            got = yield batch
+            tally[0] += len(batch)
+            batch = gen.send(got)
+    except StopIteration as end:
+        return end.value
+
+
+def _unit_hops(P: Problem, at: Cont, discrete: Mapping[str, Any]) -> list[Cont]:
+    """Every lattice neighbour of ``at`` one unit exchange away: for each pair of
+    components of a simplex, one more unit of the first paid for by the second, and one
+    unit fewer of the second with what it frees given to the first
+    (:meth:`Problem.unit_transfer`); those that change nothing left out."""
+    out, seen = [], {at.key()}
+    for to in P.coords:
+        for frm in P.coords:
+            if to.index < 0 or frm.block != to.block or frm == to:
+                continue
+            for drop in (False, True):
+                x = P.unit_transfer(at, to, frm, discrete, drop=drop)
+                if x.key() not in seen:
+                    seen.add(x.key())
+                    out.append(x)
+    return out
 
 
 def _shift(at: Cont, frm: Coord, to: Coord, s: float) -> float:
@@ -358,7 +425,38 @@ def tpe(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget:
     return best, fbest
 
 
-METHODS = {"exchange": exchange, "gd": gd, "cmaes": cmaes, "tpe": tpe}
+def compass(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
+            rng: np.random.Generator, *, step: float = 1.0, min_step: float = 1 / 64,
+            snap: bool = False, then: str | None = "exchange", **_: Any) -> Inner:
+    """A compass search on the softmax encoding (the best-known search's refinement):
+    every coordinate moved by ±``step`` (a logit: one share scaled by e^±step, the others
+    in proportion), the first improvement kept, the step halved after a round with none;
+    from ``min_step`` on, ``then`` (the exchange) for the rest."""
+    best, fbest, used = start, f0, 0
+    while step >= min_step and used < budget:
+        improved = False
+        for c in P.coords:
+            for sign in (1.0, -1.0):
+                if used >= budget:
+                    break
+                x = P.move(best, c, sign * step)
+                if snap:
+                    x = P.snap(best, x, c, discrete)
+                if x.key() == best.key():
+                    continue
+                (v,) = yield [x]
+                used += 1
+                if _better(v, fbest):
+                    best, fbest, improved = x, v, True
+                    break
+        if not improved:
+            step /= 2
+    if then and used < budget:
+        best, fbest = yield from METHODS[then](P, discrete, best, fbest, budget - used, rng)
+    return best, fbest
+
+
+METHODS = {"exchange": exchange, "gd": gd, "cmaes": cmaes, "tpe": tpe, "compass": compass}
 
 
 # ---- helpers ------------------------------------------------------------------------------

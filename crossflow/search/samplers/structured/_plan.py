@@ -49,7 +49,8 @@ SCREEN, ORDERS, SEARCH, RESCREEN, POLISH = "screen", "orders", "search", "rescre
 def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
          inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
          rescreen: int = 8, contenders: int = 3, trial: int = 300,
-         polish: tuple[str, ...] = ("gd", "exchange"),
+         polish: tuple[str, ...] = ("gd", "exchange"), restart: str | None = "compass",
+         patience: int = 100, stall_gain: float = 1e-3,
          records: list[dict[str, Any]] | None = None) -> Plan:
     rng = np.random.default_rng(seed)
     method = METHODS[inner]
@@ -126,8 +127,29 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
             other.close()
     run = runs[winner]
     discrete, x, fx = run.discrete, run.best, run.value
-    used += yield from run.until(max(0, budget - used - reserve - (budget - used - reserve)
-                                     // 4) if reserve else budget - used)
+    limit = (max(0, budget - used - reserve - (budget - used - reserve) // 4) if reserve
+             else budget - used)
+    if restart is None:
+        used += yield from run.until(limit)
+    else:
+        # a run that stalls (no gain of ``stall_gain`` in ``patience`` evaluations) with
+        # at least as much left races a ``restart`` method from the template's split for
+        # the rest of this phase: another basin (quickstart: fewer MCUs at a higher
+        # voltage), found by coarser moves; the better run goes on
+        n = yield from run.until(limit, patience=patience, gain=stall_gain)
+        used += n
+        if (run.stalled or run.done) and limit - n >= max(patience, limit // 3):
+            rival = _Run(METHODS[restart](P, run.discrete, x0, best_value[winner],
+                                          limit - n, rng), P, run.discrete, x0,
+                         best_value[winner])
+            used += yield from rival.until(limit - n)
+            if rival.value < run.value:
+                run.close()
+                run = rival
+            else:
+                rival.close()
+        else:
+            used += yield from run.until(limit - n)
     x, fx = run.best, run.value
     if reserve > 0:
         others = [i for i in ranking if i not in runs][:reserve]
@@ -182,13 +204,19 @@ class _Run:
         self.gen, self.P, self.discrete, self.phase = gen, P, dict(discrete), phase
         self.best, self.value = x, fx
         self.pending: list[Cont] | None = None
-        self.done = False
+        self.done = self.stalled = False
 
-    def until(self, limit: int):
+    def until(self, limit: int, patience: int = 0, gain: float = 0.0):
         """Evaluate up to ``limit`` points (yields batches, receives values); returns how
-        many were evaluated."""
+        many were evaluated.  With ``patience``, stops early (``stalled``) after that many
+        evaluations without a relative gain of ``gain``."""
         used = 0
+        last, mark = 0, self.value
+        self.stalled = False
         while not self.done and used < limit:
+            if patience and used - last >= patience:
+                self.stalled = True
+                break
             try:
                 if self.pending is None:
                     self.pending = next(self.gen)
@@ -200,6 +228,8 @@ class _Run:
                 for b, v in zip(batch, got, strict=True):
                     if v < self.value:
                         self.best, self.value = b, v
+                if self.value < mark * (1.0 - gain):
+                    last, mark = used, self.value
                 if len(batch) < len(self.pending):  # cut short: the method cannot go on
                     self.close()
                     break
