@@ -256,7 +256,7 @@ def _shift(at: Cont, frm: Coord, to: Coord, s: float) -> float:
 
 
 def gd(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
-       rng: np.random.Generator, *, polish: float = 0.7, **options: Any) -> Inner:
+       rng: np.random.Generator, *, polish: float = 0.8, **options: Any) -> Inner:
     """Eq. 6 (:func:`eq6`) for the descent, then — past a fraction ``1 − polish`` of the
     budget, or once its steps stall — the cliff-aware :func:`exchange` from the best point
     for the rest: finite differences see no gradient across a cliff (the model is
@@ -272,7 +272,7 @@ def gd(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: 
 def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
         rng: np.random.Generator, *, chains: int = 1, learning_rate: float = 0.1,
        beta: float = 0.5, probe: float = 0.05, line: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0),
-       spread: float = 0.15) -> Inner:
+       spread: float = 0.15, edge_probes: bool = True) -> Inner:
     """The paper's eq. 6 made practical (see the module docstring).
 
     Chains: the first starts at ``start``, the others at random exchanges of it of
@@ -306,7 +306,8 @@ def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget:
         plans = []
         for k, x in enumerate(states):
             probes = [c for c in P.coords if c not in frozen]
-            pts = [_probe(P, x, c, probe) for c in probes]
+            pts = [_probe(P, x, c, probe, discrete if edge_probes else None)
+                   for c in probes]
             plans.append((k, probes, len(batch), len(pts)))
             batch += pts
         batch = batch[:max(0, budget - used)]
@@ -327,7 +328,8 @@ def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget:
                 flat = {c for c, v in zip(probes, diffs, strict=True)
                         if abs(v - fx) <= _SAME * abs(fx)}
                 frozen = flat if k == 0 else frozen & flat
-            directions.append(_direction(P, states[k], probes, fx, diffs, probe))
+            directions.append(_direction(P, states[k], probes, fx, diffs, probe,
+                                         batch[at:at + n]))
             for x, v in zip(batch[at:at + n], diffs, strict=True):
                 if _better(v, fbest):
                     best, fbest = x, v
@@ -461,28 +463,45 @@ METHODS = {"exchange": exchange, "gd": gd, "cmaes": cmaes, "tpe": tpe, "compass"
 
 # ---- helpers ------------------------------------------------------------------------------
 
-def _probe(P: Problem, x: Cont, c: Coord, h: float) -> Cont:
+def _probe(P: Problem, x: Cont, c: Coord, h: float,
+           discrete: Mapping[str, Any] | None = None) -> Cont:
     """The forward-difference probe of ``c``: a mix of ``h`` towards its vertex (floats:
-    h of the range)."""
+    h of the range).  With ``discrete``, the mix goes to the next step edge of ``c``
+    instead when that is nearer (the difference then measures the unit it buys, not a
+    plateau or a cliff crossed part-way)."""
     if c.index < 0:
         return P.move(x, c, h)
-    return Cont({**x.simplexes, c.block: mix_towards_vertex(x.simplexes[c.block], c.index, h)},
-                x.floats)
+    mixed = Cont({**x.simplexes, c.block: mix_towards_vertex(x.simplexes[c.block], c.index,
+                                                             h)}, x.floats)
+    if discrete is None:
+        return mixed
+    w = x.simplexes[c.block][c.index]
+    edge = P.snap(x, P.move(x, c, 1e-6), c, discrete)
+    if edge.simplexes[c.block][c.index] - w < mixed.simplexes[c.block][c.index] - w:
+        return edge
+    return mixed
 
 
 def _direction(P: Problem, x: Cont, probes: list[Coord], fx: float, values: list[float],
-               h: float) -> dict[str, np.ndarray | float]:
+               h: float, points: list[Cont] | None = None) -> dict[str, np.ndarray | float]:
     """Per simplex the normalised descent direction in its tangent space (the slack's
-    component is 0 for no probe); per float the sign of its forward difference."""
+    component is 0 for no probe); per float the sign of its forward difference.  With
+    ``points`` (the probes), each difference is divided by its own mixing weight (a probe
+    landed on a step edge mixes less than ``h``)."""
     out: dict[str, Any] = {}
     for block, w in x.simplexes.items():
         n = len(w)
         d = np.zeros(n)
-        probed = [(c, v) for c, v in zip(probes, values, strict=True) if c.block == block]
+        probed = [(c, v, p) for c, v, p in zip(probes, values, points or [None] * len(probes),
+                                               strict=True) if c.block == block]
         if not probed:
             continue
         full = np.full(n, fx)
-        for c, v in probed:
+        for c, v, p in probed:
+            if p is not None and math.isfinite(v) and math.isfinite(fx):
+                # the mixing weight of this probe: (w_i' - w_i) / (1 - w_i)
+                hi = (p.simplexes[block][c.index] - w[c.index]) / (1.0 - w[c.index])
+                v = fx + (v - fx) * h / hi if hi > 0 else fx
             full[c.index] = v
         g = simplex_gradient(fx, list(full), h)
         norm = float(np.linalg.norm(g))
