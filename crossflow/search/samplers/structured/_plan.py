@@ -31,6 +31,7 @@ Phases, for a budget of B evaluations (every point yielded is one evaluation: on
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Generator, Mapping
 from typing import Any
@@ -115,8 +116,9 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     reserve = min(rescreen, len(ranking) - k, max(0, (budget - used) // 10))
     total = budget - used - reserve
     finite = [i for i in ranking if math.isfinite(best_value[i])][:k] or ranking[:1]
+    memo: dict[str, float] = {}
     runs = {i: _Run(method(P, combo(i), x0, best_value[i], total, rng, **options), P,
-                    combo(i), x0, best_value[i]) for i in finite}
+                    combo(i), x0, best_value[i], memo=memo) for i in finite}
     if len(runs) > 1:
         share = total * 2 // (5 * len(runs))          # 40 % of the search, shared
         for run in runs.values():
@@ -141,7 +143,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
         if (run.stalled or run.done) and limit - n >= max(patience, limit // 3):
             rival = _Run(METHODS[restart](P, run.discrete, x0, best_value[winner],
                                           limit - n, rng), P, run.discrete, x0,
-                         best_value[winner])
+                         best_value[winner], memo=memo)
             used += yield from rival.until(limit - n)
             if rival.value < run.value:
                 run.close()
@@ -163,7 +165,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
         if switched:  # another combination wins at this split: search its split instead
             run.close()
             run = _Run(method(P, discrete, x, fx, budget - used, rng, **options), P,
-                       discrete, x, fx)
+                       discrete, x, fx, memo=memo)
         used += yield from run.until(budget - used)
         x, fx = run.best, run.value
 
@@ -177,7 +179,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
         left = budget - used if used < budget else 100
         limit = min(left, 120) if name != "exchange" else left
         run = _Run(METHODS[name](P, discrete, x, fx, limit, rng), P, discrete, x, fx,
-                   POLISH)
+                   POLISH, memo=memo)
         n = yield from run.until(limit)
         used += n
         x, fx = run.best, run.value
@@ -197,12 +199,15 @@ def _order(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str,
 
 class _Run:
     """An inner method run in installments (see :func:`plan`, phases 4-5): batches of its
-    continuous points become parameter dicts of the combination ``discrete``."""
+    continuous points become parameter dicts of the combination ``discrete``.  A point
+    that a run of the plan has already evaluated (``memo``: parameters → value) is not
+    evaluated again: the method gets the recorded value."""
 
     def __init__(self, gen, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
-                 phase: str = SEARCH):
+                 phase: str = SEARCH, memo: dict[str, float] | None = None):
         self.gen, self.P, self.discrete, self.phase = gen, P, dict(discrete), phase
         self.best, self.value = x, fx
+        self.memo = memo if memo is not None else {}
         self.pending: list[Cont] | None = None
         self.done = self.stalled = False
 
@@ -220,20 +225,33 @@ class _Run:
             try:
                 if self.pending is None:
                     self.pending = next(self.gen)
-                batch = self.pending[:limit - used]
-                if not batch:
+                if not self.pending:
                     break
-                got = yield self.phase, [self.P.params(b, self.discrete) for b in batch]
-                used += len(batch)
-                for b, v in zip(batch, got, strict=True):
+                params = [self.P.params(b, self.discrete) for b in self.pending]
+                keys = [json.dumps(p, sort_keys=True, default=str) for p in params]
+                fresh: dict[str, int] = {}
+                for i, k in enumerate(keys):
+                    if k not in self.memo and k not in fresh:
+                        fresh[k] = i
+                cut = len(fresh) > limit - used
+                todo = list(fresh.items())[:limit - used]
+                if todo:
+                    got = yield self.phase, [params[i] for _, i in todo]
+                    used += len(todo)
+                    self.memo.update(zip((k for k, _ in todo), got, strict=True))
+                if cut:  # cut short: the method cannot go on
+                    for k, i in todo:
+                        if self.memo[k] < self.value:
+                            self.best, self.value = self.pending[i], self.memo[k]
+                    self.close()
+                    break
+                values = [self.memo[k] for k in keys]
+                for b, v in zip(self.pending, values, strict=True):
                     if v < self.value:
                         self.best, self.value = b, v
                 if self.value < mark * (1.0 - gain):
                     last, mark = used, self.value
-                if len(batch) < len(self.pending):  # cut short: the method cannot go on
-                    self.close()
-                    break
-                self.pending = self.gen.send(list(got))
+                self.pending = self.gen.send(values)
             except StopIteration as end:
                 self.done = True
                 if end.value is not None and end.value[1] < self.value:
