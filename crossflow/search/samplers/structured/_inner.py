@@ -10,8 +10,12 @@ at most ``budget`` evaluations and returns ``(best point, best value)``.
   when neither direction does); every move lands on a step edge of the AGE.
 * :func:`gd` — the paper's eq. 6 (:func:`eq6`: normalised finite-difference gradient on
   each simplex, β-average in parameter space, exact projection; chains side by side, a
-  line search along each step, coordinates a first pass shows to be flat frozen, the
+  line search along each step, coordinates a first pass shows to be flat frozen, each
+  probe landed on its coordinate's next step edge when that is nearer than the mix, the
   step landed on a step edge), then :func:`exchange` across the cliffs where eq. 6 stalls.
+* :func:`compass` — a compass search on the softmax logits (coarse steps first: the
+  best-known search's refinement), then the exchange; the plan's restart of a stalled
+  search.
 * :func:`cmaes` and :func:`tpe` — CMA-ES (the ``cmaes`` package) and Optuna's TPE, ask and
   tell on the encoded simplex parameters, as baselines for the inner search.
 """
@@ -260,7 +264,8 @@ def gd(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: 
     """Eq. 6 (:func:`eq6`) for the descent, then — past a fraction ``1 − polish`` of the
     budget, or once its steps stall — the cliff-aware :func:`exchange` from the best point
     for the rest: finite differences see no gradient across a cliff (the model is
-    piecewise constant in whole units), which is where eq. 6 stalls."""
+    piecewise constant in whole units), which is where eq. 6 stalls.  ``polish`` 0.8 is
+    the best of 0.5–0.9 measured with edge probes (README's search section)."""
     first = int(budget * (1.0 - polish))
     x, fx = yield from eq6(P, discrete, start, f0, first, rng, **options)
     rest = budget - first

@@ -21,12 +21,18 @@ Phases, for a budget of B evaluations (every point yielded is one evaluation: on
    for it (``trial`` evaluations per contender), the ``contenders`` best combinations each
    get a first installment (40 % of the search, shared) from the template's split — a
    combination that needs another split (more link power, say) shows it there — and the
-   best of them goes on, to 3/4 of what is left after reserving the re-screen.
+   best of them goes on, to 3/4 of what is left after reserving the re-screen.  A winner
+   that stalls (no relative gain of ``stall_gain`` in ``patience`` evaluations) with a
+   third of that or more left is raced by the ``restart`` method (the compass) from the
+   template's split for the rest of the phase; the better run goes on.
 5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
    again (each in its best order); the winner gets the rest of the budget (inner search
    again, from the split found).
 6. **Polish** (past B, when a study is extended): inner searches from the best point with
    smaller steps, for ever.
+
+Runs of phases 4-6 share a memo: a point already evaluated is answered from it, not
+evaluated again.
 """
 
 from __future__ import annotations
