@@ -22,6 +22,7 @@ from crossflow.arch.cliffs import (
     quantities,
     quantities_at,
     steps,
+    transfer_amount,
 )
 from crossflow.arch.paper_check import paper_check
 from crossflow.config import load_spec
@@ -285,3 +286,50 @@ def test_proportional_convention_scales_the_others_and_the_slack():
     assert held["registers"] == 0.3022 and held["core"] == 0.4
     with pytest.raises(ConfigError):
         steps(spec, None, "power", "core", convention="softmax")
+
+
+# --- pairwise transfers (unit exchanges) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("simplex, to, donor, quantity, units", [
+    ("area", "registers", "core", "registers.banks_per_instance", 1),   # fewer MCUs share
+    ("area", "L1", "L2", "L1.banks_per_instance", 1),
+    ("power", "core", "dram_ctrl", "DRAM.devices", -1),                # a device's power
+    ("area", "L2", "core", "core.bundles", -1),
+])
+def test_transfer_amount_is_the_first_point_of_a_scan_that_buys_the_unit(
+        simplex, to, donor, quantity, units):
+    spec = SPECS["deepflow-case-study"]
+    key = SIMPLEXES[simplex]
+
+    def at(t: float) -> dict:
+        fr = dict(LSTM512_BEST[key])
+        fr[to] += t
+        fr[donor] -= t
+        return quantities_at(spec, {**LSTM512_BEST, key: fr})
+
+    q0 = at(0.0)[quantity]
+    want = q0 + units
+    t = transfer_amount(spec, LSTM512_BEST, simplex, to, donor, quantity, units)
+    assert t is not None and 0.0 < t < LSTM512_BEST[key][donor]
+    grid = np.linspace(0.0, LSTM512_BEST[key][donor], 400)
+    if units > 0:
+        assert at(t)[FEASIBLE] and at(t)[quantity] == want
+        assert at(t - 2e-6)[quantity] < want                      # no less buys it
+        first = next(x for x in grid if at(x)[FEASIBLE] and at(x)[quantity] >= want)
+        assert first - grid[1] <= t <= first
+    else:
+        assert at(t)[FEASIBLE] and at(t)[quantity] == want        # one unit fewer, kept
+        after = at(t + 2e-6)
+        assert not after[FEASIBLE] or after[quantity] < want      # no more can be given
+        last = max(x for x in grid if at(x)[FEASIBLE] and at(x)[quantity] >= want)
+        assert last <= t <= last + grid[1]
+
+
+def test_transfer_amount_is_none_when_the_donor_cannot_pay():
+    spec = SPECS["deepflow-case-study"]
+    # the DRAM devices are bound by more than the controller area here (the perimeter or
+    # the package): no area buys one more
+    assert transfer_amount(spec, LSTM512_BEST, "area", "dram_ctrl", "L2", "DRAM.devices") is None
+    with pytest.raises(ConfigError):
+        transfer_amount(spec, LSTM512_BEST, "area", "core", "core", "core.bundles")

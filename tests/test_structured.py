@@ -183,7 +183,7 @@ def _toy_optimum() -> float:
     return best
 
 
-@pytest.mark.parametrize("method", ["exchange", "gd"])
+@pytest.mark.parametrize("method", ["exchange", "gd", "compass"])
 def test_inner_method_crosses_a_cliff_on_a_toy_problem(method):
     P = _ToyProblem(_ToySetup())
     start = Cont({"area": np.array([0.3, 0.05, 0.3, 0.35])})   # under the SRAM cliff
@@ -203,6 +203,90 @@ def test_inner_method_crosses_a_cliff_on_a_toy_problem(method):
     assert fx == best and x.simplexes["area"][1] >= 0.15          # over the cliff
     optimum = _toy_optimum()
     assert fx <= optimum * 1.05, (fx, optimum)
+
+
+def test_gd_probes_land_on_the_next_step_edge_when_it_is_nearer():
+    from crossflow.search.samplers.structured._inner import _direction, _probe
+
+    P = _ToyProblem(_ToySetup())
+    core = next(c for c in P.coords if c.name == "core")
+    x = Cont({"area": np.array([0.31, 0.2, 0.29, 0.2])})
+    near = _probe(P, x, core, 0.1, {})                   # the mix would reach 0.379
+    assert near.simplexes["area"][0] == pytest.approx(0.35, rel=1e-6)
+    far = _probe(P, x, core, 0.05, {})                   # the mix (0.3445) is nearer
+    assert far.simplexes["area"][0] == pytest.approx(0.31 + 0.05 * 0.69)
+    # each difference is divided by its own mixing weight: on a linear objective both
+    # probes give the same direction
+    def linear(c):
+        return float(np.dot(c.simplexes["area"], [-1.0, 0.5, 0.2, 0.0]))
+    others = [c for c in P.coords if c.name != "core"]
+    probes = [core, *others]
+    d = []
+    for first in (near, far):
+        pts = [first, *(_probe(P, x, c, 0.05) for c in others)]
+        d.append(_direction(P, x, probes, linear(x), [linear(p) for p in pts], 0.05,
+                            pts)["area"])
+    assert np.allclose(d[0], d[1])
+
+
+def test_a_run_stops_when_it_stalls_and_never_repeats_a_point():
+    from crossflow.search.samplers.structured._plan import _Run
+
+    class _Params:
+        def params(self, cont, discrete):
+            return {"x": float(cont.simplexes["area"][0])}
+
+    def method():
+        values = yield [Cont({"area": np.array([0.5, 0.5])})]
+        k = 0
+        while True:   # a point every time, every third one seen before, nothing better
+            k += 1
+            x = 0.5 if k % 3 == 0 else 0.5 + 1e-3 * k
+            values = yield [Cont({"area": np.array([x, 1 - x])})]
+            assert values[0] >= 1.0
+
+    run = _Run(method(), _Params(), {}, Cont({"area": np.array([0.5, 0.5])}), 1.0)
+    gen = run.until(500, patience=20, gain=1e-3)
+    asked = []
+    try:
+        phase, batch = next(gen)
+        while True:
+            asked += [b["x"] for b in batch]
+            phase, batch = gen.send([1.0] * len(batch))
+    except StopIteration as end:
+        used = end.value
+    assert run.stalled and used == len(asked) == 20
+    assert len(set(asked)) == len(asked)                  # repeats answered from the memo
+
+
+def test_plan_restarts_a_stalled_search_with_the_compass(monkeypatch):
+    """quickstart (one combination per node): the winner's exchange stalls and a compass
+    search from the template's split races it; the plan yields no point twice."""
+    from crossflow.search.objective import evaluate_many
+    from crossflow.search.samplers.structured import _inner, _plan
+
+    calls = []
+    real = _inner.compass
+
+    def spy(*args, **kw):
+        calls.append(args[4])
+        return real(*args, **kw)
+
+    monkeypatch.setitem(_plan.METHODS, "compass", spy)
+    setup = load_study("quickstart")
+    gen = _plan.plan(Problem(setup), budget=700, seed=0, records=[])
+    seen, n = set(), 0
+    phase, batch = next(gen)
+    while n < 700:
+        for p in batch:
+            key = tuple(sorted(p.items()))
+            assert key not in seen
+            seen.add(key)
+        got = [e.values(setup.objectives)[0] if e.feasible else math.inf
+               for e in evaluate_many(setup, [setup.design(p) for p in batch])]
+        n += len(batch)
+        phase, batch = gen.send(got)
+    assert calls and all(c >= 100 for c in calls)
 
 
 def test_a_multi_objective_study_is_refused_before_anything_is_created(tmp_path):

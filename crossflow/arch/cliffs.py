@@ -65,7 +65,8 @@ from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.tech.library import TechLibrary, library
 
 __all__ = ["SIMPLEXES", "CONVENTIONS", "FEASIBLE", "Step", "quantities", "quantities_at",
-           "unit_quantity", "steps", "edges", "coordinate_range", "coordinate_overrides"]
+           "unit_quantity", "steps", "edges", "coordinate_range", "coordinate_overrides",
+           "transfer_amount"]
 
 #: Budget simplexes and the override key that holds each one's fractions.
 SIMPLEXES: Mapping[str, str] = {"area": "area_fractions", "power": "power_fractions",
@@ -641,3 +642,79 @@ def _settle(coord: _Coordinate, t: float, side: int, want: dict[str, int], hair:
 
 def _generates(coord: _Coordinate, x: float) -> dict[str, int]:
     return quantities_at(coord.spec, coord.overrides_at(x), tech=coord.tech)
+
+
+# --- pairwise transfers -----------------------------------------------------------------------
+
+
+class _Transfer(_Coordinate):
+    """A pairwise transfer: ``component`` grows by ``t`` and ``donor`` gives up the same
+    ``t`` (the other fractions and the slack held); the coordinate is ``t``."""
+
+    def __init__(self, template: Template, overrides: Mapping[str, Any] | None, simplex: str,
+                 component: str, donor: str, tech: TechLibrary | None) -> None:
+        super().__init__(template, overrides, simplex, component, tech, "held")
+        if donor not in self.fractions or donor == component:
+            raise ConfigError(f"unknown {simplex} donor", key="donor", value=donor,
+                              allowed=", ".join(k for k in self.fractions if k != component))
+        self.donor = donor
+        self.f_max = self.fractions[donor]
+
+    def simplex_at(self, t: Any) -> dict[str, Any]:
+        return {**self.fractions, self.component: self.base + t,
+                self.donor: self.fractions[self.donor] - t}
+
+
+def transfer_amount(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
+                    component: str, donor: str, quantity: str, units: int = 1, *,
+                    tech: TechLibrary | None = None) -> float | None:
+    """The smallest fraction ``t`` that, moved from ``donor`` to ``component`` (the other
+    fractions held), makes ``quantity`` grow by ``units`` over its value at ``t = 0``
+    with the design feasible, nudged so that ``generate()`` builds it; None when even all
+    of the donor's fraction does not (or the design at ``t = 0`` cannot be built).  With
+    ``units < 0`` (a quantity of the donor), the largest ``t`` that keeps ``quantity`` at
+    its value plus ``units`` (one unit fewer for ``-1``: all the donor can give while it
+    keeps that many).
+
+    This is the cost of a *unit exchange*: one more register bank per MCU paid for by the
+    core, say, where the core's share going down also leaves fewer MCUs to share the
+    registers — both coordinates move, so the step is not a threshold of either alone.
+    Found by bisection on the vectorised replica of the AGE (``quantity`` need not be
+    monotone in ``t``: the bracket is the first grid point that reaches it)."""
+    coord = _Transfer(template, overrides, component=component, donor=donor, simplex=simplex,
+                      tech=tech)
+    at0 = coord.evaluate(np.array([0.0]))
+    if quantity not in at0 or not at0[FEASIBLE][0]:
+        return None
+    want = float(at0[quantity][0]) + units
+    down = units < 0
+
+    def reached(v: Mapping[str, np.ndarray]) -> np.ndarray:
+        q = np.asarray(v[quantity])
+        feasible = np.asarray(v[FEASIBLE])
+        return (q < want) | ~feasible if down else feasible & (q >= want)
+
+    grid = np.linspace(0.0, coord.f_max, 513)[1:]
+    ok = np.nonzero(reached(coord.evaluate(grid)))[0]
+    if not ok.size:
+        if not down:
+            return None
+        lo = hi = coord.f_max          # the donor can give everything and keep ``want``
+    else:
+        hi = float(grid[ok[0]])
+        lo = float(grid[ok[0] - 1]) if ok[0] > 0 else 0.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if reached(coord.evaluate(np.array([mid])))[0]:
+                hi = mid
+            else:
+                lo = mid
+            if hi - lo <= 1e-13 * max(1.0, hi):
+                break
+    for hair in (1e-10, 1e-9, 1e-8, 1e-7, 1e-6):
+        t = max(0.0, lo - hair) if down else min(coord.f_max, hi + hair)
+        got = _generates(coord, t)
+        if got.get(FEASIBLE) and (got.get(quantity, -1) == want if down
+                                  else got.get(quantity, -1) >= want):
+            return t
+    return None

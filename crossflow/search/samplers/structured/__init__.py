@@ -15,7 +15,9 @@ So the driver (:mod:`._plan`):
    then every feasible combination, then every class of mapping orders for the best few;
 2. searches the best combination's budget split with an inner method (:mod:`._inner`:
    ``exchange`` by default — a cliff-aware adaptive coordinate search whose moves land on
-   the AGE's step edges, :mod:`crossflow.arch.cliffs` — or ``gd``, ``cmaes``, ``tpe``);
+   the AGE's step edges, :mod:`crossflow.arch.cliffs` — or ``gd``, ``cmaes``, ``tpe``,
+   ``compass``); a search that stalls is raced by a compass search from the template's
+   split (another basin), the better one going on;
 3. re-screens the best combinations at the split found, and gives the rest of the budget
    to the winner.
 

@@ -10,8 +10,12 @@ at most ``budget`` evaluations and returns ``(best point, best value)``.
   when neither direction does); every move lands on a step edge of the AGE.
 * :func:`gd` — the paper's eq. 6 (:func:`eq6`: normalised finite-difference gradient on
   each simplex, β-average in parameter space, exact projection; chains side by side, a
-  line search along each step, coordinates a first pass shows to be flat frozen, the
+  line search along each step, coordinates a first pass shows to be flat frozen, each
+  probe landed on its coordinate's next step edge when that is nearer than the mix, the
   step landed on a step edge), then :func:`exchange` across the cliffs where eq. 6 stalls.
+* :func:`compass` — a compass search on the softmax logits (coarse steps first: the
+  best-known search's refinement), then the exchange; the plan's restart of a stalled
+  search.
 * :func:`cmaes` and :func:`tpe` — CMA-ES (the ``cmaes`` package) and Optuna's TPE, ask and
   tell on the encoded simplex parameters, as baselines for the inner search.
 """
@@ -43,7 +47,8 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
              rng: np.random.Generator, *, step: float = 0.2, min_step: float = 0.004,
              max_step: float = 1.5, donors: int = 2, every: int = 3,
              saturate: bool = True, idle: int = 3, receivers: int = 1,
-             revive_gain: float = 1e-4) -> Inner:
+             revive_gain: float = 1e-4, units: int = 0, hop_patience: int = 0,
+             hop_budget: int = 80, hop_gain: float = 1e-3) -> Inner:
     """Cliff-aware adaptive coordinate exchange.
 
     1. Sensitivity: one move up of every coordinate (one batch), then a move down of those
@@ -130,6 +135,11 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
             for d in cheap:
                 yield 1.0, lambda at, d=d: P.snap_transfer(
                     at, P.transfer(at, c, d, steps[c]), c, d, discrete)
+            # one more unit of c paid for by the largest shares: both sides' effects on
+            # the units counted (a register bank per MCU from the core: fewer MCUs share)
+            rich = sorted(mates, key=lambda d: -best.simplexes[c.block][d.index])[:units]
+            for d in rich:
+                yield 1.0, lambda at, d=d: P.unit_transfer(at, c, d, discrete)
         for r in sorted(mates, key=lambda d: up_effect[d])[:receivers]:
             yield -1.0, lambda at, r=r: P.transfer(at, r, c,
                                                            _shift(at, c, r, steps[c]))
@@ -137,8 +147,37 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
     # 2. adaptive rounds
     wins = {c: 0 for c in coords}
     rounds = 0
+    last_gain, tried = used, set()
     while used < budget:
         rounds += 1
+        if hop_patience and used - last_gain >= hop_patience and \
+                budget - used >= 2 * hop_budget:
+            # stalled: hop to another lattice point (one unit exchanged between two
+            # components) and search from there; kept when it ends better
+            last_gain = used
+            hops = [h for h in _unit_hops(P, best, discrete) if h.key() not in tried][:
+                budget - used - hop_budget]
+            tried.update(h.key() for h in hops)
+            if hops:
+                got = yield hops
+                used += len(hops)
+                v, i = min((v, i) for i, v in enumerate(got))
+                if math.isfinite(v):
+                    tally = [0]
+                    x, v = yield from _counted(exchange(P, discrete, hops[i], v, hop_budget, rng,
+                                               step=step, min_step=min_step,
+                                               max_step=max_step, donors=donors,
+                                               every=every, saturate=saturate, idle=idle,
+                                               receivers=receivers,
+                                               revive_gain=revive_gain, units=units),
+                                               tally)
+                    used += tally[0]
+                    if _better(v, fbest):
+                        best, fbest = x, v
+                        resting.clear()
+                        for c in live:
+                            steps[c] = max(steps[c], step)
+                continue
         # a coordinate that never paid off in ``idle`` tries sits out two rounds of three
         order = sorted((c for c in live if c not in resting and (
             wins[c] > 0 or fails[c] < idle or rounds % 3 == 0)), key=lambda c: -gain[c])
@@ -165,6 +204,8 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
                 if _better(v, fbest):
                     success = True
                     improved_any = improved_any or v < fbest * (1 - revive_gain)
+                    if v < fbest * (1 - hop_gain):
+                        last_gain = used
                     wins[c] += 1
                     gain[c] = max(gain[c], fbest - v)
                     best, fbest, direction[c] = x, v, sign
@@ -181,6 +222,36 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
     return best, fbest
 
 
+def _counted(gen: Inner, tally: list[int]) -> Inner:
+    """``gen`` run through, its evaluations added to ``tally[0]``."""
+    try:
+        batch = next(gen)
+        while True:
+            got = yield batch
+            tally[0] += len(batch)
+            batch = gen.send(got)
+    except StopIteration as end:
+        return end.value
+
+
+def _unit_hops(P: Problem, at: Cont, discrete: Mapping[str, Any]) -> list[Cont]:
+    """Every lattice neighbour of ``at`` one unit exchange away: for each pair of
+    components of a simplex, one more unit of the first paid for by the second, and one
+    unit fewer of the second with what it frees given to the first
+    (:meth:`Problem.unit_transfer`); those that change nothing left out."""
+    out, seen = [], {at.key()}
+    for to in P.coords:
+        for frm in P.coords:
+            if to.index < 0 or frm.block != to.block or frm == to:
+                continue
+            for drop in (False, True):
+                x = P.unit_transfer(at, to, frm, discrete, drop=drop)
+                if x.key() not in seen:
+                    seen.add(x.key())
+                    out.append(x)
+    return out
+
+
 def _shift(at: Cont, frm: Coord, to: Coord, s: float) -> float:
     """The exp-scale of ``to`` that takes the share ``frm`` loses when scaled by exp(−s)."""
     x = at.simplexes[frm.block]
@@ -189,11 +260,12 @@ def _shift(at: Cont, frm: Coord, to: Coord, s: float) -> float:
 
 
 def gd(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
-       rng: np.random.Generator, *, polish: float = 0.7, **options: Any) -> Inner:
+       rng: np.random.Generator, *, polish: float = 0.8, **options: Any) -> Inner:
     """Eq. 6 (:func:`eq6`) for the descent, then — past a fraction ``1 − polish`` of the
     budget, or once its steps stall — the cliff-aware :func:`exchange` from the best point
     for the rest: finite differences see no gradient across a cliff (the model is
-    piecewise constant in whole units), which is where eq. 6 stalls."""
+    piecewise constant in whole units), which is where eq. 6 stalls.  ``polish`` 0.8 is
+    the best of 0.5–0.9 measured with edge probes (README's search section)."""
     first = int(budget * (1.0 - polish))
     x, fx = yield from eq6(P, discrete, start, f0, first, rng, **options)
     rest = budget - first
@@ -205,7 +277,7 @@ def gd(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: 
 def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
         rng: np.random.Generator, *, chains: int = 1, learning_rate: float = 0.1,
        beta: float = 0.5, probe: float = 0.05, line: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0),
-       spread: float = 0.15) -> Inner:
+       spread: float = 0.15, edge_probes: bool = True) -> Inner:
     """The paper's eq. 6 made practical (see the module docstring).
 
     Chains: the first starts at ``start``, the others at random exchanges of it of
@@ -239,7 +311,8 @@ def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget:
         plans = []
         for k, x in enumerate(states):
             probes = [c for c in P.coords if c not in frozen]
-            pts = [_probe(P, x, c, probe) for c in probes]
+            pts = [_probe(P, x, c, probe, discrete if edge_probes else None)
+                   for c in probes]
             plans.append((k, probes, len(batch), len(pts)))
             batch += pts
         batch = batch[:max(0, budget - used)]
@@ -260,7 +333,8 @@ def eq6(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget:
                 flat = {c for c, v in zip(probes, diffs, strict=True)
                         if abs(v - fx) <= _SAME * abs(fx)}
                 frozen = flat if k == 0 else frozen & flat
-            directions.append(_direction(P, states[k], probes, fx, diffs, probe))
+            directions.append(_direction(P, states[k], probes, fx, diffs, probe,
+                                         batch[at:at + n]))
             for x, v in zip(batch[at:at + n], diffs, strict=True):
                 if _better(v, fbest):
                     best, fbest = x, v
@@ -358,33 +432,81 @@ def tpe(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget:
     return best, fbest
 
 
-METHODS = {"exchange": exchange, "gd": gd, "cmaes": cmaes, "tpe": tpe}
+def compass(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
+            rng: np.random.Generator, *, step: float = 1.0, min_step: float = 1 / 64,
+            snap: bool = False, then: str | None = "exchange", **_: Any) -> Inner:
+    """A compass search on the softmax encoding (the best-known search's refinement):
+    every coordinate moved by ±``step`` (a logit: one share scaled by e^±step, the others
+    in proportion), the first improvement kept, the step halved after a round with none;
+    from ``min_step`` on, ``then`` (the exchange) for the rest."""
+    best, fbest, used = start, f0, 0
+    while step >= min_step and used < budget:
+        improved = False
+        for c in P.coords:
+            for sign in (1.0, -1.0):
+                if used >= budget:
+                    break
+                x = P.move(best, c, sign * step)
+                if snap:
+                    x = P.snap(best, x, c, discrete)
+                if x.key() == best.key():
+                    continue
+                (v,) = yield [x]
+                used += 1
+                if _better(v, fbest):
+                    best, fbest, improved = x, v, True
+                    break
+        if not improved:
+            step /= 2
+    if then and used < budget:
+        best, fbest = yield from METHODS[then](P, discrete, best, fbest, budget - used, rng)
+    return best, fbest
+
+
+METHODS = {"exchange": exchange, "gd": gd, "cmaes": cmaes, "tpe": tpe, "compass": compass}
 
 
 # ---- helpers ------------------------------------------------------------------------------
 
-def _probe(P: Problem, x: Cont, c: Coord, h: float) -> Cont:
+def _probe(P: Problem, x: Cont, c: Coord, h: float,
+           discrete: Mapping[str, Any] | None = None) -> Cont:
     """The forward-difference probe of ``c``: a mix of ``h`` towards its vertex (floats:
-    h of the range)."""
+    h of the range).  With ``discrete``, the mix goes to the next step edge of ``c``
+    instead when that is nearer (the difference then measures the unit it buys, not a
+    plateau or a cliff crossed part-way)."""
     if c.index < 0:
         return P.move(x, c, h)
-    return Cont({**x.simplexes, c.block: mix_towards_vertex(x.simplexes[c.block], c.index, h)},
-                x.floats)
+    mixed = Cont({**x.simplexes, c.block: mix_towards_vertex(x.simplexes[c.block], c.index,
+                                                             h)}, x.floats)
+    if discrete is None:
+        return mixed
+    w = x.simplexes[c.block][c.index]
+    edge = P.snap(x, P.move(x, c, 1e-6), c, discrete)
+    if edge.simplexes[c.block][c.index] - w < mixed.simplexes[c.block][c.index] - w:
+        return edge
+    return mixed
 
 
 def _direction(P: Problem, x: Cont, probes: list[Coord], fx: float, values: list[float],
-               h: float) -> dict[str, np.ndarray | float]:
+               h: float, points: list[Cont] | None = None) -> dict[str, np.ndarray | float]:
     """Per simplex the normalised descent direction in its tangent space (the slack's
-    component is 0 for no probe); per float the sign of its forward difference."""
+    component is 0 for no probe); per float the sign of its forward difference.  With
+    ``points`` (the probes), each difference is divided by its own mixing weight (a probe
+    landed on a step edge mixes less than ``h``)."""
     out: dict[str, Any] = {}
     for block, w in x.simplexes.items():
         n = len(w)
         d = np.zeros(n)
-        probed = [(c, v) for c, v in zip(probes, values, strict=True) if c.block == block]
+        probed = [(c, v, p) for c, v, p in zip(probes, values, points or [None] * len(probes),
+                                               strict=True) if c.block == block]
         if not probed:
             continue
         full = np.full(n, fx)
-        for c, v in probed:
+        for c, v, p in probed:
+            if p is not None and math.isfinite(v) and math.isfinite(fx):
+                # the mixing weight of this probe: (w_i' - w_i) / (1 - w_i)
+                hi = (p.simplexes[block][c.index] - w[c.index]) / (1.0 - w[c.index])
+                v = fx + (v - fx) * h / hi if hi > 0 else fx
             full[c.index] = v
         g = simplex_gradient(fx, list(full), h)
         norm = float(np.linalg.norm(g))

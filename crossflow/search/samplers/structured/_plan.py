@@ -21,16 +21,23 @@ Phases, for a budget of B evaluations (every point yielded is one evaluation: on
    for it (``trial`` evaluations per contender), the ``contenders`` best combinations each
    get a first installment (40 % of the search, shared) from the template's split — a
    combination that needs another split (more link power, say) shows it there — and the
-   best of them goes on, to 3/4 of what is left after reserving the re-screen.
+   best of them goes on, to 3/4 of what is left after reserving the re-screen.  A winner
+   that stalls (no relative gain of ``stall_gain`` in ``patience`` evaluations) with a
+   third of that or more left is raced by the ``restart`` method (the compass) from the
+   template's split for the rest of the phase; the better run goes on.
 5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
    again (each in its best order); the winner gets the rest of the budget (inner search
    again, from the split found).
 6. **Polish** (past B, when a study is extended): inner searches from the best point with
    smaller steps, for ever.
+
+Runs of phases 4-6 share a memo: a point already evaluated is answered from it, not
+evaluated again.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Generator, Mapping
 from typing import Any
@@ -49,7 +56,8 @@ SCREEN, ORDERS, SEARCH, RESCREEN, POLISH = "screen", "orders", "search", "rescre
 def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
          inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
          rescreen: int = 8, contenders: int = 3, trial: int = 300,
-         polish: tuple[str, ...] = ("gd", "exchange"),
+         polish: tuple[str, ...] = ("gd", "exchange"), restart: str | None = "compass",
+         patience: int = 100, stall_gain: float = 1e-3,
          records: list[dict[str, Any]] | None = None) -> Plan:
     rng = np.random.default_rng(seed)
     method = METHODS[inner]
@@ -114,8 +122,9 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     reserve = min(rescreen, len(ranking) - k, max(0, (budget - used) // 10))
     total = budget - used - reserve
     finite = [i for i in ranking if math.isfinite(best_value[i])][:k] or ranking[:1]
+    memo: dict[str, float] = {}
     runs = {i: _Run(method(P, combo(i), x0, best_value[i], total, rng, **options), P,
-                    combo(i), x0, best_value[i]) for i in finite}
+                    combo(i), x0, best_value[i], memo=memo) for i in finite}
     if len(runs) > 1:
         share = total * 2 // (5 * len(runs))          # 40 % of the search, shared
         for run in runs.values():
@@ -126,8 +135,29 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
             other.close()
     run = runs[winner]
     discrete, x, fx = run.discrete, run.best, run.value
-    used += yield from run.until(max(0, budget - used - reserve - (budget - used - reserve)
-                                     // 4) if reserve else budget - used)
+    limit = (max(0, budget - used - reserve - (budget - used - reserve) // 4) if reserve
+             else budget - used)
+    if restart is None:
+        used += yield from run.until(limit)
+    else:
+        # a run that stalls (no gain of ``stall_gain`` in ``patience`` evaluations) with
+        # at least as much left races a ``restart`` method from the template's split for
+        # the rest of this phase: another basin (quickstart: fewer MCUs at a higher
+        # voltage), found by coarser moves; the better run goes on
+        n = yield from run.until(limit, patience=patience, gain=stall_gain)
+        used += n
+        if (run.stalled or run.done) and limit - n >= max(patience, limit // 3):
+            rival = _Run(METHODS[restart](P, run.discrete, x0, best_value[winner],
+                                          limit - n, rng), P, run.discrete, x0,
+                         best_value[winner], memo=memo)
+            used += yield from rival.until(limit - n)
+            if rival.value < run.value:
+                run.close()
+                run = rival
+            else:
+                rival.close()
+        else:
+            used += yield from run.until(limit - n)
     x, fx = run.best, run.value
     if reserve > 0:
         others = [i for i in ranking if i not in runs][:reserve]
@@ -141,7 +171,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
         if switched:  # another combination wins at this split: search its split instead
             run.close()
             run = _Run(method(P, discrete, x, fx, budget - used, rng, **options), P,
-                       discrete, x, fx)
+                       discrete, x, fx, memo=memo)
         used += yield from run.until(budget - used)
         x, fx = run.best, run.value
 
@@ -155,7 +185,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
         left = budget - used if used < budget else 100
         limit = min(left, 120) if name != "exchange" else left
         run = _Run(METHODS[name](P, discrete, x, fx, limit, rng), P, discrete, x, fx,
-                   POLISH)
+                   POLISH, memo=memo)
         n = yield from run.until(limit)
         used += n
         x, fx = run.best, run.value
@@ -175,35 +205,59 @@ def _order(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str,
 
 class _Run:
     """An inner method run in installments (see :func:`plan`, phases 4-5): batches of its
-    continuous points become parameter dicts of the combination ``discrete``."""
+    continuous points become parameter dicts of the combination ``discrete``.  A point
+    that a run of the plan has already evaluated (``memo``: parameters → value) is not
+    evaluated again: the method gets the recorded value."""
 
     def __init__(self, gen, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
-                 phase: str = SEARCH):
+                 phase: str = SEARCH, memo: dict[str, float] | None = None):
         self.gen, self.P, self.discrete, self.phase = gen, P, dict(discrete), phase
         self.best, self.value = x, fx
+        self.memo = memo if memo is not None else {}
         self.pending: list[Cont] | None = None
-        self.done = False
+        self.done = self.stalled = False
 
-    def until(self, limit: int):
+    def until(self, limit: int, patience: int = 0, gain: float = 0.0):
         """Evaluate up to ``limit`` points (yields batches, receives values); returns how
-        many were evaluated."""
+        many were evaluated.  With ``patience``, stops early (``stalled``) after that many
+        evaluations without a relative gain of ``gain``."""
         used = 0
+        last, mark = 0, self.value
+        self.stalled = False
         while not self.done and used < limit:
+            if patience and used - last >= patience:
+                self.stalled = True
+                break
             try:
                 if self.pending is None:
                     self.pending = next(self.gen)
-                batch = self.pending[:limit - used]
-                if not batch:
+                if not self.pending:
                     break
-                got = yield self.phase, [self.P.params(b, self.discrete) for b in batch]
-                used += len(batch)
-                for b, v in zip(batch, got, strict=True):
-                    if v < self.value:
-                        self.best, self.value = b, v
-                if len(batch) < len(self.pending):  # cut short: the method cannot go on
+                params = [self.P.params(b, self.discrete) for b in self.pending]
+                keys = [json.dumps(p, sort_keys=True, default=str) for p in params]
+                fresh: dict[str, int] = {}
+                for i, k in enumerate(keys):
+                    if k not in self.memo and k not in fresh:
+                        fresh[k] = i
+                cut = len(fresh) > limit - used
+                todo = list(fresh.items())[:limit - used]
+                if todo:
+                    got = yield self.phase, [params[i] for _, i in todo]
+                    used += len(todo)
+                    self.memo.update(zip((k for k, _ in todo), got, strict=True))
+                if cut:  # cut short: the method cannot go on
+                    for k, i in todo:
+                        if self.memo[k] < self.value:
+                            self.best, self.value = self.pending[i], self.memo[k]
                     self.close()
                     break
-                self.pending = self.gen.send(list(got))
+                values = [self.memo[k] for k in keys]
+                for b, v in zip(self.pending, values, strict=True):
+                    if v < self.value:
+                        self.best, self.value = b, v
+                if self.value < mark * (1.0 - gain):
+                    last, mark = used, self.value
+                self.pending = self.gen.send(values)
             except StopIteration as end:
                 self.done = True
                 if end.value is not None and end.value[1] < self.value:
