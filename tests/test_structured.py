@@ -206,7 +206,7 @@ def test_inner_method_crosses_a_cliff_on_a_toy_problem(method):
 
 
 def test_gd_probes_land_on_the_next_step_edge_when_it_is_nearer():
-    from crossflow.search.samplers.structured._inner import _direction, _probe
+    from crossflow.search.samplers.structured._eq6 import _direction, _probe
 
     P = _ToyProblem(_ToySetup())
     core = next(c for c in P.coords if c.name == "core")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,3 +336,16 @@ def _freeze(value: Any) -> Any:
         return tuple(_freeze(v) for v in value)
     return value
 
+
+#: An inner method (crossflow.search.samplers.structured._inner): a generator that yields
+#: batches of points, receives their values and returns (best point, best value).
+Inner = Generator[list[Cont], list[float], tuple[Cont, float]]
+
+#: Relative change below which two values are the same (the model is deterministic).
+SAME = 1e-9
+
+
+def better(a: float, b: float) -> bool:
+    """Whether value ``a`` improves on ``b`` by more than :data:`SAME` (any finite value
+    improves on an infinite one)."""
+    return a < b * (1.0 - SAME) if math.isfinite(b) else a < b
