@@ -186,6 +186,7 @@ def _storage_url(setup: StudySetup, storage: str | None) -> str:
 def _run(setup: StudySetup, options: Launch) -> RunResult:
     from crossflow import __version__
     from crossflow.search.samplers import check_objectives, check_options, make_sampler
+    from crossflow.search.tracking.check import check_tracking
 
     total = options.n_trials if options.n_trials is not None else setup.spec.n_trials
     if total < 1:
@@ -202,6 +203,8 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
     check_objectives(sampler_name, len(setup.objectives))  # before anything is created
     base_seed = setup.spec.seed if options.seed == "study" else options.seed
     url = _storage_url(setup, options.storage)
+    if options.track:  # a tracking store that cannot take the runs: refused before creating
+        check_tracking(options.tracking_uri or setup.tracking_uri, url)
     study = open_study(setup, url, heartbeat_s=options.heartbeat_s)
 
     if setup.spec.baseline and not study.get_trials(deepcopy=False):
@@ -232,6 +235,7 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
 
 def _join(setup: StudySetup, options: Launch) -> RunResult:
     from crossflow.search.samplers import make_sampler
+    from crossflow.search.tracking.check import check_tracking
 
     url = _storage_url(setup, options.storage)
     study = open_study(setup, url, create=False, heartbeat_s=options.heartbeat_s)
@@ -258,6 +262,8 @@ def _join(setup: StudySetup, options: Launch) -> RunResult:
     joined = {**launch, "worker_index": worker_index, "seed": seed, "role": "worker",
               "host": socket.gethostname(), "pid": os.getpid()}
     uri = options.tracking_uri or launch.get("tracking_uri") or setup.tracking_uri
+    if options.track:
+        check_tracking(uri, url)
     return _work(setup, study, joined, int(launch["n_trials"]), uri, options, summary=False)
 
 
