@@ -72,6 +72,8 @@ class RunResult:
     was_complete: bool = False
     #: the trials were logged to MLflow
     tracked: bool = False
+    #: finished trials of the study without an MLflow run after the launch (0 untracked)
+    untracked: int = 0
     launch: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -300,7 +302,8 @@ def _work(setup: StudySetup, study, launch: Mapping[str, Any], total: int, track
     return RunResult(study, bar.done - bar.start_done, len(study.get_trials(deepcopy=False)),
                      interrupted, time.perf_counter() - t0, best, n_trials=total,
                      finished=end.done, was_complete=start.finished, tracked=options.track,
-                     launch=dict(launch))
+                     launch=dict(launch),
+                     untracked=len(tracking.missing_runs) if options.track else 0)
 
 
 def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str, Any],
@@ -336,4 +339,5 @@ def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str
     return RunResult(study, end.done - start.done, len(study.get_trials(deepcopy=False)),
                      interrupted, time.perf_counter() - t0, best, n_trials=total,
                      finished=end.done, was_complete=start.finished, tracked=options.track,
-                     launch=dict(launch))
+                     launch=dict(launch),
+                     untracked=len(tracking.missing_runs) if options.track else 0)
