@@ -380,7 +380,8 @@ class StudyTracker:
             tail = Path(self._stderr_path).read_text(errors="replace")[-2000:].strip()
         self.missing_runs = self._missing(worker)
         if self.missing_runs:
-            first = (worker.get("errors") or ["no error was reported"])[0]
+            first = " ".join((worker.get("errors") or ["no error was reported"])[0].split())
+            first = first if len(first) <= 240 else first[:239] + "…"  # one paragraph
             print(f"crossflow: error: {len(self.missing_runs)} of {self.finished_trials} "
                   f"finished trials have no MLflow run in {redact(self.tracking_uri)} (first "
                   f"trial without one: {self.missing_runs[0]}; {first}); the trials are safe "
