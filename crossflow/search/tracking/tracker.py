@@ -382,8 +382,11 @@ class StudyTracker:
         if self.missing_runs:
             first = " ".join((worker.get("errors") or ["no error was reported"])[0].split())
             first = first if len(first) <= 240 else first[:239] + "…"  # one paragraph
+            # no account from the logger (stopped, crashed): runs it made are not known
+            lack = ("have no MLflow run" if "trials_with_runs" in worker
+                    else "have no MLflow run known to have been logged")
             print(f"crossflow: error: {len(self.missing_runs)} of {self.finished_trials} "
-                  f"finished trials have no MLflow run in {redact(self.tracking_uri)} (first "
+                  f"finished trials {lack} in {redact(self.tracking_uri)} (first "
                   f"trial without one: {self.missing_runs[0]}; {first}); the trials are safe "
                   "in the study's storage and are logged when the study is next launched "
                   "with the tracking store reachable"
