@@ -45,6 +45,10 @@ def check_file(file: str | Path) -> str:
     if is_design(data):
         return check_design(data, file)
     spec = load_spec(Path(file))
+    if spec.kind == "study":  # resolved as 'study run' will use it (nothing is created)
+        from crossflow.search.study import check_study
+
+        check_study(spec)
     return spec.kind + _infeasible_note(spec)
 
 

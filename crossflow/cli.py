@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -251,8 +252,10 @@ def _parser() -> argparse.ArgumentParser:
     sw = ss.add_parser("worker", help="join a running study from this machine (RDB storage)",
                        **_about("study worker"))
     sw.add_argument("name", help="study name or YAML file")
-    sw.add_argument("--storage", required=True, metavar="URL|FILE",
-                    help="the study's Optuna storage URL (postgresql://...) or journal file")
+    sw.add_argument("--storage", metavar="URL|FILE",
+                    help="the study's Optuna storage URL (postgresql://...) or journal file "
+                    "(default: the environment variable CROSSFLOW_STORAGE, which keeps a "
+                    "password off the command line)")
     sw.add_argument("--launch", help="the launch to join (default: the study's latest)")
     sw.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     sw.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI (default: the "
@@ -273,6 +276,9 @@ def _parser() -> argparse.ArgumentParser:
                             "and its inline parts beside it")
             sp.add_argument("--trial", type=int, metavar="N",
                             help="trial N's design instead of the best")
+            sp.add_argument("--force", action="store_true",
+                            help="with --export: replace files that exist (the named one "
+                            "and the side files beside it)")
 
     rp = sub.add_parser("report", help="regenerate one of the paper's case-study reports",
                         **_about("report"))
@@ -490,7 +496,32 @@ def _cmd_study(args: argparse.Namespace) -> int:
             print(f"{row['name']:<20} {row['sampler']:<7} {row['n_trials']:>6} trials  "
                   f"[{done}]  {row['description']}")
         return EXIT_OK
+    if args.study_command == "worker" and args.storage is None:
+        from crossflow.search.workers import STORAGE_ENV
+
+        args.storage = os.environ.get(STORAGE_ENV) or None
+        if args.storage is None:
+            raise ConfigError(f"the study's storage is needed: give --storage URL, or set "
+                              f"{STORAGE_ENV}", file="command line", key="--storage")
     setup = studies.load_study(args.name)
+    # every argument checked before anything is created (a journal, tables, a study)
+    if args.study_command == "run":
+        if args.seed is not None:
+            studies.check_seed(args.seed, key="--seed")
+        if args.trials is not None and args.trials < 1:
+            raise ConfigError("must be >= 1", key="--trials", value=args.trials)
+        if args.workers < 1:
+            raise ConfigError("must be >= 1", key="--workers", value=args.workers)
+        studies.check_launch(args.storage if args.storage is not None else setup.storage,
+                             None if args.no_tracking else
+                             args.tracking_uri or setup.tracking_uri,
+                             storage_key="--storage" if args.storage is not None
+                             else "storage", tracking_key="--tracking-uri"
+                             if args.tracking_uri else "tracking_uri")
+    elif args.storage is not None:
+        from crossflow.search.storage import check_storage
+
+        check_storage(args.storage, key="--storage")
     if args.study_command in ("run", "worker") and args.heartbeat is not None \
             and not args.heartbeat >= 1:
         raise ConfigError("must be at least 1 second", file="command line",
@@ -540,7 +571,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         print(f"{setup.name}: no feasible trial yet", file=sys.stderr)
         return EXIT_INFEASIBLE
     if args.export:
-        written = studies.export_design(design, args.export)
+        written = studies.export_design(design, args.export, overwrite=args.force)
         for part, path in written.items():
             print(f"wrote {path} ({part})")
         print(f"  {_exported_command(args.export)}")
@@ -586,8 +617,11 @@ def _print_summary(s: dict) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     import time
 
+    from crossflow.outputs import check_output_folder
     from crossflow.reports import run_report
 
+    if args.out is not None:  # before the report's minutes of work
+        check_output_folder(Path(args.out), "--out", "the report's folder")
     t0 = time.perf_counter()
     path = run_report(args.name, args.out, quick=args.quick, tracking_uri=args.tracking_uri)
     print(f"{path} ({time.perf_counter() - t0:.1f} s; logged to MLflow experiment 'reports')")
@@ -599,6 +633,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from crossflow.search.study import load_study
 
     setup = load_study(args.name)
+    if args.storage is not None:  # before the best-known search and any run
+        from crossflow.search.storage import check_storage
+
+        check_storage(args.storage, key="--storage")
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
                      workers=args.workers, storage=args.storage,

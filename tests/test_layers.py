@@ -23,7 +23,7 @@ PACKAGE = ROOT / "crossflow"
 #: ``crossflow.search.reports`` counts as ``reports``; the package root
 #: (``crossflow/__init__.py``) is the public facade.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("errors/units", ("errors", "units")),
+    ("errors/units", ("errors", "units", "outputs")),
     ("config", ("config",)),
     ("tech", ("tech",)),
     ("arch", ("arch",)),

@@ -32,15 +32,24 @@ def load_hardware(hardware: Source | MicroArch) -> MicroArch:
     if isinstance(hardware, MicroArch):
         return hardware
     if isinstance(hardware, str | Path):
-        return _load_named_hardware(str(hardware))
+        return _load_named_hardware(str(hardware), _file_key(Path(hardware)))
     return _microarch(hardware if isinstance(hardware, Spec)
                       else load_spec(hardware, "hardware", "templates"))
 
 
+def _file_key(path: Path) -> tuple[str, int] | None:
+    """A file's absolute path and modification time: one relative path in two folders, or a
+    file rewritten, is another device."""
+    try:
+        return (str(path.resolve()), path.stat().st_mtime_ns) if path.is_file() else None
+    except OSError:
+        return None
+
+
 @lru_cache(maxsize=64)
-def _load_named_hardware(source: str) -> MicroArch:
-    """One MicroArch per preset name or path, so kernel prices cached per device are reused
-    across predictions (a search calls predict thousands of times)."""
+def _load_named_hardware(source: str, key: tuple[str, int] | None = None) -> MicroArch:
+    """One MicroArch per preset name or file (``key``), so kernel prices cached per device
+    are reused across predictions (a search calls predict thousands of times)."""
     return _microarch(load_spec(source, "hardware", "templates"))
 
 

@@ -1,14 +1,12 @@
 """The CSV files of a measurement (GEMM rows, STREAM rows, a ``#`` header describing the
-machine and how it was measured)."""
+machine and how it was measured).  The preset and the CSVs are written together by
+:class:`crossflow.outputs.OutputFiles` (re-exported here)."""
 
 from __future__ import annotations
 
 import csv
 import os
 import platform
-import stat
-import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,9 @@ from crossflow.calibrate.blas import _numpy_blas_build
 from crossflow.calibrate.host import Machine
 from crossflow.calibrate.measure import Measurement
 from crossflow.calibrate.stream import _TRIAD_BLOCK
-from crossflow.errors import ConfigError
+
+# the calibrate package exports these from here (one helper for every user-named output)
+from crossflow.outputs import OutputFiles, check_output  # noqa: F401
 
 
 def _fmt_B(n: float) -> str:
@@ -145,110 +145,3 @@ def write_stream_csv(path: Path, meas: Measurement, preset: str | None = None) -
              f"{r.GBps:.3f}"] for r in meas.stream]
     _write_csv(path, header,
                ["kernel", "threads", "elements", "bytes_per_pass", "best_s", "GBps"], rows)
-
-
-
-# --- output files -------------------------------------------------------------------------------
-
-
-def _kind_of_file(mode: int) -> str:
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
-def check_output(path: Path, option: str, what: str = "the output") -> None:
-    """Raise a ConfigError unless ``path`` is a regular file or a new path in a folder this
-    process can create files in.  Nothing is opened or written: a FIFO is never blocked on.
-
-    The message names ``option`` (the option or argument that gave the path), the whole
-    path and ``what`` the file is (e.g. "the GEMM CSV written beside the preset").
-    """
-    problem, st = None, None
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except OSError as exc:
-        problem = f"cannot be inspected ({exc.strerror})"
-    if st is not None:
-        if not stat.S_ISREG(st.st_mode):
-            problem = f"is {_kind_of_file(st.st_mode)}"
-        elif not os.access(path, os.W_OK):
-            problem = "exists and is not writable"
-    elif problem is None:
-        folder = path.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if not folder.is_dir():
-            problem = f"cannot be created: {folder} is not a directory"
-        elif not os.access(folder, os.W_OK | os.X_OK):
-            problem = f"cannot be created: the directory {folder} is not writable"
-    if problem:
-        raise _output_error(path, option, what, problem)
-
-
-def _output_error(path: Path, option: str, what: str, problem: str) -> ConfigError:
-    return ConfigError(
-        f"{path} ({what}) {problem}; nothing was written",
-        file="command line" if option.startswith("-") else None, key=option,
-        allowed="a regular file (replaced) or a new path in a writable directory")
-
-
-class OutputFiles:
-    """Files written together: each to a temporary file beside it, renamed into place at
-    :meth:`commit`; until then (and on any error) nothing replaces an existing file.
-
-    ``outputs`` lists ``(path, option, what)``: the option that named the path and how
-    messages call the file.  All are checked with :func:`check_output` and their temporary
-    files created on entry, so an unwritable place is reported before any work is done.
-    """
-
-    def __init__(self, outputs: Sequence[tuple[Path, str, str]]) -> None:
-        self.outputs = [(Path(p), option, what) for p, option, what in outputs]
-        self.temps: dict[Path, Path] = {}
-
-    def __enter__(self) -> OutputFiles:
-        for final, option, what in self.outputs:
-            check_output(final, option, what)
-        try:
-            for final, option, what in self.outputs:
-                try:
-                    final.parent.mkdir(parents=True, exist_ok=True)
-                    self.temps[final] = _temp_beside(final)
-                except OSError as exc:
-                    raise _output_error(final, option, what,
-                                        f"cannot be written ({exc.strerror or exc})") from None
-        except BaseException:
-            self._discard()
-            raise
-        return self
-
-    def temp(self, final: Path) -> Path:
-        """The temporary file to write ``final``'s content to."""
-        return self.temps[final]
-
-    def commit(self) -> None:
-        """Rename every temporary file into place, all at the end."""
-        for final, tmp in list(self.temps.items()):
-            os.replace(tmp, final)
-            del self.temps[final]
-
-    def __exit__(self, *exc: object) -> None:
-        self._discard()
-
-    def _discard(self) -> None:
-        for tmp in self.temps.values():
-            tmp.unlink(missing_ok=True)
-        self.temps.clear()
-
-
-def _temp_beside(path: Path) -> Path:
-    """An empty temporary file in ``path``'s folder (so the final rename is atomic)."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(name, 0o644)  # mkstemp makes it 0600; the result is an ordinary shared file
-    return Path(name)

@@ -181,6 +181,10 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     if seeds < 1 or budget < 1 or workers < 1:
         raise ConfigError("seeds, budget and workers must be >= 1", key="compare",
                           value={"seeds": seeds, "budget": budget, "workers": workers})
+    if storage is not None:  # a bad URL fails here, not after the best-known search
+        from crossflow.search.storage import check_storage
+
+        check_storage(storage)
     root = Path(root or MLRUNS)
     t0 = time.perf_counter()
     known = best_known(setup, root=root, progress=progress, **(best_known_options or {}))

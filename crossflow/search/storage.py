@@ -350,6 +350,87 @@ def _check_driver(url: str) -> None:
                               value=redact(url)) from None
 
 
+#: What ``--storage`` may be (in messages).
+STORAGES = ("a journal file path (created when missing), sqlite:///FILE.db, "
+            "postgresql://USER@HOST/DB, or another SQLAlchemy database URL")
+#: Tables that make a database MLflow's (its tracking store), not a place for studies.
+_MLFLOW_TABLES = {"experiments", "runs", "metrics", "params"}
+
+
+def check_storage(url: str, *, key: str = "storage") -> None:
+    """A ConfigError, before anything is created, unless ``url`` can hold studies: a journal
+    path that can be a file (:func:`~crossflow.search.journal.check_journal_path`), or a
+    database URL whose scheme SQLAlchemy knows, whose driver is installed, that is not an
+    in-memory SQLite database and not MLflow's tracking database.  Nothing is created (a
+    SQLite file is only read, when it exists)."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError("an empty storage", key=key, value=url, allowed=STORAGES)
+    if not is_url(url):
+        from crossflow.search.journal import check_journal_path
+
+        check_journal_path(url, key=key)
+        return
+    shown = redact(url)
+    if url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
+        raise ConfigError("an in-memory SQLite database lives in one process and one "
+                          "connection: a study there is lost when the run ends, and "
+                          "its heartbeat thread cannot reach it", key=key,
+                          value=shown, allowed="a journal file path, sqlite:///FILE.db, "
+                          "or a postgresql:// URL")
+    import sqlalchemy.exc as sa
+    from sqlalchemy.engine import make_url
+
+    scheme = url.split("://", 1)[0]
+    try:
+        make_url(url).get_dialect()
+    except sa.NoSuchModuleError:
+        raise ConfigError(f"unknown storage scheme {scheme!r}", key=key, value=shown,
+                          allowed=STORAGES) from None
+    except (sa.ArgumentError, ValueError) as exc:
+        raise ConfigError(f"not a database URL ({exc})", key=key, value=shown,
+                          allowed=STORAGES) from None
+    except ImportError as exc:
+        raise ConfigError(f"the database driver is missing ({exc})", key=key,
+                          value=shown) from None
+    _check_driver(url)
+    tables = _existing_tables(url)
+    if tables >= _MLFLOW_TABLES:
+        raise ConfigError("this is MLflow's tracking database (it has MLflow's tables "
+                          "experiments and runs): Optuna's tables there would mix with "
+                          "MLflow's, and its migrations could break both; give the studies "
+                          "a storage of their own", key=key, value=shown, allowed=STORAGES)
+
+
+def _existing_tables(url: str) -> set[str]:
+    """The tables of the database at ``url``, read without creating anything (empty when it
+    does not exist or cannot be reached: opening the storage then says why)."""
+    if url.startswith("sqlite:"):
+        import sqlite3
+
+        from sqlalchemy.engine import make_url
+
+        path = make_url(url).database
+        if not path or not Path(path).is_file():
+            return set()
+        try:
+            with sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True,
+                                 timeout=5) as conn:
+                rows = conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                return {r[0] for r in rows}
+        except sqlite3.Error:
+            return set()
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(url, **_engine_kwargs(url))
+        try:
+            return set(sqlalchemy.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+    except Exception:  # noqa: BLE001 - unreachable now: make_storage retries and reports it
+        return set()
+
+
 def make_storage(url: str, *, heartbeat_s: float | None = None,
                  reconnect_s: float = RECONNECT_S):
     """An Optuna storage for ``url``: an RDB URL (``://``) gives a
@@ -358,18 +439,12 @@ def make_storage(url: str, *, heartbeat_s: float | None = None,
     (created with its folder)."""
     import optuna
 
+    check_storage(url)
     if is_url(url):
-        if url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
-            raise ConfigError("an in-memory SQLite database lives in one process and one "
-                              "connection: a study there is lost when the run ends, and "
-                              "its heartbeat thread cannot reach it", key="storage",
-                              value=url, allowed="a journal file path, sqlite:///FILE.db, "
-                              "or a postgresql:// URL")
         if url.startswith("sqlite:///"):
             path = Path(url[len("sqlite:///"):])
             if str(path) not in ("", ":memory:"):
                 path.parent.mkdir(parents=True, exist_ok=True)
-        _check_driver(url)
         from optuna.storages import RetryHeartbeatStaleTrialCallback
 
         beat = max(1, round(heartbeat_s if heartbeat_s is not None else HEARTBEAT_S))
@@ -392,9 +467,9 @@ def make_storage(url: str, *, heartbeat_s: float | None = None,
                 raise
     from optuna.storages import JournalStorage
 
-    from crossflow.search.journal import SafeJournalBackend, check_journal_path
+    from crossflow.search.journal import SafeJournalBackend
 
-    path = check_journal_path(url)
+    path = Path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
     return JournalStorage(SafeJournalBackend(str(path)))
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import CrossflowError
+from crossflow.search.children import group_members, kill_group, spawn_child
 
 #: A RUNNING trial older than this, of no live worker of this machine, is taken as left
 #: behind by a dead worker (journal files have no heartbeat) and no longer holds a slot.
@@ -51,6 +52,12 @@ WORKER = "worker"
 SURPLUS = "surplus"
 #: Seconds between two looks at the storage while waiting for trials running elsewhere.
 POLL_S = 0.5
+
+
+#: The environment variable that gives ``crossflow study worker`` its storage when
+#: ``--storage`` is not on its command line: the launcher passes the URL (a database
+#: password in it) this way, where ``ps`` does not show it.
+STORAGE_ENV = "CROSSFLOW_STORAGE"
 
 
 def worker_id() -> str:
@@ -290,31 +297,54 @@ class WorkerProcess:
         return ""
 
 
+def worker_command(study_ref: str, launch_key: str, index: int, *,
+                   heartbeat_s: float | None = None) -> list[str]:
+    """The command line of local worker ``index`` (its storage comes from the
+    environment, :data:`STORAGE_ENV`)."""
+    cmd = [sys.executable, "-m", "crossflow", "study", "worker", study_ref,
+           "--launch", launch_key, "--worker-index", str(index), "--no-tracking", "--quiet"]
+    if heartbeat_s is not None:
+        cmd += ["--heartbeat", str(heartbeat_s)]
+    return cmd
+
+
 def start_workers(study_ref: str, storage: str, launch_key: str, k: int, *,
                   heartbeat_s: float | None) -> list[WorkerProcess]:
     """K ``crossflow study worker`` processes on one launch, each in its own session (so a
-    terminal's Ctrl-C reaches only the coordinator, which forwards it once)."""
+    terminal's Ctrl-C reaches only the coordinator, which forwards it once) and stopped by
+    the kernel when the coordinator dies (:func:`crossflow.search.children.spawn_child`,
+    ``PR_SET_PDEATHSIG``: a SIGKILL of the coordinator, or its crash).  The storage
+    URL goes through the environment (:data:`STORAGE_ENV`), never the command line, where
+    any user's ``ps`` would show its password."""
     env = child_env()
+    env[STORAGE_ENV] = storage
     out = []
     for i in range(k):
-        cmd = [sys.executable, "-m", "crossflow", "study", "worker", study_ref,
-               "--storage", storage, "--launch", launch_key, "--worker-index", str(i),
-               "--no-tracking", "--quiet"]
-        if heartbeat_s is not None:
-            cmd += ["--heartbeat", str(heartbeat_s)]
+        cmd = worker_command(study_ref, launch_key, i, heartbeat_s=heartbeat_s)
         log = Path(tempfile.mkstemp(prefix=f"crossflow-worker{i}-", suffix=".log")[1])
         with log.open("w") as fh:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
-                                    env=env, start_new_session=True)
+            # its own session, and the kernel's SIGTERM when this process dies, however it
+            # dies (SIGKILL included: no handler here would run)
+            proc = spawn_child(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=env)
         out.append(WorkerProcess(i, proc, log))
     return out
+
+
+#: Signals that end a launch: the launcher stops its workers, then exits (SIGINT is
+#: Ctrl-C: the workers finish their trial in progress first).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: Seconds workers get to exit after a stop signal before they are killed.
+STOP_GRACE_S = 5.0
 
 
 def supervise(workers: list[WorkerProcess], *, tick, interval_s: float = 1.0) -> bool:
     """Wait for the workers, calling ``tick()`` every ``interval_s``; Ctrl-C is forwarded to
     each of them (once per Ctrl-C: the first lets them finish their trial, a second aborts
-    it).  Returns whether the user interrupted."""
+    it); SIGTERM or SIGHUP stops them at once.  Whatever ends the wait — the workers done,
+    a signal, an error here — no worker outlives it: those still running are stopped
+    (:func:`stop_workers`).  Returns whether the user interrupted."""
     interrupted = 0
+    stopped: list[int] = []
 
     def forward(signum, frame) -> None:
         nonlocal interrupted
@@ -326,25 +356,59 @@ def supervise(workers: list[WorkerProcess], *, tick, interval_s: float = 1.0) ->
             with contextlib.suppress(ProcessLookupError):
                 w.proc.send_signal(signal.SIGINT)
 
-    previous = signal.signal(signal.SIGINT, forward) \
-        if threading.current_thread() is threading.main_thread() else None
+    def stop(signum, frame) -> None:
+        stopped.append(signum)
+        print(f"\ncrossflow: {signal.Signals(signum).name}: stopping the workers",
+              file=sys.stderr, flush=True)
+        for w in workers:
+            _signal_worker(w, signal.SIGTERM)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, forward)
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, stop)
     try:
         while any(w.proc.poll() is None for w in workers):
             deadline = time.monotonic() + interval_s
             while time.monotonic() < deadline and any(w.proc.poll() is None for w in workers):
                 time.sleep(0.05)
+            if stopped:
+                break
             tick()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    return interrupted > 0
+        try:
+            stop_workers(workers)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return interrupted > 0 or bool(stopped)
+
+
+def _signal_worker(w: WorkerProcess, sig: int) -> None:
+    """``sig`` to worker ``w`` and whatever it started (its process group: it leads a
+    session of its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(w.proc.pid, sig)
+
+
+def stop_workers(workers: list[WorkerProcess], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop the workers still running and whatever they started (their process groups):
+    SIGTERM to all at once, up to ``grace_s`` seconds, then SIGKILL
+    (:func:`crossflow.search.children.kill_group`)."""
+    alive = [w for w in workers if w.proc.poll() is None or group_members(w.proc.pid)]
+    for w in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.proc.pid, signal.SIGTERM)
+    for w in alive:
+        kill_group(w.proc, signal.SIGTERM, grace=grace_s)
 
 
 def check_workers(workers: list[WorkerProcess], *, interrupted: bool,
                   finished: bool) -> list[str]:
     """The workers that exited for a reason other than Ctrl-C, as lines to warn about;
     raises CrossflowError when they left the study unfinished (with a log's tail)."""
-    ok = (0, 130, -signal.SIGINT) if interrupted else (0,)
+    ok = (0, 130, -signal.SIGINT, -signal.SIGTERM, 143) if interrupted else (0,)
     bad = [w for w in workers if w.proc.returncode not in ok]
     for w in workers:
         if w not in bad:

@@ -92,11 +92,88 @@ def check_options(name: str, options: Mapping[str, Any], *, file: str | None = N
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     allowed = sorted(k for k in params if k not in ("self", *_RESERVED))
+    if not isinstance(options, Mapping):
+        raise ConfigError("must be a mapping of option names to values", file=file,
+                          key="sampler_options", value=options,
+                          allowed=", ".join(allowed))
+    hints = _hints(cls)
     for key, value in options.items():
         if key not in allowed:
             raise ConfigError(f"not an option of the {name} sampler", file=file,
                               key=f"sampler_options.{key}", value=value,
                               allowed=", ".join(allowed))
+        if key in hints and _matches(value, hints[key]) is False:
+            raise ConfigError(f"wrong type for this option of the {name} sampler", file=file,
+                              key=f"sampler_options.{key}", value=value,
+                              allowed=_type_name(hints[key]))
+
+
+def _hints(cls) -> dict[str, Any]:
+    """The annotations of ``cls.__init__``'s parameters, each resolved on its own (one
+    that names a type the module imports only for type checking is left out)."""
+    import collections.abc
+    import sys
+    import typing
+
+    try:
+        return typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 - resolve those that can be, one by one
+        pass
+    module = sys.modules.get(getattr(cls.__init__, "__module__", ""), None)
+    namespace = {**vars(collections.abc), **vars(typing), **(vars(module) if module else {})}
+    out: dict[str, Any] = {}
+    for key, p in inspect.signature(cls.__init__).parameters.items():
+        hint = p.annotation
+        if hint is inspect.Parameter.empty:
+            continue
+        if isinstance(hint, str):
+            try:
+                hint = eval(hint, namespace)  # noqa: S307 - the sampler library's own annotation
+            except Exception:  # noqa: BLE001
+                continue
+        out[key] = hint
+    return out
+
+
+def _matches(value: Any, hint: Any) -> bool | None:
+    """Whether a YAML ``value`` fits the annotation ``hint`` (None: cannot tell)."""
+    import collections.abc
+    import types
+    import typing
+
+    if hint is Any or hint is inspect.Parameter.empty:
+        return True
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        found = [_matches(value, h) for h in typing.get_args(hint)]
+        return True if True in found else (None if None in found else False)
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is None or hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    base = origin or hint
+    if base in (dict, collections.abc.Mapping, collections.abc.MutableMapping):
+        return isinstance(value, Mapping)
+    if base in (list, tuple, collections.abc.Sequence):
+        return isinstance(value, list | tuple)
+    if base is collections.abc.Callable:
+        return callable(value)
+    if isinstance(base, type):
+        return isinstance(value, base)
+    return None
+
+
+def _type_name(hint: Any) -> str:
+    text = getattr(hint, "__name__", None) if not hasattr(hint, "__args__") else None
+    return text or str(hint).replace("typing.", "").replace("collections.abc.", "")
 
 
 def check_objectives(name: str, n_objectives: int, *, key: str = "sampler",

@@ -21,6 +21,9 @@ from crossflow.search.storage import make_storage
 from crossflow.search.study.launch import (
     Launch,
     RunResult,
+    check_launch,
+    check_seed,
+    check_tracking_uri,
     join_study,
     next_steps,
     resume_command,
@@ -40,12 +43,12 @@ from crossflow.search.study.results import (
     summary_lines,
     template_document,
 )
-from crossflow.search.study.setup import StudySetup, load_study, open_study
+from crossflow.search.study.setup import StudySetup, check_study, load_study, open_study
 from crossflow.search.study.spec import OBJECTIVES, SAMPLER_NAMES, StudySpec
 
 __all__ = [
     "OBJECTIVES", "SAMPLER_NAMES", "Launch", "Progress", "RunResult", "StudySetup",
-    "StudySpec", "best_design", "best_trial", "best_trials", "export_design", "is_feasible",
+    "StudySpec", "best_design", "check_launch", "check_seed", "check_study", "check_tracking_uri", "best_trial", "best_trials", "export_design", "is_feasible",
     "join_study", "list_studies", "load_study", "make_storage", "next_steps", "open_study", "pareto_front",
     "resume_command", "run_study", "study_summary", "summary_lines", "template_document",
     "worker_seed",

@@ -179,16 +179,80 @@ def _quietly(fn, setup: StudySetup, options: Launch) -> RunResult:
         optuna.logging.set_verbosity(verbosity)
 
 
+#: The seeds Optuna's samplers take (numpy's range).
+SEEDS = "an integer from 0 to 4294967295 (2**32 - 1), or none"
+#: MLflow tracking URI schemes (a path without a scheme is a local folder).
+TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
+                    "databricks")
+
+
+def check_seed(seed: Any, *, key: str = "seed", file: str | None = None) -> None:
+    """A ConfigError naming ``key`` unless ``seed`` is None or in numpy's seed range."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not 0 <= seed < 2**32):
+        raise ConfigError("not a sampler seed", file=file, key=key, value=seed,
+                          allowed=SEEDS)
+
+
+def check_tracking_uri(uri: str, *, key: str = "tracking_uri") -> None:
+    """A ConfigError naming ``key`` unless ``uri`` is a path or has an MLflow tracking
+    scheme (the tracking store itself is checked when the tracker starts)."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise ConfigError("an empty tracking URI", key=key, value=uri,
+                          allowed="a folder, sqlite:///FILE.db or an MLflow server URL")
+    if "://" not in uri:
+        return
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower()
+    if scheme not in TRACKING_SCHEMES:
+        raise ConfigError(f"unknown tracking URI scheme {scheme!r}", key=key,
+                          value=redact(uri),
+                          allowed=", ".join(f"{s}://..." for s in TRACKING_SCHEMES)
+                          + ", or a folder")
+
+
+def check_launch(storage: str, tracking_uri: str | None, *, storage_key: str = "storage",
+                 tracking_key: str = "tracking_uri") -> None:
+    """Every location of a launch checked before anything is created: the storage
+    (:func:`~crossflow.search.storage.check_storage`), the tracking URI's scheme, and that
+    the two are not one database (Optuna's and MLflow's tables would mix), then the tracking
+    store itself (:func:`crossflow.search.tracking.check.check_tracking`)."""
+    from crossflow.search.storage import check_storage
+
+    if tracking_uri is not None:
+        check_tracking_uri(tracking_uri, key=tracking_key)
+        if is_url(storage) and _same_database(storage, tracking_uri):
+            raise ConfigError("the study storage and the MLflow tracking URI are the same "
+                              "database; give each its own", key=storage_key,
+                              value=redact(storage), allowed="another storage (a journal "
+                              "file, the default) or another tracking URI")
+    check_storage(storage, key=storage_key)
+    if tracking_uri is not None:  # the store itself: reachable, writable, not the storage
+        from crossflow.search.tracking.check import check_tracking
+
+        check_tracking(tracking_uri, storage, key=tracking_key)
+
+
+def _same_database(a: str, b: str) -> bool:
+    def norm(url: str) -> str:
+        if url.startswith("sqlite:///"):
+            return "sqlite:" + str(Path(url[len("sqlite:///"):]).resolve())
+        return url.split("?")[0].rstrip("/")
+
+    return norm(a) == norm(b)
+
+
 def _storage_url(setup: StudySetup, storage: str | None) -> str:
     """The storage URL, a journal file as an absolute path (workers may start elsewhere)."""
-    url = storage or setup.storage
+    url = storage if storage is not None else setup.storage
+    if not url.strip():  # (resolved, '' would be the current folder)
+        raise ConfigError("an empty storage", key="storage", value=url,
+                          allowed="a journal file path or a database URL")
     return url if is_url(url) else str(Path(url).resolve())
 
 
 def _run(setup: StudySetup, options: Launch) -> RunResult:
     from crossflow import __version__
     from crossflow.search.samplers import check_objectives, check_options, make_sampler
-    from crossflow.search.tracking.check import check_tracking
 
     total = options.n_trials if options.n_trials is not None else setup.spec.n_trials
     if total < 1:
@@ -204,35 +268,68 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
     check_options(sampler_name, sampler_options)
     check_objectives(sampler_name, len(setup.objectives))  # before anything is created
     base_seed = setup.spec.seed if options.seed == "study" else options.seed
+    check_seed(base_seed, key="seed", file=setup.file if options.seed == "study" else None)
     url = _storage_url(setup, options.storage)
-    if options.track:  # a tracking store that cannot take the runs: refused before creating
-        check_tracking(options.tracking_uri or setup.tracking_uri, url)
+    uri = options.tracking_uri or setup.tracking_uri
+    check_launch(url, uri if options.track else None)
+    # the sampler is built once before the study is created: options it rejects end the
+    # launch with nothing made
+    make_sampler(sampler_name, seed=base_seed, options=sampler_options, space=setup.space,
+                 n_objectives=len(setup.objectives), setup=setup)
     study = open_study(setup, url, heartbeat_s=options.heartbeat_s)
 
     if setup.spec.baseline and not study.get_trials(deepcopy=False):
         for params in setup.baseline_trials():
             study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
+    workers = _worker_count(study, total, options.workers, heartbeats=is_url(url))
     index = sum(1 for k in study.user_attrs if k.startswith("launch."))
-    launch_seed = None if base_seed is None else base_seed + index
+    launch_seed = None if base_seed is None else (base_seed + index) % 2**32
     launch = {
         "study": setup.name, "launch": index, "sampler": sampler_name,
         "sampler_options": dict(sampler_options), "seed": launch_seed,
         "n_trials": total, "objectives": list(setup.objectives), "storage": redact(url),
-        "workers": options.workers, "crossflow_version": __version__,
+        "workers": workers, "crossflow_version": __version__,
         "git_revision": git_label(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(), "pid": os.getpid(),
     }
-    uri = options.tracking_uri or setup.tracking_uri
     if not uri.startswith(("sqlite:", "file:")) and "://" in uri:
         launch["tracking_uri"] = redact(uri)  # where workers that join log (a server, a DB)
     key = f"launch.{index:04d}.{uuid.uuid4().hex[:8]}"
     study.set_user_attr(key, launch)
-    if options.workers > 1:
+    if workers > 1:
         return _supervise(setup, study, url, key, launch, uri, options)
     study.sampler = make_sampler(sampler_name, seed=launch_seed, options=sampler_options,
                                  space=setup.space, n_objectives=len(setup.objectives),
                                  setup=setup)
     return _work(setup, study, launch, total, uri, options, summary=True)
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _worker_count(study, total: int, asked: int, *, heartbeats: bool) -> int:
+    """The worker processes a launch starts: at most one per trial left (a note says so
+    when that is fewer than asked); a warning when they are more than the CPUs."""
+    if asked <= 1:
+        return 1
+    from crossflow.search.workers import census
+
+    left = max(0, total - census(study, total, heartbeats=heartbeats).done)
+    k = max(1, min(asked, left))
+    if k < asked:
+        print(f"crossflow: note: {left} of {total} trials left: starting {k} worker "
+              f"process{'es' if k != 1 else ''}, not {asked}", file=sys.stderr)
+    cpus = cpu_count()
+    if k > cpus:
+        print(f"crossflow: warning: {k} worker processes on {cpus} CPUs: they share them, "
+              "so the launch is no faster than with fewer (each trial is slower)",
+              file=sys.stderr)
+    return k
 
 
 def _join(setup: StudySetup, options: Launch) -> RunResult:
@@ -265,7 +362,7 @@ def _join(setup: StudySetup, options: Launch) -> RunResult:
               "host": socket.gethostname(), "pid": os.getpid()}
     uri = options.tracking_uri or launch.get("tracking_uri") or setup.tracking_uri
     if options.track:
-        check_tracking(uri, url)
+        check_tracking(uri, url, key="--tracking-uri" if options.tracking_uri else "tracking_uri")
     return _work(setup, study, joined, int(launch["n_trials"]), uri, options, summary=False)
 
 

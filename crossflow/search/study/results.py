@@ -138,7 +138,22 @@ def best_design(setup: StudySetup, study, trial=None) -> dict[str, Any] | None:
     }
 
 
-def export_design(design: Mapping[str, Any], path: str | Path) -> dict[str, Path]:
+def export_paths(design: Mapping[str, Any], path: str | Path) -> dict[str, Path]:
+    """The files :func:`export_design` writes for ``design`` at ``path``, by part: each inline
+    part of ``predict`` (``workload``, ``hardware``, ``system``, ``parallelism``) as
+    ``<stem>.<part>.yaml`` beside ``path``, then ``design`` (``path`` itself)."""
+    path = Path(path)
+    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    args = design["predict"]
+    out = {part: path.with_name(f"{stem}.{part}.yaml")
+           for part in ("workload", "hardware", "system", "parallelism")
+           if isinstance(args.get(part), Mapping)}
+    out["design"] = path
+    return out
+
+
+def export_design(design: Mapping[str, Any], path: str | Path, *, overwrite: bool = False,
+                  option: str = "--export") -> dict[str, Path]:
     """Write ``design`` (from :func:`best_design`) for ``crossflow predict``.
 
     ``path`` (say ``design.yaml``) gets the whole design, and each inline part of
@@ -147,33 +162,51 @@ def export_design(design: Mapping[str, Any], path: str | Path) -> dict[str, Path
     and, when they are not preset names, ``design.workload.yaml`` / ``design.system.yaml``.
     ``design.yaml`` lists them under ``files`` with the ``command`` that predicts the design.
     Returns what was written, by part (``design`` for ``path``).
+
+    Every path is checked before anything is written (a directory, a special file or an
+    unwritable folder is a ConfigError naming ``option`` and the path); unless
+    ``overwrite``, a file that exists — ``path`` or any side file — is refused, listing
+    them.  The files are written to temporary files beside them and renamed into place
+    together (:class:`crossflow.outputs.OutputFiles`): all of them or none.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
-    written: dict[str, Path] = {}
+    from crossflow.outputs import OutputFiles, output_error
+
+    paths = export_paths(design, path)
+    labels = {"design": "the exported design"}
+    outputs = [(p, option, labels.get(part, f"the design's {part}, written beside it"))
+               for part, p in paths.items()]
+    with OutputFiles(outputs, overwrite=overwrite) as files:
+        try:
+            _write_export(files, design, paths)
+        except OSError as exc:  # a full disk, say: the temporary files are removed
+            raise output_error(Path(path), option, "the exported design",
+                               f"could not be written ({exc.strerror or exc})") from None
+        files.commit()
+    return paths
+
+
+def _write_export(files, design: Mapping[str, Any], paths: Mapping[str, Path]) -> None:
+    """The export's files, to the temporary files of ``files``."""
     args = design["predict"]
     command = ["crossflow", "predict"]
     for part in ("workload", "hardware", "system", "parallelism"):
         value = args.get(part)
         if value is None:
             continue
-        if isinstance(value, Mapping):
-            side = path.with_name(f"{stem}.{part}.yaml")
-            side.write_text(yaml.safe_dump(dict(value), sort_keys=False), encoding="utf-8")
-            written[part] = side
-            value = str(side)
+        if part in paths:
+            files.temp(paths[part]).write_text(
+                yaml.safe_dump(dict(value), sort_keys=False), encoding="utf-8")
+            value = str(paths[part])
         command += [f"--{part}", str(value)]
     if args.get("mapping_order"):
         command += ["--mapping-order", args["mapping_order"]]
-    doc = {**design, "files": {k: str(v) for k, v in written.items()},
-           "command": " ".join(command)}
+    written = {k: str(v) for k, v in paths.items() if k != "design"}
+    doc = {**design, "files": written, "command": " ".join(command)}
     header = (f"# Best design of study {design['study']} (trial {design['trial']}).\n"
               "# 'predict' holds the keyword arguments of crossflow.predict(**predict);\n"
               f"# from the shell:\n#   {doc['command']}\n")
-    path.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    written["design"] = path
-    return written
+    files.temp(paths["design"]).write_text(header + yaml.safe_dump(doc, sort_keys=False),
+                                           encoding="utf-8")
 
 
 # --- summaries ------------------------------------------------------------------------------

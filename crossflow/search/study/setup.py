@@ -270,6 +270,23 @@ def load_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup
                       order, space, file, arch)
 
 
+def check_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup:
+    """What ``crossflow check`` does with a study file: resolve it as ``study run`` will
+    (:func:`load_study`: every reference loaded, a system's device too) and build its
+    sampler with its options and seed, so whatever the run would choke on is reported
+    now.  Nothing is created."""
+    from crossflow.search.samplers import make_sampler
+
+    setup = load_study(source)
+    try:
+        make_sampler(setup.spec.sampler, seed=setup.spec.seed,
+                     options=setup.spec.sampler_options, space=setup.space,
+                     n_objectives=len(setup.objectives), setup=setup)
+    except ConfigError as exc:
+        raise _rekey(exc, "sampler_options", setup.file) from None
+    return setup
+
+
 def _parallelism(source: Any, base: Path | None, file: str | None):
     """The study's fixed parallelism (a preset, a file beside the study, a mapping or a
     strategy name), read by :func:`crossflow.parallel.parse_parallelism`."""
@@ -296,17 +313,16 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
         raise ConfigError(f"no study {setup.name!r}: {url} does not exist; run it first "
                           f"('crossflow study run {setup.name}')", key="storage", value=url)
     backend = make_storage(url, heartbeat_s=heartbeat_s)
-    if create:
-        study = optuna.create_study(storage=backend, study_name=setup.name, sampler=sampler,
-                                    directions=["minimize"] * len(setup.objectives),
-                                    load_if_exists=True)
-    else:
-        try:
-            study = optuna.load_study(study_name=setup.name, storage=backend, sampler=sampler)
-        except KeyError:
+    try:  # loaded first: an existing study that is refused below gets nothing written
+        study = optuna.load_study(study_name=setup.name, storage=backend, sampler=sampler)
+    except KeyError:
+        if not create:
             raise ConfigError(f"no study {setup.name!r} in {redact(url)}: run it first "
                               f"('crossflow study run {setup.name}')", key="storage",
                               value=redact(url)) from None
+        study = optuna.create_study(storage=backend, study_name=setup.name, sampler=sampler,
+                                    directions=["minimize"] * len(setup.objectives),
+                                    load_if_exists=True)
     stored = study.user_attrs.get("objectives")
     if stored is None and create:
         study.set_user_attr("objectives", list(setup.objectives))
@@ -314,4 +330,8 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
         raise ConfigError(f"the stored study {setup.name!r} optimises {stored}, the study file "
                           f"{list(setup.objectives)}: use another name or storage",
                           file=setup.file, key="objectives", value=list(setup.objectives))
+    # the study the storage holds must be this one (its space, workload, hardware, ...)
+    from crossflow.search.study.fingerprint import check
+
+    check(study, setup, store=create, storage=redact(url))
     return study

@@ -64,7 +64,7 @@ class StudySpec(Spec):
         default=("iteration_time_s",), min_length=1)
     sampler: Literal[SAMPLER_NAMES] = "tpe"  # type: ignore[valid-type]
     sampler_options: dict[str, Any] = Field(default_factory=dict)
-    seed: int | None = 0
+    seed: int | None = Field(default=0, ge=0, lt=2**32)
     n_trials: int = Field(ge=1)
     storage: str | None = Field(default=None, min_length=1)
     tracking_uri: str | None = Field(default=None, min_length=1)
@@ -83,16 +83,47 @@ class StudySpec(Spec):
         if self.overrides:
             from crossflow.arch.age import OVERRIDE_KEYS
 
-            for key in self.overrides:
+            for key, value in self.overrides.items():
                 if key not in OVERRIDE_KEYS:
                     raise ConfigError("unknown override", key=f"overrides.{key}",
-                                      value=self.overrides[key],
-                                      allowed=", ".join(OVERRIDE_KEYS))
+                                      value=value, allowed=", ".join(OVERRIDE_KEYS))
+                _check_override(key, value)
         if self.mapping_order is not None and self.mapping_order != "best":
             from crossflow.system import parse_order
 
             parse_order(self.mapping_order)
         return self
+
+
+#: Overrides that are mappings ({component or level: value}), names, and numbers.
+_MAPPING_OVERRIDES = ("memory", "area_fractions", "power_fractions", "perimeter_fractions")
+_NAME_OVERRIDES = ("logic_node", "dram")
+_LINK_OVERRIDES = ("intra_link", "inter_link")
+
+
+def _check_override(key: str, value: Any) -> None:
+    """The type of one override (the AGE checks the values when the study is resolved)."""
+    if key in _MAPPING_OVERRIDES:
+        if not isinstance(value, dict):
+            raise ConfigError("must be a mapping", key=f"overrides.{key}", value=value,
+                              allowed="{name: value, ...}")
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError("keys must be names", key=f"overrides.{key}", value=k)
+            if key == "memory" and not isinstance(v, str):
+                raise ConfigError("must be a memory technology name",
+                                  key=f"overrides.{key}.{k}", value=v)
+            if key != "memory" and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise ConfigError("must be a fraction (a number in [0, 1])",
+                                  key=f"overrides.{key}.{k}", value=v)
+    elif key in _NAME_OVERRIDES and not isinstance(value, str):
+        raise ConfigError("must be a technology name", key=f"overrides.{key}", value=value)
+    elif key in _LINK_OVERRIDES and value is not None and not isinstance(value, str):
+        raise ConfigError("must be a link technology name or null", key=f"overrides.{key}",
+                          value=value)
+    elif key not in (*_MAPPING_OVERRIDES, *_NAME_OVERRIDES, *_LINK_OVERRIDES) and (
+            isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ConfigError("must be a number", key=f"overrides.{key}", value=value)
 
 
 register_kind("study", "studies", StudySpec)

@@ -184,14 +184,26 @@ def _reachable(uri: str, timeout: float) -> None:
 
 
 def check_tracking(tracking_uri: str | None, storage: str | None = None, *,
-                   timeout: float = CHECK_S) -> str:
+                   timeout: float = CHECK_S, key: str = "--tracking-uri") -> str:
     """Check the tracking store of a launch before anything is created (see the module
     docstring); returns the URI (the default one when ``tracking_uri`` is None).
 
     Raises:
-        ConfigError: naming ``--tracking-uri``; at most ``timeout`` seconds of waiting for
-            a server or database (each of connect and answer)."""
+        ConfigError: naming ``key`` (``--tracking-uri``; ``tracking_uri`` when the URI
+            comes from the study file); at most ``timeout`` seconds of waiting for a server
+            or database (each of connect and answer)."""
     uri = tracking_uri or default_tracking_uri()
+    try:
+        _check(uri, storage, timeout)
+    except ConfigError as exc:
+        if key == exc.key:
+            raise
+        raise ConfigError(exc.problem, file=None, key=key, value=exc.value,
+                          allowed=exc.allowed) from None
+    return uri
+
+
+def _check(uri: str, storage: str | None, timeout: float) -> None:
     if not uri.strip():
         raise _error(uri, "empty tracking URI", "a sqlite:///FILE.db, http(s)://HOST:PORT "
                      "or database URI")
@@ -219,4 +231,3 @@ def check_tracking(tracking_uri: str | None, storage: str | None = None, *,
         _answers(uri, timeout)
     elif kind in ("postgresql", "mysql", "mssql"):
         _reachable(uri, timeout)
-    return uri
