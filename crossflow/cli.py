@@ -533,7 +533,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
             progress=not args.quiet, heartbeat_s=args.heartbeat)
         print(f"{setup.name}: this worker ran {result.trials_run} trials in "
               f"{result.elapsed_s:.1f} s; {result.total} in the study")
-        return 130 if result.interrupted else EXIT_OK
+        # 1: finished trials lack an MLflow run (said on stderr), so scripts notice
+        return 130 if result.interrupted else 1 if result.untracked else EXIT_OK
     if args.study_command == "run":
         result = studies.run_study(
             setup, n_trials=args.trials, sampler=args.sampler,
@@ -548,7 +549,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
                   " again to resume", file=sys.stderr)
             return 130
         print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
-        return EXIT_OK
+        return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)
     study = studies.open_study(setup, args.storage, create=False)
     if args.study_command == "show":
         summary = studies.study_summary(setup, study)

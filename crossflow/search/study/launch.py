@@ -72,6 +72,8 @@ class RunResult:
     was_complete: bool = False
     #: the trials were logged to MLflow
     tracked: bool = False
+    #: finished trials of the study without an MLflow run after the launch (0 untracked)
+    untracked: int = 0
     launch: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -212,7 +214,8 @@ def check_launch(storage: str, tracking_uri: str | None, *, storage_key: str = "
                  tracking_key: str = "tracking_uri") -> None:
     """Every location of a launch checked before anything is created: the storage
     (:func:`~crossflow.search.storage.check_storage`), the tracking URI's scheme, and that
-    the two are not one database (Optuna's and MLflow's tables would mix)."""
+    the two are not one database (Optuna's and MLflow's tables would mix), then the tracking
+    store itself (:func:`crossflow.search.tracking.check.check_tracking`)."""
     from crossflow.search.storage import check_storage
 
     if tracking_uri is not None:
@@ -223,6 +226,10 @@ def check_launch(storage: str, tracking_uri: str | None, *, storage_key: str = "
                               value=redact(storage), allowed="another storage (a journal "
                               "file, the default) or another tracking URI")
     check_storage(storage, key=storage_key)
+    if tracking_uri is not None:  # the store itself: reachable, writable, not the storage
+        from crossflow.search.tracking.check import check_tracking
+
+        check_tracking(tracking_uri, storage, key=tracking_key)
 
 
 def _same_database(a: str, b: str) -> bool:
@@ -327,6 +334,7 @@ def _worker_count(study, total: int, asked: int, *, heartbeats: bool) -> int:
 
 def _join(setup: StudySetup, options: Launch) -> RunResult:
     from crossflow.search.samplers import make_sampler
+    from crossflow.search.tracking.check import check_tracking
 
     url = _storage_url(setup, options.storage)
     study = open_study(setup, url, create=False, heartbeat_s=options.heartbeat_s)
@@ -353,6 +361,8 @@ def _join(setup: StudySetup, options: Launch) -> RunResult:
     joined = {**launch, "worker_index": worker_index, "seed": seed, "role": "worker",
               "host": socket.gethostname(), "pid": os.getpid()}
     uri = options.tracking_uri or launch.get("tracking_uri") or setup.tracking_uri
+    if options.track:
+        check_tracking(uri, url, key="--tracking-uri" if options.tracking_uri else "tracking_uri")
     return _work(setup, study, joined, int(launch["n_trials"]), uri, options, summary=False)
 
 
@@ -389,7 +399,8 @@ def _work(setup: StudySetup, study, launch: Mapping[str, Any], total: int, track
     return RunResult(study, bar.done - bar.start_done, len(study.get_trials(deepcopy=False)),
                      interrupted, time.perf_counter() - t0, best, n_trials=total,
                      finished=end.done, was_complete=start.finished, tracked=options.track,
-                     launch=dict(launch))
+                     launch=dict(launch),
+                     untracked=len(tracking.missing_runs) if options.track else 0)
 
 
 def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str, Any],
@@ -425,4 +436,5 @@ def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str
     return RunResult(study, end.done - start.done, len(study.get_trials(deepcopy=False)),
                      interrupted, time.perf_counter() - t0, best, n_trials=total,
                      finished=end.done, was_complete=start.finished, tracked=options.track,
-                     launch=dict(launch))
+                     launch=dict(launch),
+                     untracked=len(tracking.missing_runs) if options.track else 0)

@@ -28,6 +28,13 @@
   yet sent — including one that Ctrl-C interrupted (Optuna records it FAIL without calling
   the callbacks) — and waits until the worker has logged them.  The worker runs in its own
   session, so a second Ctrl-C does not stop it: it finishes what it was sent and exits.
+* **Checked, bounded, counted.**  A launch checks its tracking store before it creates the
+  study (:mod:`.check`: unknown scheme, unreachable server, the study's own storage file,
+  unwritable directory: exit 2).  Lost database connections are retried for up to
+  :data:`.logger.RECONNECT_S`; HTTP requests are bounded (:data:`.logger.HTTP_BOUNDS`) and
+  so is the drain at the end (:data:`.tracker.DRAIN_S`).  The end of a launch counts the
+  finished trials without a run (:attr:`StudyTracker.missing_runs`, said on stderr;
+  ``crossflow study run`` then exits 1); the next launch back-fills them.
 * **Exactly once.**  Runs are keyed by the tag ``trial_number``.  On start the worker reads
   the trial numbers already logged in the experiment; the tracker back-fills every finished
   trial of the study that has no run (a resumed study, or trials a crashed launch never
@@ -37,7 +44,8 @@
 ``mlflow`` (and optuna, matplotlib) are imported inside functions, never when this module is
 imported.
 
-The package, by job: :mod:`.records` (pure: a trial as its run's params, metrics, tags),
+The package, by job: :mod:`.check` (the tracking store checked at launch start),
+:mod:`.records` (pure: a trial as its run's params, metrics, tags),
 :mod:`.paths` (tracking URI and artifact root, the SQLite first-use lock), :mod:`.store`
 (the only module that touches MLflow internals: batched runs on SQL stores),
 :mod:`.summary` (the parent run's artifacts; figures in :mod:`crossflow.search._plots`),

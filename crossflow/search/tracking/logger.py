@@ -31,6 +31,26 @@ from crossflow.search.tracking.summary import render_summary
 
 #: After a SIGTERM the logging process finishes what it was sent, at most this long.
 EXIT_GRACE_S = 30
+#: Bounds of MLflow's HTTP client for CrossFlow's own calls (a user's own values of these
+#: variables win): seconds per request, retries, back-off factor.  One request to a server
+#: that never answers thus ends within about 10 × 3 + 1 + 2 s.
+HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+#: A lost database connection is retried (:func:`crossflow.search.storage.retrying`) for up
+#: to this many seconds, once per launch; after that the store is taken as gone.
+RECONNECT_S = 60.0
+#: After this many trial runs failed in a row, the rest of the launch's runs are not tried
+#: (each would wait out the bounds again); they are counted as missing at the end.
+GIVE_UP_AFTER = 3
+
+
+def bound_http(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's ``os.environ``) with :data:`HTTP_BOUNDS` set where
+    the user has not set them."""
+    target = os.environ if env is None else env
+    for name, value in HTTP_BOUNDS.items():
+        target.setdefault(name, value)
+    return target
 
 
 class _Logger:
@@ -59,6 +79,9 @@ class _Logger:
         self.notes: list[str] = []
         self.busy_s = 0.0
         self.setup_s = 0.0
+        self.reconnect_s = RECONNECT_S
+        self.failed_in_row = 0
+        self.given_up = 0  # trial runs not tried: the store had failed GIVE_UP_AFTER times
 
     # -- dispatch
     def handle_many(self, msgs: list[dict[str, Any]]) -> None:
@@ -94,6 +117,7 @@ class _Logger:
                 "skipped_existing": self.skipped, "duplicates_removed": self.duplicates_removed,
                 "busy_s": self.busy_s, "setup_s": self.setup_s, "errors": self.errors,
                 "notes": self.notes, "batched": self.bulk,
+                "trials_with_runs": sorted(self.known), "given_up": self.given_up,
                 "experiment_id": self.experiment_id, "parent_run_id": self.parent_run_id}
 
     # -- helpers
@@ -114,6 +138,20 @@ class _Logger:
             self.client.log_batch(run_id, metrics=m if first else [], params=p[:n_p],
                                   tags=t[:n_t], synchronous=True)
             p, t, first = p[n_p:], t[n_t:], False
+
+    def _retrying(self, fn):
+        """``fn()``, retried while the database connection is lost, for up to
+        :attr:`reconnect_s` (:data:`RECONNECT_S`; 0 once a retry has run out: the store is
+        gone, and each later call fails at once rather than waiting again)."""
+        from crossflow.search.storage import retrying
+
+        t0 = time.monotonic()
+        try:
+            return retrying(fn, self.reconnect_s)
+        except Exception:
+            if self.reconnect_s and time.monotonic() - t0 >= self.reconnect_s:
+                self.reconnect_s = 0.0
+            raise
 
     def _engine(self):
         return store.sql_engine(self.client)
@@ -154,15 +192,19 @@ class _Logger:
         from mlflow.exceptions import MlflowException
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
+        bound_http()
         name = msg["study_name"]
-        for attempt in range(6):  # launches creating one new database race in its migrations
+        # launches creating one new SQLite database race in its migrations: tried again;
+        # elsewhere only a lost connection is (bounded), each HTTP request being bounded too
+        attempts = 6 if msg["tracking_uri"].startswith("sqlite:") else 1
+        for attempt in range(attempts):
             try:
                 with _db_lock(msg["tracking_uri"]):
                     client = MlflowClient(tracking_uri=msg["tracking_uri"])
-                    exp = client.get_experiment_by_name(name)
+                    exp = self._retrying(lambda c=client: c.get_experiment_by_name(name))
                 break
             except Exception:
-                if attempt == 5:
+                if attempt == attempts - 1:
                     raise
                 time.sleep(0.25 * 2 ** attempt)
         if exp is None:
@@ -205,10 +247,8 @@ class _Logger:
             return
         done: list[dict[str, Any]] = []  # runs that exist now
         if self.bulk:
-            from crossflow.search.storage import retrying
-
             try:
-                inserted = retrying(lambda: store.insert_runs(
+                inserted = self._retrying(lambda: store.insert_runs(
                     self._engine(), self.experiment_id, self.artifact_location, new))
                 self.logged += inserted
                 self.logged_bulk += inserted
@@ -218,13 +258,21 @@ class _Logger:
                 self.bulk = False
                 self.notes.append(f"batch insert disabled: {type(exc).__name__}: {exc}"[:500])
         for rec in new:
+            if self.failed_in_row >= GIVE_UP_AFTER:
+                self.given_up += 1
+                continue
             try:
-                self._create_run(rec)
+                self._retrying(lambda rec=rec: self._create_run(rec))
                 done.append(rec)
                 self.logged += 1
+                self.failed_in_row = 0
             except Exception as exc:
+                self.failed_in_row += 1
                 if len(self.errors) < 20:
                     self.errors.append(f"trial {rec['number']}: {type(exc).__name__}: {exc}"[:500])
+                if self.failed_in_row == GIVE_UP_AFTER:
+                    self.notes.append(f"{GIVE_UP_AFTER} trial runs failed in a row: the "
+                                      "launch's remaining trials are not logged")
         for rec in done:
             self.known.setdefault(rec["number"], []).append(rec["start_ms"])
 
@@ -254,7 +302,10 @@ class _Logger:
 
     def _op_close(self, msg: dict[str, Any]) -> None:
         try:
-            for runs in self._trial_runs().values():
+            runs_now = self._trial_runs()
+            # what the store holds now: the launch's final account of trials with a run
+            self.known = {n: [s for s, _ in runs] for n, runs in runs_now.items()}
+            for runs in runs_now.values():
                 for run_id in duplicates(runs):
                     self.client.delete_run(run_id)
                     self.duplicates_removed += 1

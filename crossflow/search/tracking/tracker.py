@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from crossflow.search.locations import git_revision
-from crossflow.search.tracking.logger import _gather, _Logger
+from crossflow.search.locations import git_revision, redact
+from crossflow.search.tracking.logger import _gather, _Logger, bound_http
 from crossflow.search.tracking.paths import resolve_locations
 from crossflow.search.tracking.records import (
     _finished,
@@ -33,6 +33,11 @@ from crossflow.search.tracking.records import (
     trial_record,
 )
 from crossflow.search.workers import SURPLUS  # a trial never evaluated: it gets no run
+
+#: At the end of a launch, the logger has this long to log what it was sent (a bound: a
+#: tracking store that stops answering must not hold the launch; each of its requests is
+#: bounded too, see :data:`.logger.HTTP_BOUNDS`).
+DRAIN_S = 300.0
 
 
 class StudyTracker:
@@ -83,6 +88,10 @@ class StudyTracker:
         self._active = False
         self._finished = False
         self.parent_run_id: str | None = None
+        #: after the with block: numbers of the study's finished trials without an MLflow
+        #: run (reported on stderr; ``crossflow study run`` then exits 1), of how many
+        self.missing_runs: list[int] = []
+        self.finished_trials = 0
         self.experiment_id: str | None = None
         #: timings (s) and counts, filled as the tracker runs (``benchmarks/bench_study.py``)
         self.stats: dict[str, Any] = {"mode": mode, "callback_s": 0.0, "callbacks": 0,
@@ -184,10 +193,7 @@ class StudyTracker:
         self._queue.put(("msg", {"op": "close", "status": status}))
         self._queue.put(("stop",))
         try:
-            self._thread.join()
-            if self._proc is not None:
-                self._proc.wait()
-                self._reader.join()
+            self._drain(time.monotonic() + DRAIN_S)
         except KeyboardInterrupt:  # a second Ctrl-C while waiting
             if self._proc is not None and not self._thread.is_alive():
                 print(f"crossflow: MLflow logging goes on in the background (process "
@@ -203,6 +209,28 @@ class StudyTracker:
         return False
 
     # -- internals
+    def _drain(self, deadline: float) -> None:
+        """Wait for the logger to log what it was sent, until ``deadline`` (monotonic); past
+        it, say so and stop the logging process (its group), so nothing outlives the
+        launch.  Runs it had not logged are counted missing by :meth:`_collect`."""
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(max(0.0, deadline - time.monotonic()))
+        if self._proc is not None and self._proc.poll() is None:
+            from crossflow.search.children import kill_group
+
+            self.stats["drain_timeout"] = True
+            print(f"crossflow: error: MLflow logging did not finish within {DRAIN_S:g} s "
+                  f"(tracking store {redact(self.tracking_uri)}); stopped it", file=sys.stderr)
+            kill_group(self._proc, grace=5.0)
+        elif self._thread.is_alive():  # thread mode: the daemon thread is left to the exit
+            self.stats["drain_timeout"] = True
+            print(f"crossflow: error: MLflow logging did not finish within {DRAIN_S:g} s "
+                  f"(tracking store {redact(self.tracking_uri)})", file=sys.stderr)
+        if self._reader is not None:
+            self._reader.join(5.0)
+
     def _names(self, study: Any) -> list[str]:
         if self._metric_names is None:
             n = len(study.directions)
@@ -235,7 +263,7 @@ class StudyTracker:
                      "from crossflow.search.tracking.logger import _worker_main; "
                      "_worker_main()"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                    env=child_env(), text=True)
+                    env=bound_http(child_env()), text=True)
             except OSError as exc:
                 warnings.warn(f"MLflow worker process did not start ({exc}); logging in a "
                               "thread", RuntimeWarning, stacklevel=3)
@@ -322,6 +350,20 @@ class StudyTracker:
                     self._proc.stdin.close()
             self.stats["front_thread_cpu_s"] = time.thread_time() - cpu0
 
+    def _missing(self, worker: dict[str, Any]) -> list[int]:
+        """Numbers of the study's finished trials that have no MLflow run after this launch
+        (by the logger's final account of the store; every finished trial when the logger
+        gave none)."""
+        if self._study is None:
+            return []
+        try:
+            numbers = [t.number for t in _finished(self._study)]
+        except Exception:  # the storage is gone too: nothing to compare with
+            return []
+        self.finished_trials = len(numbers)
+        logged = set(worker.get("trials_with_runs") or [])
+        return [n for n in numbers if n not in logged]
+
     def _collect(self) -> None:
         if self._logger is not None:
             worker = {**self._logger.stats(), "cpu_s": self.stats["front_thread_cpu_s"]}
@@ -336,12 +378,26 @@ class StudyTracker:
         tail = ""
         if self._stderr_path and os.path.exists(self._stderr_path):
             tail = Path(self._stderr_path).read_text(errors="replace")[-2000:].strip()
-        if worker.get("errors"):
-            warnings.warn("MLflow logging had errors (missing runs are back-filled by the "
-                          f"next launch of this study): {worker['errors']}"
+        self.missing_runs = self._missing(worker)
+        if self.missing_runs:
+            first = " ".join((worker.get("errors") or ["no error was reported"])[0].split())
+            first = first if len(first) <= 240 else first[:239] + "…"  # one paragraph
+            # no account from the logger (stopped, crashed): runs it made are not known
+            lack = ("have no MLflow run" if "trials_with_runs" in worker
+                    else "have no MLflow run known to have been logged")
+            print(f"crossflow: error: {len(self.missing_runs)} of {self.finished_trials} "
+                  f"finished trials {lack} in {redact(self.tracking_uri)} (first "
+                  f"trial without one: {self.missing_runs[0]}; {first}); the trials are safe "
+                  "in the study's storage and are logged when the study is next launched "
+                  "with the tracking store reachable"
+                  + (f" (logging process's log: {self._stderr_path})" if tail else ""),
+                  file=sys.stderr)
+        elif worker.get("errors"):
+            warnings.warn(f"MLflow logging had errors (every trial has its run): "
+                          f"{worker['errors']}"
                           + (f"\nworker log {self._stderr_path}:\n{tail}" if tail else ""),
                           RuntimeWarning, stacklevel=3)
-        if self._stderr_path and not (worker.get("errors") and tail):
+        if self._stderr_path and not ((worker.get("errors") or self.missing_runs) and tail):
             with contextlib.suppress(OSError):
                 os.unlink(self._stderr_path)
 

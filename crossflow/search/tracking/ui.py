@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import errno
 import signal
+import socket
 import sys
 
+from crossflow.errors import ConfigError
 from crossflow.search.tracking.paths import resolve_locations
+
+
+def check_port(port: int, host: str = "127.0.0.1") -> None:
+    """Refuse (:class:`ConfigError`, exit 2) a port outside 1–65535 or one that cannot be
+    bound on ``host`` now (in use, or reserved), before any server is started."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError("not a TCP port", file="command line", key="--port", value=port,
+                          allowed="an integer from 1 to 65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # as the server will bind: a port in TIME_WAIT is free, one listened on is not
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            why = ("already in use" if exc.errno == errno.EADDRINUSE
+                   else f"cannot be bound ({exc.strerror or exc})")
+            raise ConfigError(
+                f"port {port} on {host} is {why}; stop what serves there or choose another "
+                f"port with --port (e.g. --port {port + 1 if port < 65535 else 5000})",
+                file="command line", key="--port", value=port) from None
 
 
 def ui_command(tracking_uri: str | None = None, host: str = "127.0.0.1", port: int = 5000,
@@ -29,9 +52,13 @@ def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: in
     The server and every process it starts go with this process
     (:func:`crossflow.search.children.spawn_group`): SIGINT, SIGTERM and SIGHUP are
     forwarded and the server's process group is killed on the way out, and on Linux a
-    crash of this process (even SIGKILL) takes the server down too."""
+    crash of this process (even SIGKILL) takes the server down too.
+
+    The port is checked first (:func:`check_port`): one outside 1–65535 or already in use
+    is a :class:`ConfigError` (exit 2) and no server is started."""
     from crossflow.search.children import forward_signals, spawn_group
 
+    check_port(port, host)
     proc = spawn_group(ui_command(tracking_uri, host, port, workers))
     with forward_signals(proc) as received:
         code = proc.wait()

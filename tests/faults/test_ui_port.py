@@ -1,0 +1,115 @@
+"""``crossflow ui`` with a port it cannot serve on: a port outside 1–65535 or one already in
+use is refused (exit 2, one paragraph naming the port and ``--port``) before any MLflow
+server is started — nothing is left running."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from crossflow import cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def no_server(monkeypatch):
+    """Fails the test if a server process would be started; records the attempts."""
+    import crossflow.search.children as children
+
+    started = []
+
+    def refuse(cmd, *args, **kwargs):
+        started.append(cmd)
+        raise AssertionError(f"a server was started: {cmd}")
+
+    monkeypatch.setattr(children, "spawn_group", refuse)
+    return started
+
+
+@pytest.fixture
+def busy_port():
+    """A port on 127.0.0.1 that something already listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def _one_paragraph(err: str) -> None:
+    assert err.startswith("crossflow: error: "), err
+    assert "Traceback" not in err and err.strip().count("\n") == 0, err
+
+
+@pytest.mark.parametrize("port", ["-1", "0", "70000", "65536"])
+def test_a_port_outside_the_range_is_refused(port, no_server, capsys, tmp_path,
+                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["ui", "--port", port]) == 2
+    err = capsys.readouterr().err
+    _one_paragraph(err)
+    assert "--port" in err and port in err and "1 to 65535" in err
+    assert no_server == [] and not (tmp_path / "mlruns").exists()
+
+
+def test_a_port_in_use_is_refused_naming_it(busy_port, no_server, capsys, tmp_path,
+                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["ui", "--port", str(busy_port)]) == 2
+    err = capsys.readouterr().err
+    _one_paragraph(err)
+    assert f"port {busy_port}" in err and "already in use" in err and "--port" in err
+    assert no_server == []
+
+
+def test_a_free_port_starts_the_server(no_server, monkeypatch):
+    """The check passes a free port on to the server (so it does not refuse everything)."""
+    import crossflow.search.children as children
+    from crossflow.search.tracking import ui
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ui.check_port(port)  # free: no error
+
+    class Done(Exception):
+        pass
+
+    def record(cmd, *args, **kwargs):
+        no_server.append(cmd)
+        raise Done
+
+    monkeypatch.setattr(children, "spawn_group", record)
+    with pytest.raises(Done):
+        ui.launch_ui(None, port=port)
+    assert no_server and str(port) in no_server[0]
+
+
+def test_the_command_exits_at_once_with_no_process_left(busy_port, tmp_path):
+    """The real command line, in a child process: exit 2 within seconds, one paragraph,
+    and no child of it survives (no MLflow server was started)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "crossflow", "ui", "--port",
+                             str(busy_port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert proc.returncode == 2, (out, err)
+    _one_paragraph(err)
+    assert f"port {busy_port}" in err
+    assert time.monotonic() - start < 120
+    with pytest.raises(ProcessLookupError):  # nothing of its process group is left
+        os.killpg(proc.pid, 0)
