@@ -405,6 +405,26 @@ def test_a_dead_local_workers_trial_on_a_journal_is_failed_and_retried(tmp_path)
     assert c.free == 1 and c.waiting_in_budget == 1  # the retry holds a slot
 
 
+def test_a_trial_no_worker_claimed_is_failed_after_a_while(tmp_path, monkeypatch):
+    """A worker killed between Optuna creating its trial and the objective recording the
+    worker leaves a RUNNING trial nobody owns: it is failed and retried once it is older
+    than UNCLAIMED_RUNNING (else a resume would wait for it for STALE_RUNNING)."""
+    from datetime import timedelta
+
+    import optuna
+
+    from crossflow.search import workers
+    from crossflow.search.storage import make_storage
+
+    study = optuna.create_study(study_name="s", storage=make_storage(str(tmp_path / "s.log")))
+    orphan = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    assert workers.fail_orphans(study) == []  # just created: its worker may be proposing
+    monkeypatch.setattr(workers, "UNCLAIMED_RUNNING", timedelta(0))
+    assert workers.fail_orphans(study) == [orphan.number]
+    retry = [t for t in study.trials if t.system_attrs.get("failed_trial") == orphan.number]
+    assert len(retry) == 1 and retry[0].state.name == "WAITING"
+
+
 def test_budget_slots_and_surplus(tmp_path):
     """Trial numbers settle a race for the last slots: a trial beyond them is surplus."""
     import optuna

@@ -47,6 +47,10 @@ from crossflow.search.children import group_members, kill_group, spawn_child
 #: A RUNNING trial older than this, of no live worker of this machine, is taken as left
 #: behind by a dead worker (journal files have no heartbeat) and no longer holds a slot.
 STALE_RUNNING = timedelta(minutes=10)
+#: A RUNNING trial whose worker never recorded itself (killed between Optuna creating the
+#: trial and the objective starting, when it writes :data:`WORKER`) is taken as dead after
+#: this long: a live worker records itself as soon as the sampler has proposed the point.
+UNCLAIMED_RUNNING = timedelta(minutes=2)
 #: User attributes: the worker that ran a trial (host:pid), a trial that found no slot.
 WORKER = "worker"
 SURPLUS = "surplus"
@@ -180,17 +184,23 @@ def _local_alive(worker: Any) -> bool:
 
 def fail_orphans(study) -> list[int]:
     """Fail the RUNNING trials whose worker was a process of this machine that is gone (a
-    journal file has no heartbeat), and enqueue a copy of each (Optuna's retry callback:
+    journal file has no heartbeat), or that no worker claimed for
+    :data:`UNCLAIMED_RUNNING`, and enqueue a copy of each (Optuna's retry callback:
     same parameters, the ``gd`` role kept).  Returns the numbers failed by this call."""
     from optuna.trial import TrialState
 
     from crossflow.search.storage import fail_trial, retry_trial
 
     failed = []
+    now = datetime.now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid = _local_pid(t.user_attrs.get(WORKER))
-        if pid is None or _alive(pid):
-            continue
+        if WORKER not in t.user_attrs:
+            if t.datetime_start is None or now - t.datetime_start <= UNCLAIMED_RUNNING:
+                continue  # its worker is still proposing the point, or died just now
+        else:
+            pid = _local_pid(t.user_attrs.get(WORKER))
+            if pid is None or _alive(pid):
+                continue
         if not fail_trial(study, t):
             continue
         failed.append(t.number)
