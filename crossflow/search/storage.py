@@ -505,3 +505,20 @@ def live_below(study, total: int) -> bool:
     backend = getattr(study._storage, "_backend", study._storage)
     count = getattr(backend, "count_live", None)
     return count is not None and count(study._study_id) < total
+
+
+def claim_trials(study, key: str, value: str) -> None:
+    """Record ``key = value`` as a user attribute of every trial this process starts on
+    ``study``, the moment Optuna creates it: before the sampler proposes its point (the
+    sampler's ``before_trial``, which Optuna calls first, is wrapped on this instance)."""
+    sampler = study.sampler
+    if getattr(sampler, "_crossflow_claims", None) == (key, value):
+        return
+    before = type(sampler).before_trial
+
+    def before_trial(study, trial) -> None:
+        study._storage.set_trial_user_attr(trial._trial_id, key, value)
+        before(sampler, study, trial)
+
+    sampler.before_trial = before_trial
+    sampler._crossflow_claims = (key, value)

@@ -218,7 +218,8 @@ class Budgeted:
         self.worker = worker_id()
 
     def __call__(self, trial):
-        trial.set_user_attr(WORKER, self.worker)
+        if trial.user_attrs.get(WORKER) != self.worker:  # (claimed at creation on a journal)
+            trial.set_user_attr(WORKER, self.worker)
         # a trial's rank among the live trials is at most its number: below the budget,
         # it holds a slot without looking
         if trial.number >= self.total and not self.holds_slot(trial):
@@ -238,9 +239,14 @@ def work(study, objective, total: int, *, callbacks: list[Any], stop: GracefulSt
     some), or ``stop`` is requested."""
     import optuna
 
-    from crossflow.search.storage import live_below
+    from crossflow.search.storage import claim_trials, live_below
 
     budgeted = Budgeted(objective, total, heartbeats=heartbeats)
+    if not heartbeats:
+        # a journal has no heartbeat: a trial records its worker the moment Optuna creates
+        # it, before the sampler proposes its point, so a worker killed while sampling
+        # leaves a trial fail_orphans recognises at once (not after UNCLAIMED_RUNNING)
+        claim_trials(study, WORKER, budgeted.worker)
 
     def full(study, trial) -> None:  # no slot left: let the outer loop wait or end
         if not live_below(study, total) and \
