@@ -25,19 +25,13 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from crossflow.search.storage import contains
+
 #: Ordered numbers move over about this many grid points across their range.
 GRID_POINTS = 20
 #: A categorical of more than this many choices jumps to a random other choice every
 #: third step instead of moving to a list neighbour.
 _JUMP_ABOVE = 3
-
-
-def contains(distribution: BaseDistribution, value: Any) -> bool:
-    """Whether ``value`` (external representation) is a valid value of ``distribution``."""
-    try:
-        return bool(distribution._contains(distribution.to_internal_repr(value)))
-    except (ValueError, TypeError):
-        return False
 
 
 def as_external(distribution: BaseDistribution, value: Any) -> Any:

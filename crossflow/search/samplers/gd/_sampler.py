@@ -32,9 +32,10 @@ from crossflow.search.samplers.gd._ledger import (
     Status,
     Step,
 )
-from crossflow.search.samplers.gd._moves import as_external, contains, draw, neighbour
+from crossflow.search.samplers.gd._moves import as_external, draw, neighbour
 from crossflow.search.samplers.gd._simplex import mix_towards_vertex
 from crossflow.search.samplers.gd._update import eq6_step, tiered_gradient
+from crossflow.search.storage import all_trials, contains, set_trial_attrs, study_key, trial_key
 
 _logger = optuna.logging.get_logger(__name__)
 
@@ -208,8 +209,7 @@ class GDSampler(BaseSampler):
         attrs = dict(trial.system_attrs)
         if ROLE not in attrs:  # (a retry by RetryHeartbeatStaleTrialCallback keeps its copied role)
             claim = {ROLE: FIXED} if "fixed_params" in attrs else self._claim(study, trial)
-            for key, value in claim.items():  # gd:role last: it marks the claim
-                study._storage.set_trial_system_attr(trial._trial_id, key, value)
+            set_trial_attrs(study, trial, system=claim)  # gd:role last: it marks the claim
             attrs.update(claim)
         self._points[_key(study, trial)] = _plan_of(attrs)
 
@@ -244,7 +244,7 @@ class GDSampler(BaseSampler):
         deadline = time.monotonic() + _CLAIM_WAIT
         delay = 0.001
         while True:
-            trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+            trials = all_trials(study)
             if trials and trials[-1].number == len(trials) - 1:  # index == number
                 trials = trials[min(start, len(trials)):]
             now = datetime.datetime.now()
@@ -260,7 +260,7 @@ class GDSampler(BaseSampler):
 
     def _claim(self, study: Study, trial: FrozenTrial) -> dict[str, Any]:
         """The role of a new trial: the first free role of the first chain that has one."""
-        cache = self._studies.setdefault((id(study._storage), study._study_id), _StudyCache())
+        cache = self._studies.setdefault(study_key(study), _StudyCache())
         trials = self._settled_trials(study, trial, cache.watermark)
         with self._lock:  # (the caches; the claim order is the trial-number order)
             ledger = Ledger.read(trials, skip=trial.number, ignore_chains=cache.ended)
@@ -473,7 +473,7 @@ class _StudyCache:
 
 
 def _key(study: Study, trial: FrozenTrial) -> tuple[int, int]:
-    return id(study._storage), trial._trial_id
+    return trial_key(study, trial)
 
 
 def _plan_of(attrs: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:

@@ -17,6 +17,13 @@ from crossflow.search.keys import PHASE
 from crossflow.search.samplers.structured._inner import METHODS
 from crossflow.search.samplers.structured._plan import plan
 from crossflow.search.samplers.structured._problem import Problem
+from crossflow.search.storage import (
+    contains,
+    set_trial_attrs,
+    stored_trial,
+    study_key,
+    trial_key,
+)
 
 #: Trial system attribute: the plan's index of the point the trial evaluates.
 SLOT = "structured:slot"
@@ -76,7 +83,7 @@ class StructuredSampler(BaseSampler):
         self._phase = ""
         self._base = 0           # plan index of the current batch's first point
         self._records: list[dict[str, Any]] = []
-        self._study_id: int | None = None
+        self._study_key: tuple[int, int] | None = None
         self._points: dict[int, dict[str, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -104,12 +111,12 @@ class StructuredSampler(BaseSampler):
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        point = self._points.get(trial._trial_id)
+        point = self._points.get(trial_key(study, trial))
         if point is None:  # planned in another process, or a retry: read the storage
-            point = study._storage.get_trial(trial._trial_id).system_attrs.get(POINT)
+            point = stored_trial(study, trial).system_attrs.get(POINT)
         if point is not None and param_name in point:
             value = point[param_name]
-            if param_distribution._contains(param_distribution.to_internal_repr(value)):
+            if contains(param_distribution, value):
                 return value
         return self._fallback.sample_independent(study, trial, param_name,
                                                  param_distribution)
@@ -124,15 +131,12 @@ class StructuredSampler(BaseSampler):
         with self._lock:
             slot, point = self._claim(study, trial)
             phase = self._phase
-        storage = study._storage
-        storage.set_trial_system_attr(trial._trial_id, POINT, point)
-        storage.set_trial_system_attr(trial._trial_id, SLOT, slot)
-        storage.set_trial_user_attr(trial._trial_id, PHASE, phase)
-        self._points[trial._trial_id] = point
+        set_trial_attrs(study, trial, system={POINT: point, SLOT: slot}, user={PHASE: phase})
+        self._points[trial_key(study, trial)] = point
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
-        self._points.pop(trial._trial_id, None)
+        self._points.pop(trial_key(study, trial), None)
 
     # ---- the plan, rebuilt from the storage --------------------------------------------
 
@@ -164,7 +168,7 @@ class StructuredSampler(BaseSampler):
     def _advance(self, study: Study, holders: Mapping[int, list[FrozenTrial]],
                  current: int) -> None:
         """Feed every finished batch to the plan (from its start after a restart)."""
-        if self._gen is None or self._study_id != study._study_id:
+        if self._gen is None or self._study_key != study_key(study):
             self._start(study, current)
         while True:
             values = [_value(holders.get(self._base + j, [])) for j in range(len(self._batch))]
@@ -175,7 +179,7 @@ class StructuredSampler(BaseSampler):
             self._prefetch()
 
     def _start(self, study: Study, current: int) -> None:
-        self._study_id = study._study_id
+        self._study_key = study_key(study)
         self._problem = Problem(self._setup)
         budget = study.user_attrs.get(BUDGET)
         if budget is None:
