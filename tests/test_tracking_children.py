@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from crossflow.search.children import GRACE_S, group_members
+from crossflow.search.workers import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.filterwarnings("ignore:.*noload.*"), pytest.mark.skipif(
@@ -30,9 +31,7 @@ START_S = 240
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
+    return child_env()
 
 
 def _stats() -> dict[int, tuple[str, int, int]]:

@@ -16,6 +16,7 @@ from crossflow.errors import ConfigError
 from crossflow.search import journal as J
 from crossflow.search.storage import make_storage
 from crossflow.search.study import load_study, open_study, run_study
+from crossflow.search.workers import child_env
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -97,7 +98,7 @@ def test_cli_full_disk_ends_with_a_message_and_resumes(tmp_path):
     journal = tmp_path / "q.journal"
     cmd = [sys.executable, "-m", "crossflow", "study", "run", "quickstart", "--trials", "40",
            "--storage", str(journal), "--no-tracking"]
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env = child_env()
 
     def limited():
         resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from crossflow import cli
+from crossflow.search.workers import child_env
 
 
 def _bad_paths(tmp_path):
@@ -63,6 +64,6 @@ def test_a_fifo_does_not_block_a_study(tmp_path):
                      "search_space: {dimensions: []}\nn_trials: 1\n")
     proc = subprocess.run([sys.executable, "-m", "crossflow", "study", "run", str(study),
                            "--no-tracking"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+                          timeout=120, env=child_env())
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "not a regular file" in proc.stderr and "Traceback" not in proc.stderr

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from crossflow.search.study import load_study, open_study
-
-ROOT = Path(__file__).resolve().parents[2]
+from crossflow.search.workers import child_env
 
 
 def _children(pid: int) -> list[int]:
@@ -62,8 +61,7 @@ def _wait(what, timeout: float, step: float = 0.2):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
 def test_a_signal_to_the_launcher_takes_its_workers(sig, tmp_path):
     journal = tmp_path / "q.journal"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = child_env()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "crossflow", "study", "run", "quickstart", "--workers", "2",
          "--trials", "100000", "--storage", str(journal), "--no-tracking", "--quiet"],

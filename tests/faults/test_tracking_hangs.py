@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import optuna
 import pytest
@@ -20,8 +19,8 @@ from crossflow.search.children import group_members
 from crossflow.search.tracking import check
 from crossflow.search.tracking import tracker as tracker_mod
 from crossflow.search.tracking.tracker import StudyTracker
+from crossflow.search.workers import child_env
 
-REPO = Path(__file__).resolve().parents[2]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -44,8 +43,7 @@ def silent_port():
 def test_a_launch_on_an_unusable_server_ends_at_once_with_nothing_left(kind, tmp_path,
                                                                        silent_port):
     port = _closed_port() if kind == "refused" else silent_port
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = child_env()
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "crossflow", "study", "run", "quickstart", "--trials", "3",

@@ -9,13 +9,11 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from crossflow import cli
-
-REPO = Path(__file__).resolve().parents[2]
+from crossflow.search.workers import child_env
 
 
 @pytest.fixture
@@ -94,8 +92,7 @@ def test_a_free_port_starts_the_server(no_server, monkeypatch):
 def test_the_command_exits_at_once_with_no_process_left(busy_port, tmp_path):
     """The real command line, in a child process: exit 2 within seconds, one paragraph,
     and no child of it survives (no MLflow server was started)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env = child_env()
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "crossflow", "ui", "--port",
                              str(busy_port)], cwd=tmp_path, env=env,
