@@ -108,9 +108,9 @@ from typing import Any
 import numpy as np
 
 from crossflow import __version__
-from crossflow.arch.cliffs import quantities_at, steps, unit_quantity
-from crossflow.errors import CrossflowError
+from crossflow.arch.cliffs import quantities_at
 from crossflow.search import encoding
+from crossflow.search.lattice import AreaLattice
 from crossflow.search.locations import MLRUNS
 from crossflow.search.objective import evaluate, evaluate_many
 
@@ -390,117 +390,33 @@ def _say(enabled: bool, text: str) -> None:
 # --- phase 6: exhaustive enumeration of the integer designs near the optimum -------------------
 
 
-def _thresholds(template, overrides: Mapping[str, Any], component: str,
-                unit: str) -> dict[int, float]:
-    """count -> the smallest area fraction of ``component`` that builds ``count`` units,
-    the other fractions held (:func:`crossflow.arch.cliffs.steps`, ``held`` convention)."""
-    try:
-        found = steps(template, overrides, "area", component, 0.0, 1.0, convention="held")
-    except CrossflowError:
-        return {}
-    out: dict[int, float] = {}
-    for st in found:
-        if st.quantity == unit and st.above > st.below:
-            for n in range(st.below + 1, st.above + 1):   # a jump of several units at once
-                out.setdefault(n, st.fraction)
-    return out
-
-
 def _enumerate(f: _Counter, setup, params: dict[str, Any], opts: Mapping[str, Any],
                progress: bool) -> dict[str, Any]:
     """Phase 6: every integer area design in a box around ``params`` (a refined optimum),
-    each at the smallest area fractions that buy its units, priced at the refined power
-    split; the best few then get their power split refined.  Returns the record."""
+    each at the smallest area fractions that buy its units (:class:`AreaLattice`), priced
+    at the refined power split; the best few then get their power split refined.  Returns
+    the record."""
     t0, n0, v0 = time.perf_counter(), f.n, f.best[0]
-    simplex = next((s for s in setup.space.simplexes if s.name == "area"), None)
-    if setup.template is None or simplex is None:
-        return {"skipped": "no architecture template or no searched area simplex"}
-    template = setup.template
-    design = setup.design(params)
-    overrides = setup.overrides(design)
-    q0 = quantities_at(template, overrides)
-    if not q0.get("feasible"):
-        return {"skipped": "the refined design cannot be built"}
-    area = dict(overrides["area_fractions"])
-    share = simplex.share
-    units = {c: unit_quantity(template, c) for c in simplex.components}
-    units = {c: u for c, u in units.items() if u is not None and u in q0}
-    # the absorber takes what the others leave: the searched SRAM level with the most
-    # (finest) units; components with more than enum_coarse_max units are held
-    levels = [m.name for m in template.memory[:-1]]
-    fine = [c for c, u in units.items() if q0[u] > opts["enum_coarse_max"] and c != "core"]
-    absorber = max((c for c in fine if c in levels), key=lambda c: q0[units[c]], default=None)
-    coarse = [c for c in units if c not in fine]
-    # room to scan each coordinate: every other searched fraction halved
-    roomy = {c: (v * 0.5 if c in simplex.components else v) for c, v in area.items()}
-
-    def with_area(fr: Mapping[str, float]) -> dict[str, Any]:
-        return {**overrides, "area_fractions": {**area, **fr}}
-
-    thr: dict[tuple, dict[int, float]] = {}
-
-    def threshold(c: str, n: int, bundles: int) -> float | None:
-        key = (c, bundles if c in levels else None)
-        if key not in thr:
-            fr = dict(roomy)
-            fr.pop(c, None)
-            if c in levels:
-                core_t = threshold("core", bundles, bundles)
-                if core_t is None:
-                    thr[key] = {}
-                    return None
-                fr["core"] = core_t * (1 + 1e-9)
-            thr[key] = _thresholds(template, with_area(fr), c, units[c])
-        return thr[key].get(n)
-
-    radius = {}
-    for c in coarse:
-        if c == "core":
-            radius[c] = int(opts["enum_core_radius"])
-            continue
-        t = threshold(c, q0[units[c]], q0["core.bundles"])
-        t1 = threshold(c, q0[units[c]] + 1, q0["core.bundles"])
-        cost = (t1 - t) if t is not None and t1 is not None else 0.0
-        radius[c] = 1 if cost > opts["enum_big_unit"] else int(opts["enum_radius"])
-    ranges = {c: [n for n in range(q0[units[c]] - radius[c], q0[units[c]] + radius[c] + 1)
+    lat = AreaLattice(setup, params, coarse_max=opts["enum_coarse_max"])
+    if not lat.ok:
+        return {"skipped": lat.why if lat.why != "the design cannot be built"
+                else "the refined design cannot be built"}
+    template, units, coarse = lat.template, lat.units, lat.coarse
+    q0 = quantities_at(template, lat.overrides)
+    radius = {c: int(opts["enum_core_radius"]) if c == "core" else
+              1 if lat.cost(c) > opts["enum_big_unit"] else int(opts["enum_radius"])
+              for c in coarse}
+    ranges = {c: [n for n in range(lat.counts[c] - radius[c], lat.counts[c] + radius[c] + 1)
                   if n >= 1] for c in coarse}
-    held = {c: area[c] for c in fine if c != absorber}
-    floor_ = 2 * math.exp(-2 * encoding.SPAN) * share   # the encoding's smallest slack
     cands, vectors, over = [], 0, 0
     for combo in itertools.product(*(ranges[c] for c in coarse)):
         vectors += 1
         want = dict(zip(coarse, combo, strict=True))
-        bundles = want.get("core", q0["core.bundles"])
-        fr: dict[str, float] = {}
-        for c, n in want.items():
-            t = threshold(c, n, bundles)
-            if t is None and n == q0[units[c]]:
-                # no area step buys this count (it is bound by power or perimeter, or the
-                # first unit is the feasibility step): the optimum's own share builds it
-                fr[c] = area[c]
-                continue
-            if t is None:
-                break
-            fr[c] = t * (1 + 1e-9)
-        else:
-            fr.update(held)
-            # the encoding cannot give a share below exp(-2·SPAN) of the largest: a
-            # smaller one would be raised on decoding and every other share shrunk
-            low = max(fr.values()) * math.exp(-2 * encoding.SPAN) * (1 + 1e-6)
-            fr = {c: max(v, low) for c, v in fr.items()}
-            used = sum(fr.values()) + sum(v for c, v in area.items()
-                                          if c not in simplex.components)
-            left = 1.0 - used - floor_
-            if absorber is not None:
-                fr[absorber] = left
-            if left <= 0:
-                over += 1
-                continue
-            p = {**params, **simplex.params_for({c: fr.get(c, area[c])
-                                                 for c in simplex.components})}
-            cands.append((want, p))
+        p = lat.point(want)
+        if p is None:
+            over += 1
             continue
-        over += 1
+        cands.append((want, p))
     _say(progress, f"enumerating {len(cands)} integer area designs "
                    f"({vectors} in the box, {over} over budget or unbuildable)")
     values = f.many([p for _, p in cands])
@@ -532,8 +448,8 @@ def _enumerate(f: _Counter, setup, params: dict[str, Any], opts: Mapping[str, An
     return {
         "center": {c: q0[units[c]] for c in units},
         "units": units,
-        "absorber": absorber,
-        "held": sorted(held),
+        "absorber": lat.absorber,
+        "held": sorted(lat.held),
         "box": {c: [r[0], r[-1]] for c, r in ranges.items()},
         "vectors": vectors,
         "over_budget": over,

@@ -24,7 +24,9 @@ Phases, for a budget of B evaluations (every point yielded is one evaluation: on
    best of them goes on, to 3/4 of what is left after reserving the re-screen.  A winner
    that stalls (no relative gain of ``stall_gain`` in ``patience`` evaluations) with a
    third of that or more left is raced by the ``restart`` method (the compass) from the
-   template's split for the rest of the phase; the better run goes on.
+   template's split for the rest of the phase; the better run goes on.  With ``lattice``
+   (off: measured no better, README's search section), a stalled run first scans the
+   whole-unit lattice around its best point and restarts from a better one.
 5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
    again (each in its best order); the winner gets the rest of the budget (inner search
    again, from the split found).
@@ -57,7 +59,7 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
          inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
          rescreen: int = 8, contenders: int = 3, trial: int = 300,
          polish: tuple[str, ...] = ("gd", "exchange"), restart: str | None = "compass",
-         patience: int = 100, stall_gain: float = 1e-3,
+         patience: int = 100, stall_gain: float = 1e-3, lattice: bool = False,
          records: list[dict[str, Any]] | None = None) -> Plan:
     rng = np.random.default_rng(seed)
     method = METHODS[inner]
@@ -137,27 +139,50 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     discrete, x, fx = run.discrete, run.best, run.value
     limit = (max(0, budget - used - reserve - (budget - used - reserve) // 4) if reserve
              else budget - used)
-    if restart is None:
-        used += yield from run.until(limit)
-    else:
-        # a run that stalls (no gain of ``stall_gain`` in ``patience`` evaluations) with
-        # at least as much left races a ``restart`` method from the template's split for
-        # the rest of this phase: another basin (quickstart: fewer MCUs at a higher
-        # voltage), found by coarser moves; the better run goes on
-        n = yield from run.until(limit, patience=patience, gain=stall_gain)
-        used += n
-        if (run.stalled or run.done) and limit - n >= max(patience, limit // 3):
-            rival = _Run(METHODS[restart](P, run.discrete, x0, best_value[winner],
-                                          limit - n, rng), P, run.discrete, x0,
-                         best_value[winner], memo=memo)
-            used += yield from rival.until(limit - n)
-            if rival.value < run.value:
-                run.close()
-                run = rival
-            else:
-                rival.close()
+    # a run that stalls (no gain of ``stall_gain`` in ``patience`` evaluations) first
+    # scans the lattice of whole units around its best point (``lattice``: a count the
+    # local moves cannot reach — quickstart: 443 bundles where 439 and 441 are worse);
+    # a better point there restarts the method from it.  Stalled again with enough left,
+    # it races a ``restart`` method from the template's split for the rest of this phase:
+    # another basin (quickstart: fewer MCUs at a higher voltage), found by coarser moves;
+    # the better run goes on.
+    left = limit
+    n = yield from run.until(left, patience=patience, gain=stall_gain)
+    used, left = used + n, left - n
+    raced, scanned, parked = restart is None, set(), None
+    while left > 0 and (run.stalled or run.done):
+        if lattice and run.best.key() not in scanned:
+            scanned.add(run.best.key())
+            scan = _Run(METHODS["lattice"](P, run.discrete, run.best, run.value, left, rng,
+                                           then=None), P, run.discrete, run.best, run.value,
+                        memo=memo)
+            m = yield from scan.until(left)
+            used, left = used + m, left - m
+            if scan.value < run.value:
+                if run is not parked:
+                    run.close()
+                run = _Run(method(P, run.discrete, scan.best, scan.value, left, rng,
+                                  **options), P, run.discrete, scan.best, scan.value,
+                           memo=memo)
+                n = yield from run.until(left, patience=patience, gain=stall_gain)
+                used, left = used + n, left - n
+                continue
+        if not raced and left >= max(patience, limit // 3):
+            raced, parked = True, run
+            run = _Run(METHODS[restart](P, run.discrete, x0, best_value[winner], left, rng),
+                       P, run.discrete, x0, best_value[winner], memo=memo)
+            n = yield from run.until(left, patience=patience, gain=stall_gain)
+            used, left = used + n, left - n
+            continue
+        n = yield from run.until(left)
+        used, left = used + n, left - n
+        break
+    if parked is not None and parked is not run:
+        if parked.value < run.value:
+            run.close()
+            run = parked
         else:
-            used += yield from run.until(limit - n)
+            parked.close()
     x, fx = run.best, run.value
     if reserve > 0:
         others = [i for i in ranking if i not in runs][:reserve]
