@@ -87,7 +87,7 @@ def test_the_lattice_scan_moves_one_count_at_a_time_and_keeps_the_best(quickstar
             here = AreaLattice(setup, P.params(incumbent, discrete)).counts
             got = values(batch)
             used += len(batch)
-            for c, v in zip(batch, got, strict=True):
+            for c in batch:
                 assert c.key() not in seen
                 seen.add(c.key())
                 units = _built(setup, AreaLattice(setup, P.params(c, discrete)),

@@ -334,6 +334,76 @@ def test_plan_restarts_a_stalled_search_with_the_compass(monkeypatch):
     assert calls and all(c >= 100 for c in calls)
 
 
+def test_contenders_far_behind_are_dropped_and_a_stalled_search_scans_the_lattice(
+        monkeypatch):
+    """quickstart at 1000 evaluations: the N7 and N12 nodes, far behind N5 after half of
+    their first installment, get no more; the search that has stalled for good scans the
+    whole-unit lattice around its best point."""
+    from crossflow.search.objective import evaluate_many
+    from crossflow.search.samplers.structured import _inner, _plan
+
+    scans = []
+    real = _inner.lattice
+
+    def spy(P, discrete, start, f0, budget, rng, **kw):
+        scans.append(f0)
+        return (yield from real(P, discrete, start, f0, budget, rng, **kw))
+
+    monkeypatch.setitem(_plan.METHODS, "lattice", spy)
+    setup = load_study("quickstart")
+    budget = 1000 - len(setup.baseline_trials())
+    gen = _plan.plan(Problem(setup), budget=budget, seed=0, records=[])
+    per_node: dict[str, int] = {}
+    best, n = math.inf, 0
+    phase, batch = next(gen)
+    while n < budget:
+        got = [e.values(setup.objectives)[0] if e.feasible else math.inf
+               for e in evaluate_many(setup, [setup.design(p) for p in batch])]
+        if phase == "search":
+            for p in batch:
+                per_node[p["logic_node"]] = per_node.get(p["logic_node"], 0) + 1
+        best = min([best, *got])
+        n += len(batch)
+        phase, batch = gen.send(got)
+    share = (budget - 3) * 2 // (5 * 3)          # a contender's whole first installment
+    assert per_node["N12"] <= share // 2 and per_node["N7"] <= share // 2
+    assert per_node["N5"] > 600
+    assert scans and all(v >= best for v in scans)
+
+
+def test_a_batch_that_does_not_fit_an_installment_waits_for_the_next():
+    from crossflow.search.samplers.structured._plan import _Run
+
+    class _Params:
+        def params(self, cont, discrete):
+            return {"x": float(cont.simplexes["area"][0])}
+
+    def method():
+        k = 0
+        while True:     # batches of five new points
+            values = yield [Cont({"area": np.array([0.1 + 1e-3 * (k + i), 0.5])})
+                            for i in range(5)]
+            assert len(values) == 5
+            k += 5
+
+    run = _Run(method(), _Params(), {}, Cont({"area": np.array([0.5, 0.5])}), 1.0)
+    asked = []
+
+    def installment(limit):
+        gen = run.until(limit)
+        try:
+            phase, batch = next(gen)
+            while True:
+                asked.extend(b["x"] for b in batch)
+                phase, batch = gen.send([2.0] * len(batch))
+        except StopIteration as end:
+            return end.value
+
+    assert installment(7) == 5 and not run.done        # the second batch waits
+    assert installment(7) == 5 and not run.done
+    assert len(asked) == len(set(asked)) == 10
+
+
 def test_a_multi_objective_study_is_refused_before_anything_is_created(tmp_path):
     from crossflow.errors import ConfigError
 

@@ -20,13 +20,16 @@ Phases, for a budget of B evaluations (every point yielded is one evaluation: on
 4. **Inner search** of the budget split with the inner method (:mod:`._inner`).  With room
    for it (``trial`` evaluations per contender), the ``contenders`` best combinations each
    get a first installment (40 % of the search, shared) from the template's split — a
-   combination that needs another split (more link power, say) shows it there — and the
-   best of them goes on, to 3/4 of what is left after reserving the re-screen.  A winner
-   that stalls (no relative gain of ``stall_gain`` in ``patience`` evaluations) with a
-   third of that or more left is raced by the ``restart`` method (the compass) from the
-   template's split for the rest of the phase; the better run goes on.  With ``lattice``
-   (off: measured no better, README's search section), a stalled run first scans the
-   whole-unit lattice around its best point and restarts from a better one.
+   combination that needs another split (more link power, say) shows it there — in two
+   halves: after the first, a contender more than ``drop`` times the leader's value is
+   dropped (successive halving: quickstart's N7 and N12 nodes, 1.45× and 1.95× behind);
+   the best of them goes on, to 3/4 of what is left after reserving the re-screen.  A
+   winner that stalls (no relative gain of ``stall_gain`` in ``patience`` evaluations) with
+   a third of that or more left is raced by the ``restart`` method (the compass) from the
+   template's split for the rest of the phase; the better run goes on.  Stalled for good,
+   the run's best point gets the ``unstick`` method (a scan of the whole-unit lattice
+   around it, :func:`._inner.lattice`), and the search restarts from a better point it
+   finds.
 5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
    again (each in its best order); the winner gets the rest of the budget (inner search
    again, from the split found).
@@ -59,7 +62,8 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
          inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
          rescreen: int = 8, contenders: int = 3, trial: int = 300,
          polish: tuple[str, ...] = ("gd", "exchange"), restart: str | None = "compass",
-         patience: int = 100, stall_gain: float = 1e-3, lattice: bool = False,
+         patience: int = 80, stall_gain: float = 1e-3, unstick: str | None = "lattice",
+         drop: float | None = 1.25,
          records: list[dict[str, Any]] | None = None) -> Plan:
     rng = np.random.default_rng(seed)
     method = METHODS[inner]
@@ -129,8 +133,16 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
                     combo(i), x0, best_value[i], memo=memo) for i in finite}
     if len(runs) > 1:
         share = total * 2 // (5 * len(runs))          # 40 % of the search, shared
+        first = share if drop is None else share // 2
         for run in runs.values():
-            used += yield from run.until(share)
+            used += yield from run.until(first)
+        if drop is not None:
+            lead = min(r.value for r in runs.values())
+            for i in [i for i, r in runs.items() if r.value > drop * lead]:
+                runs.pop(i).close()
+            if len(runs) > 1:
+                for run in runs.values():
+                    used += yield from run.until(share - first)
     winner = min(runs, key=lambda i: runs[i].value)
     for i, other in runs.items():
         if i != winner:
@@ -139,34 +151,18 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     discrete, x, fx = run.discrete, run.best, run.value
     limit = (max(0, budget - used - reserve - (budget - used - reserve) // 4) if reserve
              else budget - used)
-    # a run that stalls (no gain of ``stall_gain`` in ``patience`` evaluations) first
-    # scans the lattice of whole units around its best point (``lattice``: a count the
-    # local moves cannot reach — quickstart: 443 bundles where 439 and 441 are worse);
-    # a better point there restarts the method from it.  Stalled again with enough left,
-    # it races a ``restart`` method from the template's split for the rest of this phase:
-    # another basin (quickstart: fewer MCUs at a higher voltage), found by coarser moves;
-    # the better run goes on.
+    # a run that stalls (no gain of ``stall_gain`` in ``patience`` evaluations) with at
+    # least as much left races a ``restart`` method from the template's split for the rest
+    # of this phase: another basin (quickstart: fewer MCUs at a higher voltage), found by
+    # coarser moves; the better run goes on.  Stalled for good, its best point gets the
+    # ``unstick`` method (a lattice scan: a count the local moves cannot reach —
+    # quickstart: 443 bundles where 439 and 441 are worse), and the search restarts from
+    # a better point found there.
     left = limit
     n = yield from run.until(left, patience=patience, gain=stall_gain)
     used, left = used + n, left - n
-    raced, scanned, parked = restart is None, set(), None
+    raced, unstuck, parked = restart is None, set(), None
     while left > 0 and (run.stalled or run.done):
-        if lattice and run.best.key() not in scanned:
-            scanned.add(run.best.key())
-            scan = _Run(METHODS["lattice"](P, run.discrete, run.best, run.value, left, rng,
-                                           then=None), P, run.discrete, run.best, run.value,
-                        memo=memo)
-            m = yield from scan.until(left)
-            used, left = used + m, left - m
-            if scan.value < run.value:
-                if run is not parked:
-                    run.close()
-                run = _Run(method(P, run.discrete, scan.best, scan.value, left, rng,
-                                  **options), P, run.discrete, scan.best, scan.value,
-                           memo=memo)
-                n = yield from run.until(left, patience=patience, gain=stall_gain)
-                used, left = used + n, left - n
-                continue
         if not raced and left >= max(patience, limit // 3):
             raced, parked = True, run
             run = _Run(METHODS[restart](P, run.discrete, x0, best_value[winner], left, rng),
@@ -174,10 +170,31 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
             n = yield from run.until(left, patience=patience, gain=stall_gain)
             used, left = used + n, left - n
             continue
+        if parked is not None:          # the race is over: the better run goes on
+            if parked.value < run.value:
+                run.close()
+                run = parked
+            else:
+                parked.close()
+            parked = None
+        if unstick is not None and run.best.key() not in unstuck:
+            unstuck.add(run.best.key())
+            scan = _Run(METHODS[unstick](P, run.discrete, run.best, run.value, left, rng),
+                        P, run.discrete, run.best, run.value, memo=memo)
+            m = yield from scan.until(left)
+            used, left = used + m, left - m
+            if scan.value < run.value:
+                run.close()
+                run = _Run(method(P, run.discrete, scan.best, scan.value, left, rng,
+                                  **options), P, run.discrete, scan.best, scan.value,
+                           memo=memo)
+                n = yield from run.until(left, patience=patience, gain=stall_gain)
+                used, left = used + n, left - n
+                continue
         n = yield from run.until(left)
         used, left = used + n, left - n
         break
-    if parked is not None and parked is not run:
+    if parked is not None:
         if parked.value < run.value:
             run.close()
             run = parked
@@ -265,6 +282,9 @@ class _Run:
                     if k not in self.memo and k not in fresh:
                         fresh[k] = i
                 cut = len(fresh) > limit - used
+                if cut and used > 0:
+                    # the batch waits for the next installment (cut, the run would end)
+                    break
                 todo = list(fresh.items())[:limit - used]
                 if todo:
                     got = yield self.phase, [params[i] for _, i in todo]
