@@ -16,6 +16,8 @@ at most ``budget`` evaluations and returns ``(best point, best value)``.
 * :func:`compass` — a compass search on the softmax logits (coarse steps first: the
   best-known search's refinement), then the exchange; the plan's restart of a stalled
   search.
+* :func:`lattice` — scans of the whole-unit lattice of the area simplex
+  (:mod:`crossflow.search.lattice`): the plan's last resort for a search stalled for good.
 * :func:`cmaes` and :func:`tpe` — CMA-ES (the ``cmaes`` package) and Optuna's TPE, ask and
   tell on the encoded simplex parameters, as baselines for the inner search.
 """
@@ -416,52 +418,8 @@ def lattice(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bud
     return best, fbest
 
 
-def hop(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
-        rng: np.random.Generator, *, each: int = 100, **options: Any) -> Inner:
-    """Basin hops on the whole-unit lattice (:class:`crossflow.search.lattice.AreaLattice`):
-    every neighbour of ``start`` one count away (a bundle, a bank per instance, a DRAM
-    device, a link port more or fewer; the smallest area split that buys it, the power
-    split held) in one batch, then from each, best first, an :func:`exchange` of ``each``
-    evaluations; the first that ends better than ``f0`` is returned (a neighbour better
-    by itself at once).  The plan runs it where a search has stalled for good: a
-    neighbour no better by itself can lead to a better basin once its split is re-tuned
-    (quickstart: a register bank per MCU more, 1.79 % → 1.08 % in 16 evaluations).
-    """
-    from crossflow.search.lattice import AreaLattice
-
-    lat = AreaLattice(P.setup, P.params(start, discrete))
-    if not lat.ok:
-        return start, f0
-    near, seen = [], {start.key()}
-    for c in lat.coarse:
-        for sign in (1, -1):
-            p = lat.point({c: lat.counts[c] + sign})
-            if p is not None:
-                x, _ = P.split(p)
-                if x.key() not in seen:
-                    seen.add(x.key())
-                    near.append(x)
-    near = near[:budget]
-    if not near:
-        return start, f0
-    got = yield near
-    used = len(near)
-    for v, i in sorted((v, i) for i, v in enumerate(got)):
-        if not math.isfinite(v) or used >= budget:
-            break
-        if better(v, f0):
-            return near[i], v
-        tally = [0]
-        x, fx = yield from _counted(exchange(P, discrete, near[i], v, min(each, budget - used),
-                                             rng, **options), tally)
-        used += tally[0]
-        if better(fx, f0):
-            return x, fx
-    return start, f0
-
-
 METHODS = {"exchange": exchange, "gd": gd, "cmaes": cmaes, "tpe": tpe, "compass": compass,
-           "lattice": lattice, "hop": hop}
+           "lattice": lattice}
 
 
 # ---- helpers ------------------------------------------------------------------------------
