@@ -1,8 +1,5 @@
 """The best-known optimum of a study: the reference ``crossflow compare`` measures against.
 
-(Over 500 lines with this docstring, which is a fifth of it: the phases below are one
-search that passes its state from phase to phase; code is ~450 lines.)
-
 :func:`best_known` searches a study's space with the objective directly (no Optuna), in
 five phases, and caches the result per study:
 
