@@ -26,10 +26,11 @@ five phases, and caches the result per study:
    best point every integer vector in a box is built exactly: core bundles ±``enum_core_radius``
    (6), every other component with at most ``enum_coarse_max`` (64) units ±``enum_radius``
    (2; ±1 for a unit that costs more than ``enum_big_unit`` = 2 % of the area, e.g. one
-   register bank per MCU).  Each vector gets the smallest area fractions that buy its units
-   (the thresholds of :func:`crossflow.arch.cliffs.steps`, ``held`` convention, the other
-   shares halved for room; the SRAM thresholds per bundle count), the finest SRAM level (L2)
-   takes what is left, and vectors over budget are dropped without an evaluation.  The rest
+   register bank per MCU).  Each vector is built by
+   :class:`crossflow.search.lattice.AreaLattice`: the smallest area fractions that buy its
+   units (the thresholds of :func:`crossflow.arch.cliffs.steps`, ``held`` convention, the
+   other shares halved for room; the SRAM thresholds per bundle count), the finest SRAM
+   level (L2) taking what is left; vectors over budget are dropped without an evaluation.  The rest
    are priced at the refined power split in batches (``evaluate_many``), and the
    ``enum_top`` (8) best get their power split (voltages, power-limited unit counts) refined
    by a compass search (``enum_power_evals`` = 400 each).  Repeated around the new best
