@@ -28,8 +28,8 @@ Phases, for a budget of B evaluations (every point yielded is one evaluation: on
    a third of that or more left is raced by the ``restart`` method (the compass) from the
    template's split for the rest of the phase; the better run goes on.  Stalled for good,
    the run's best point gets the ``unstick`` method (a scan of the whole-unit lattice
-   around it, :func:`._inner.lattice`), and the search restarts from a better point it
-   finds.
+   around it, :func:`._inner.lattice`, then the exchange from the scan's best point), and
+   the search goes on from a better point it finds.
 5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
    again (each in its best order); the winner gets the rest of the budget (inner search
    again, from the split found).
@@ -156,8 +156,8 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
     # of this phase: another basin (quickstart: fewer MCUs at a higher voltage), found by
     # coarser moves; the better run goes on.  Stalled for good, its best point gets the
     # ``unstick`` method (a lattice scan: a count the local moves cannot reach —
-    # quickstart: 443 bundles where 439 and 441 are worse), and the search restarts from
-    # a better point found there.
+    # quickstart: 443 bundles where 439 and 441 are worse — then the exchange from the
+    # scan's best point), and the search goes on from a better point found there.
     left = limit
     n = yield from run.until(left, patience=patience, gain=stall_gain)
     used, left = used + n, left - n
@@ -170,14 +170,10 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
             n = yield from run.until(left, patience=patience, gain=stall_gain)
             used, left = used + n, left - n
             continue
-        if parked is not None:          # the race is over: the better run goes on
-            if parked.value < run.value:
-                run.close()
-                run = parked
-            else:
-                parked.close()
-            parked = None
+        run, parked = _better(run, parked), None    # the race is over
         if unstick is not None and run.best.key() not in unstuck:
+            # the lattice scan, then (its ``then``) the exchange from its best point for
+            # the rest of the phase; it goes on if it ends better
             unstuck.add(run.best.key())
             scan = _Run(METHODS[unstick](P, run.discrete, run.best, run.value, left, rng),
                         P, run.discrete, run.best, run.value, memo=memo)
@@ -191,15 +187,11 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
                 n = yield from run.until(left, patience=patience, gain=stall_gain)
                 used, left = used + n, left - n
                 continue
+            scan.close()
         n = yield from run.until(left)
         used, left = used + n, left - n
         break
-    if parked is not None:
-        if parked.value < run.value:
-            run.close()
-            run = parked
-        else:
-            parked.close()
+    run = _better(run, parked)
     x, fx = run.best, run.value
     if reserve > 0:
         others = [i for i in ranking if i not in runs][:reserve]
@@ -239,6 +231,16 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
             used += 1
             if v < fx:
                 x, fx = moved, v
+
+
+def _better(run: _Run, other: _Run | None) -> _Run:
+    """The better of two runs (``run`` on a tie); the other one is closed."""
+    if other is None or other is run:
+        return run
+    if other.value < run.value:
+        run, other = other, run
+    other.close()
+    return run
 
 
 def _order(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
