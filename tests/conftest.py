@@ -25,6 +25,34 @@ def cli(capsys):
     return run
 
 
+@pytest.fixture
+def cli_process():
+    """Run ``python -m crossflow`` in a child process in its own session, with the test
+    environment (:func:`crossflow.search.workers.child_env`): returns (exit status, stdout,
+    stderr, process id = its group).  A process still running after ``timeout`` seconds
+    has its whole group killed, and the test then fails on its exit status."""
+    import subprocess
+    import sys
+
+    from crossflow.search.workers import child_env
+
+    def run(*args: str, cwd: Path, timeout: float = 120) -> tuple[int, str, str, int]:
+        proc = subprocess.Popen([sys.executable, "-m", "crossflow", *map(str, args)],
+                                cwd=cwd, env=child_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out = err = ""
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        return proc.returncode, out, err, proc.pid
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def a100():
     from crossflow.predict import load_hardware

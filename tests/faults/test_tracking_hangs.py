@@ -6,10 +6,7 @@ process is gone."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 
 import optuna
@@ -19,7 +16,6 @@ from crossflow.search.children import group_members
 from crossflow.search.tracking import check
 from crossflow.search.tracking import tracker as tracker_mod
 from crossflow.search.tracking.tracker import StudyTracker
-from crossflow.search.workers import child_env
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -41,27 +37,19 @@ def silent_port():
 
 @pytest.mark.parametrize("kind", ["refused", "silent"])
 def test_a_launch_on_an_unusable_server_ends_at_once_with_nothing_left(kind, tmp_path,
-                                                                       silent_port):
+                                                                       silent_port,
+                                                                       cli_process):
     port = _closed_port() if kind == "refused" else silent_port
-    env = child_env()
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "crossflow", "study", "run", "quickstart", "--trials", "3",
-         "--quiet", "--tracking-uri", f"http://127.0.0.1:{port}"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+    code, out, err, pid = cli_process("study", "run", "quickstart", "--trials", "3",
+                                      "--quiet", "--tracking-uri", f"http://127.0.0.1:{port}",
+                                      cwd=tmp_path)
     took = time.monotonic() - t0
-    assert proc.returncode == 2, (out, err)
+    assert code == 2, (out, err)
     assert err.startswith("crossflow: error: ") and "Traceback" not in err, err
     assert err.strip().count("\n") == 0 and "--tracking-uri" in err, err
     assert took < check.CHECK_S + 60, took  # the check's bound, plus Python's start-up
-    assert group_members(proc.pid) == []  # no logger, no worker left
+    assert group_members(pid) == []  # no logger, no worker left
     assert not (tmp_path / "mlruns").exists()  # nothing created
 
 

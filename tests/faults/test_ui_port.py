@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 from crossflow import cli
-from crossflow.search.workers import child_env
 
 
 @pytest.fixture
@@ -89,24 +86,14 @@ def test_a_free_port_starts_the_server(no_server, monkeypatch):
     assert no_server and str(port) in no_server[0]
 
 
-def test_the_command_exits_at_once_with_no_process_left(busy_port, tmp_path):
+def test_the_command_exits_at_once_with_no_process_left(busy_port, tmp_path, cli_process):
     """The real command line, in a child process: exit 2 within seconds, one paragraph,
     and no child of it survives (no MLflow server was started)."""
-    env = child_env()
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "crossflow", "ui", "--port",
-                             str(busy_port)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-    assert proc.returncode == 2, (out, err)
+    code, out, err, pid = cli_process("ui", "--port", busy_port, cwd=tmp_path)
+    assert code == 2, (out, err)
     _one_paragraph(err)
     assert f"port {busy_port}" in err
     assert time.monotonic() - start < 120
     with pytest.raises(ProcessLookupError):  # nothing of its process group is left
-        os.killpg(proc.pid, 0)
+        os.killpg(pid, 0)
