@@ -84,15 +84,14 @@ def test_the_lattice_scan_moves_one_count_at_a_time_and_keeps_the_best(quickstar
     try:
         batch = next(gen)
         while True:
-            here = AreaLattice(setup, P.params(incumbent, discrete)).counts
+            lat = AreaLattice(setup, P.params(incumbent, discrete))
             got = values(batch)
             used += len(batch)
             for c in batch:
                 assert c.key() not in seen
                 seen.add(c.key())
-                units = _built(setup, AreaLattice(setup, P.params(c, discrete)),
-                               P.params(c, discrete))
-                assert sum(units[k] != here[k] for k in here) <= 1   # one count moved
+                units = _built(setup, lat, P.params(c, discrete))
+                assert sum(units[k] != n for k, n in lat.counts.items()) <= 1  # one moved
             v, i = min((v, i) for i, v in enumerate(got))
             if v < fbest:
                 incumbent, fbest = batch[i], v

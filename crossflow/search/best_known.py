@@ -399,8 +399,7 @@ def _enumerate(f: _Counter, setup, params: dict[str, Any], opts: Mapping[str, An
     if not lat.ok:
         return {"skipped": lat.why if lat.why != "the design cannot be built"
                 else "the refined design cannot be built"}
-    template, units, coarse = lat.template, lat.units, lat.coarse
-    q0 = quantities_at(template, lat.overrides)
+    template, units, coarse, q0 = lat.template, lat.units, lat.coarse, lat.quantities
     radius = {c: int(opts["enum_core_radius"]) if c == "core" else
               1 if lat.cost(c) > opts["enum_big_unit"] else int(opts["enum_radius"])
               for c in coarse}

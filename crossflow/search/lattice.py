@@ -65,7 +65,8 @@ class AreaLattice:
             return
         template = self.template
         self.overrides = setup.overrides(setup.design(params))
-        q0 = quantities_at(template, self.overrides)
+        #: the point's own quantities (:func:`crossflow.arch.cliffs.quantities_at`)
+        self.quantities = q0 = quantities_at(template, self.overrides)
         if not q0.get("feasible"):
             self.ok, self.why = False, "the design cannot be built"
             return

@@ -110,7 +110,6 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
         if better(v, fbest):
             best, fbest = x, v
     live = [c for c in coords if c not in frozen] or coords
-    frozen -= set(live)
     resting: set[Coord] = set()
 
     fails = {c: 0 for c in coords}
@@ -213,8 +212,7 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
                     break
             if not success and flat_limit and flats[c] >= flat_limit:
                 # its last ``flat_limit`` moves changed nothing: no effect here, frozen
-                # like the flat coordinates of the sensitivity pass
-                frozen.add(c)
+                # (out of ``live``) like the flat coordinates of the sensitivity pass
                 live.remove(c)
                 if not live:
                     break
