@@ -33,7 +33,14 @@ import numpy as np
 
 from crossflow.search import encoding
 from crossflow.search.samplers.structured._eq6 import eq6
-from crossflow.search.samplers.structured._problem import SAME, Cont, Coord, Inner, Problem, better
+from crossflow.search.samplers.structured._problem import (
+    Cont,
+    Coord,
+    Inner,
+    Problem,
+    better,
+    same,
+)
 
 
 def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
@@ -88,7 +95,7 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
         up_effect[c] = v - fbest if math.isfinite(v) else math.inf
         if better(v, fbest):
             gain[c] = fbest - v
-        elif abs(v - fbest) <= SAME * abs(fbest) or v == fbest:
+        elif same(v, fbest):
             flat.append(c)
         else:
             direction[c] = -1.0
@@ -101,7 +108,7 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
         # flat both ways: no effect; flat up and worse down: saturated (it has what it
         # needs; only the others can use budget better).  Both rest until the end.
         frozen = {c for c, v in zip(flat, values_down, strict=False)
-                  if saturate or abs(v - fbest) <= SAME * abs(fbest) or v == fbest}
+                  if saturate or same(v, fbest)}
         for c, v in zip(flat, values_down, strict=False):
             if better(v, fbest):
                 direction[c], gain[c] = -1.0, fbest - v
@@ -198,8 +205,7 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
                     continue
                 (v,) = yield [x]
                 used += 1
-                same = abs(v - fbest) <= SAME * abs(fbest) or v == fbest
-                flats[c] = flats[c] + 1 if same else 0
+                flats[c] = flats[c] + 1 if same(v, fbest) else 0
                 if better(v, fbest):
                     success = True
                     improved_any = improved_any or v < fbest * (1 - revive_gain)

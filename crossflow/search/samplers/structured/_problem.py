@@ -349,3 +349,9 @@ def better(a: float, b: float) -> bool:
     """Whether value ``a`` improves on ``b`` by more than :data:`SAME` (any finite value
     improves on an infinite one)."""
     return a < b * (1.0 - SAME) if math.isfinite(b) else a < b
+
+
+def same(a: float, b: float) -> bool:
+    """Whether values ``a`` and ``b`` are the same: within :data:`SAME` of ``b``, or equal
+    (two infinities included)."""
+    return abs(a - b) <= SAME * abs(b) or a == b
