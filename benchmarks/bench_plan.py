@@ -3,8 +3,7 @@ how many evaluations.  For tuning the driver: the same points and values as a st
 the ``structured`` sampler (the plan is deterministic), in a fraction of the time.
 
     python benchmarks/bench_plan.py [--study paper-lstm-512] [--budget 300]
-        [--inner exchange] [--options '{"donors": 2}'] [--plan '{"top_k": 3}']
-        [--seeds 1] [--reference VALUE]
+        [--settings '{"top_k": 3}'] [--seeds 1] [--reference VALUE]
 
 Prints one JSON object: per seed the best value, and the evaluations (the study's baseline
 trials counted, as in ``crossflow compare``) after which the best came within 5 %, 2 % and
@@ -22,12 +21,12 @@ import time
 import numpy as np
 
 from crossflow.search.objective import evaluate_many
-from crossflow.search.samplers.structured._plan import plan
+from crossflow.search.samplers.structured._plan import Settings, plan
 from crossflow.search.samplers.structured._problem import Problem
 from crossflow.search.study import load_study
 
 
-def run(setup, budget: int, seed: int, inner: str, options, plan_options) -> list[float]:
+def run(setup, budget: int, seed: int, settings: Settings) -> list[float]:
     """Every evaluation's value (inf when infeasible), the baseline trials first (a study
     samples their missing dimensions at random: counted here as inf)."""
     from crossflow.search.objective import evaluate
@@ -35,8 +34,7 @@ def run(setup, budget: int, seed: int, inner: str, options, plan_options) -> lis
     names = {d.name for d in setup.space.dimensions}
     values = [evaluate(setup, setup.design(p)).values(setup.objectives)[0]
               if names <= set(p) else math.inf for p in setup.baseline_trials()]
-    gen = plan(Problem(setup), budget=budget - len(values), seed=seed, inner=inner,
-               inner_options=options, records=[], **plan_options)
+    gen = plan(Problem(setup), seed=seed, settings=settings, records=[])
     _, batch = next(gen)
     while len(values) < budget:
         batch = batch[:budget - len(values)]
@@ -53,9 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", default="paper-lstm-512")
     ap.add_argument("--budget", type=int, default=300)
-    ap.add_argument("--inner", default="exchange")
-    ap.add_argument("--options", default="{}", help="inner method options (JSON)")
-    ap.add_argument("--plan", default="{}", help="plan options: top_k, rescreen (JSON)")
+    ap.add_argument("--settings", default="{}", help="the driver's settings (JSON)")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--reference", type=float)
     args = ap.parse_args()
@@ -68,12 +64,12 @@ def main() -> None:
             reference = json.loads(cache_path(setup.name).read_text())["value"]
         except (OSError, ValueError, KeyError):
             reference = None
-    out = {"study": args.study, "budget": args.budget, "inner": args.inner,
-           "options": json.loads(args.options), "plan": json.loads(args.plan), "runs": []}
+    settings = Settings(**json.loads(args.settings))
+    out = {"study": args.study, "budget": args.budget, "settings": json.loads(args.settings),
+           "runs": []}
     for seed in range(args.seeds):
         t0 = time.perf_counter()
-        values = run(setup, args.budget, seed, args.inner, json.loads(args.options),
-                     json.loads(args.plan))
+        values = run(setup, args.budget, seed, settings)
         best = np.minimum.accumulate(values)
         ref = reference if reference is not None else float(best[-1])
         hits = {f"{int(tol * 100)}%": next((i + 1 for i, b in enumerate(best)

@@ -166,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     from crossflow.config.loader import preset_names
     from crossflow.reports import REPORTS
     from crossflow.search.locations import default_storage
-    from crossflow.search.samplers import COMPARED
+    from crossflow.search.samplers import ALIASES, COMPARED
     from crossflow.search.samplers import NAMES as SAMPLERS
 
     p = _Parser(prog="crossflow", **_about("crossflow"))
@@ -231,10 +231,10 @@ def _parser() -> argparse.ArgumentParser:
     sr.add_argument("name", help="study name or YAML file")
     sr.add_argument("--trials", type=int, metavar="N",
                     help="the study's total number of trials (default: the study's n_trials)")
-    sr.add_argument("--sampler", choices=SAMPLERS, metavar="SAMPLER",
+    sr.add_argument("--sampler", choices=(*SAMPLERS, *ALIASES), metavar="SAMPLER",
                     help="one of " + ", ".join(SAMPLERS) + " (structured: the structure-aware "
-                    "driver; gd: the paper's gradient descent inside it; gd-paper: the paper's "
-                    "method alone; nsga2 for several objectives) (default: the study's sampler)")
+                    "driver; gd: the paper's gradient descent; nsga2 for several objectives) "
+                    "(default: the study's sampler)")
     sr.add_argument("--seed", type=int, help="sampler seed (default: the study's)")
     sr.add_argument("--storage", metavar="URL|FILE",
                     help="Optuna storage URL or journal file (default: the study's, else "

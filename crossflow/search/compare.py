@@ -51,7 +51,13 @@ from crossflow import __version__
 from crossflow.errors import ConfigError
 from crossflow.search.best_known import best_known
 from crossflow.search.locations import MLRUNS, git_label, is_url
-from crossflow.search.samplers import COMPARED, NAMES, check_objectives, check_options
+from crossflow.search.samplers import (
+    COMPARED,
+    NAMES,
+    canonical,
+    check_objectives,
+    check_options,
+)
 from crossflow.search.storage import make_storage
 from crossflow.search.study import is_feasible, load_study, run_study
 from crossflow.search.tracking import _db_lock, _key, resolve_locations
@@ -169,7 +175,7 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     ``root`` is the ``mlruns`` folder (default ``./mlruns``).  Returns ``runs`` (see
     :func:`run_one`), ``summary`` (:func:`summarize`), ``reference`` / ``best_known``,
     ``table`` (text), ``files`` (name -> path) and ``mlflow_run_id`` (the parent run)."""
-    samplers = list(dict.fromkeys(samplers))
+    samplers = list(dict.fromkeys(canonical(s) for s in samplers))
     for s in samplers:
         if s not in NAMES or s == "nsga2":
             raise ConfigError("unknown or multi-objective sampler", key="samplers", value=s,

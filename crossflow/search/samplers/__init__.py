@@ -1,13 +1,13 @@
-"""Samplers by name: ``structured`` (the structure-aware driver), ``gd`` (the paper's §7
-gradient descent inside that driver), ``gd-paper`` (the paper's method alone, from random
-starts), ``tpe``, ``cmaes``, ``random``, ``nsga2``.
+"""Samplers by name: ``structured`` (the structure-aware driver, the default), ``gd`` (the
+paper's §7 gradient descent), ``tpe``, ``cmaes``, ``random``, ``nsga2``.
 
-* ``structured`` — :class:`crossflow.search.samplers.structured.StructuredSampler`: screen
-  the discrete choices (memory-only checks first, one mapping order per class of
-  equivalent orders), search the budget split with a cliff-aware inner method, re-screen.
-* ``gd`` — the same driver with the inner method ``gd`` (eq. 6 with a line search, flat
-  coordinates frozen, chains side by side, steps landed on the AGE's step edges).
-
+* ``structured`` — :class:`crossflow.search.samplers.structured.StructuredSampler`: an exact
+  screen of the discrete choices (memory-only checks first, one mapping order per class of
+  equivalent orders), a successive-halving race of CMA-ES runs on the budget split, then
+  IPOP-CMA-ES with a whole-unit lattice polish at each stall.
+* ``gd`` — :class:`crossflow.search.samplers.gd.GDSampler`: the paper's eq. 6
+  (momentum-projected gradient descent) from random starts.  ``gd-paper`` is an older name
+  of it, still accepted.
 * ``tpe`` — :class:`optuna.samplers.TPESampler`, multivariate (the simplex coordinates are
   coupled through the softmax) with the constant liar for parallel workers.
 * ``cmaes`` — :class:`optuna.samplers.CmaEsSampler` on the continuous and integer
@@ -17,7 +17,6 @@ starts), ``tpe``, ``cmaes``, ``random``, ``nsga2``.
 * ``random`` — :class:`optuna.samplers.RandomSampler`.
 * ``nsga2`` — :class:`optuna.samplers.NSGAIISampler` (multi-objective; constrained
   domination reads the trials' ``infeasibility`` constraint).
-* ``gd-paper`` — :class:`crossflow.search.samplers.gd.GDSampler`: eq. 6 from random starts.
 
 A study's ``sampler_options`` are keyword arguments of the sampler class (checked against
 its signature when the study is loaded); ``seed`` is given separately.
@@ -33,37 +32,42 @@ from crossflow.errors import ConfigError
 
 #: Every sampler a study can name: the one list (the study file's schema, ``study run
 #: --sampler``, ``crossflow compare`` and the reports read it from here).
-NAMES = ("structured", "gd", "gd-paper", "tpe", "cmaes", "random", "nsga2")
+NAMES = ("structured", "gd", "tpe", "cmaes", "random", "nsga2")
+#: Older names still accepted, and what they stand for now.
+ALIASES = {"gd-paper": "gd"}
 #: Defaults a study's sampler_options can override.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "tpe": {"multivariate": True, "constant_liar": True},
     "cmaes": {},
     "random": {},
     "nsga2": {},
-    "gd-paper": {},
     "structured": {},
-    "gd": {"inner": "gd"},
+    "gd": {},
 }
-#: Samplers that need the study itself (not only its space).
-_DRIVERS = ("structured", "gd")
 #: Samplers of one objective only.
-SINGLE_OBJECTIVE = ("structured", "gd", "gd-paper", "cmaes")
+SINGLE_OBJECTIVE = ("structured", "gd", "cmaes")
 #: Samplers of several objectives too.
 MULTI_OBJECTIVE = tuple(n for n in NAMES if n not in SINGLE_OBJECTIVE)
-#: The samplers ``crossflow compare`` runs by default (``gd-paper`` is the paper's method
-#: alone, ``nsga2`` a multi-objective method: neither is a contender on one objective).
+#: The samplers ``crossflow compare`` runs by default (``nsga2`` is a multi-objective
+#: method: no contender on one objective).
 COMPARED = ("structured", "gd", "tpe", "cmaes", "random")
+
+
+def canonical(name: str) -> str:
+    """A sampler's name, an older alias replaced by the name it stands for."""
+    return ALIASES.get(name, name)
 #: The multi-objective samplers the Pareto report runs (random search is no contender).
 PARETO = ("nsga2", "tpe")
 
 
 def sampler_class(name: str):
     """The sampler class of ``name`` (imports optuna, or the gd package)."""
-    if name in _DRIVERS:
+    name = canonical(name)
+    if name == "structured":
         from crossflow.search.samplers.structured import StructuredSampler
 
         return StructuredSampler
-    if name == "gd-paper":
+    if name == "gd":
         from crossflow.search.samplers.gd import GDSampler
 
         return GDSampler
@@ -84,6 +88,7 @@ _RESERVED = {"seed", "simplexes", "setup", "independent_sampler", "warn_independ
 def check_options(name: str, options: Mapping[str, Any], *, file: str | None = None) -> None:
     """Raise a ConfigError naming ``sampler_options.<key>`` unless every option is a keyword
     argument of the sampler."""
+    name = canonical(name)
     if name not in NAMES:
         raise ConfigError("unknown sampler", file=file, key="sampler", value=name,
                           allowed=", ".join(NAMES))
@@ -180,7 +185,7 @@ def check_objectives(name: str, n_objectives: int, *, key: str = "sampler",
                      file: str | None = None) -> None:
     """Raise a ConfigError when sampler ``name`` optimises one objective and the study has
     several (checked before a study is created)."""
-    if name in SINGLE_OBJECTIVE and n_objectives > 1:
+    if canonical(name) in SINGLE_OBJECTIVE and n_objectives > 1:
         raise ConfigError(f"the {name} sampler optimises one objective and the study has "
                           f"{n_objectives}; use {', '.join(MULTI_OBJECTIVE)} for several",
                           file=file,
@@ -190,9 +195,10 @@ def check_objectives(name: str, n_objectives: int, *, key: str = "sampler",
 def make_sampler(name: str, *, seed: int | None, options: Mapping[str, Any] | None = None,
                  space=None, n_objectives: int = 1, setup=None):
     """The Optuna sampler ``name`` for a study whose search space is ``space`` (a
-    :class:`crossflow.search.space.SearchSpace`; ``gd-paper`` needs its simplexes) and
-    whose setup is ``setup`` (a StudySetup: the ``structured`` and ``gd`` drivers read the
+    :class:`crossflow.search.space.SearchSpace`; ``gd`` needs its simplexes) and
+    whose setup is ``setup`` (a StudySetup: the ``structured`` driver reads the
     template, the workload and the system)."""
+    name = canonical(name)
     options = {**DEFAULTS.get(name, {}), **dict(options or {})}
     check_options(name, options)
     check_objectives(name, n_objectives)
@@ -204,12 +210,12 @@ def make_sampler(name: str, *, seed: int | None, options: Mapping[str, Any] | No
             categorical = optuna.samplers.TPESampler(seed=seed, multivariate=False)
             return cls(seed=seed, independent_sampler=categorical,
                        warn_independent_sampling=False, **options)
-        if name in _DRIVERS:
+        if name == "structured":
             if setup is None:
                 raise ConfigError(f"the {name} sampler needs the study's setup", key="sampler",
                                   value=name)
             return cls(setup=setup, seed=seed, **options)
-        if name == "gd-paper":
+        if name == "gd":
             simplexes = space.simplex_components() if space is not None else {}
             return cls(simplexes=simplexes, seed=seed, **options)
         return cls(seed=seed, **options)

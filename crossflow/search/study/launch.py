@@ -111,10 +111,10 @@ def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):
 
 def worker_seed(sampler: str, seed: int | None, index: int) -> int | None:
     """The sampler seed of worker ``index`` of a launch seeded ``seed``.  Worker 0 keeps the
-    launch's seed (one worker is reproducible); ``structured``, ``gd`` and ``gd-paper`` keep
+    launch's seed (one worker is reproducible); ``structured`` and ``gd`` keep
     it on every worker (the workers share one plan, or one set of chains, keyed by it);
     other samplers get distinct seeds, or the workers would propose the same points."""
-    if seed is None or sampler in ("structured", "gd", "gd-paper") or index == 0:
+    if seed is None or sampler in ("structured", "gd") or index == 0:
         return seed
     return (seed + 7919 * index) % 2**32  # numpy's seed range
 
@@ -257,7 +257,9 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
     total = options.n_trials if options.n_trials is not None else setup.spec.n_trials
     if total < 1:
         raise ConfigError("must be >= 1", key="n_trials", value=total)
-    sampler_name = options.sampler or setup.spec.sampler
+    from crossflow.search.samplers import canonical
+
+    sampler_name = canonical(options.sampler or setup.spec.sampler)
     if sampler_name not in SAMPLER_NAMES:
         raise ConfigError("unknown sampler", key="sampler", value=sampler_name,
                           allowed=", ".join(SAMPLER_NAMES))

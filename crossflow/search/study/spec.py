@@ -17,7 +17,7 @@ File shape (``studies/*.yaml``, ``kind: study``)::
     mapping_order: null             # a fixed order (or "best") when not searched
     search_space: joint-budgets     # search-space preset / path, or inline mapping
     objectives: [iteration_time_s]  # + energy_J / power_W / memory_per_device_bytes
-    sampler: tpe                    # structured | gd | gd-paper | tpe | cmaes | random | nsga2
+    sampler: tpe                    # structured | gd | tpe | cmaes | random | nsga2
     sampler_options: {}             # keyword arguments of the sampler
     seed: 0
     n_trials: 500                   # the study's total: re-running resumes up to it
@@ -35,12 +35,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from crossflow.config.base import Spec
 from crossflow.config.loader import register_kind
 from crossflow.errors import ConfigError
 from crossflow.search.samplers import NAMES as SAMPLER_NAMES
+from crossflow.search.samplers import canonical
 
 #: What a study can minimise (the objective's values, see :mod:`crossflow.search.objective`).
 OBJECTIVES = ("iteration_time_s", "energy_J", "power_W", "memory_per_device_bytes")
@@ -71,6 +72,11 @@ class StudySpec(Spec):
     #: the first trial of a fresh study evaluates the template's own budget split and
     #: technology (the other dimensions sampled): a feasible reference point to improve on
     baseline: bool = True
+
+    @field_validator("sampler", mode="before")
+    @classmethod
+    def _alias(cls, value: Any) -> Any:
+        return canonical(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:

@@ -1,78 +1,126 @@
-"""The driver's plan: screen the discrete choices, search the split, re-screen, polish.
+"""The driver's plan: screen the discrete choices, race CMA-ES runs, polish on the lattice.
 
 :func:`plan` is a generator: it yields batches of points (parameter dicts; the points of a
 batch may be evaluated side by side), each with the name of its phase, and receives their
-values (``inf`` for an infeasible
-design).  It is deterministic given its seed, its budget and the values it receives, so
-the sampler can rebuild it from a study's storage by replaying the recorded values.
+values (``inf`` for an infeasible design).  It is deterministic given its seed, its start
+and the values it receives, so the sampler rebuilds it from a study's storage by replaying
+the recorded values.  It has no budget: it is an *anytime* search (a study extended with
+``--trials N`` simply goes on where it stopped, and every budget sees the same first N
+points).
 
-Phases, for a budget of B evaluations (every point yielded is one evaluation: one trial):
+Phases (every point yielded is one model evaluation, one trial):
 
 1. **Memory screen** (no evaluation): every discrete combination (strategy × technology ×
-   other categoricals) is checked for memory at the template's split; the rejected ones are
+   other categoricals) is checked for memory at the start split; the rejected ones are
    recorded in ``records`` (the sampler stores them with the study), never evaluated.
-2. **Discrete screen**: every memory-feasible combination at the template's split, in one
-   mapping order (the first of its order classes).  More than B/2 of them: a seeded random
-   subset of that size (the template's own combination always in).
-3. **Order screen**: the ``top_k`` best combinations in one representative of every other
-   class of equivalent mapping orders (orders differing only where size-1 grid dimensions
-   sit give the same time).
-4. **Inner search** of the budget split with the inner method (:mod:`._inner`).  With room
-   for it (``trial`` evaluations per contender), the ``contenders`` best combinations each
-   get a first installment (40 % of the search, shared) from the template's split — a
-   combination that needs another split (more link power, say) shows it there — in two
-   halves: after the first, a contender more than ``drop`` times the leader's value is
-   dropped (successive halving: quickstart's N7 and N12 nodes, 1.45× and 1.95× behind);
-   the best of them goes on, to 3/4 of what is left after reserving the re-screen.  A
-   winner that stalls (no relative gain of ``stall_gain`` in ``patience`` evaluations) with
-   a third of that or more left is raced by the ``restart`` method (the compass) from the
-   template's split for the rest of the phase; the better run goes on.  Stalled for good,
-   the run's best point gets the ``unstick`` method (a scan of the whole-unit lattice
-   around it, :func:`._inner.lattice`, then the exchange from the scan's best point), and
-   the search goes on from a better point it finds.
-5. **Re-screen** at the split found: the best ``rescreen`` combinations of phases 2-3
-   again (each in its best order); the winner gets the rest of the budget (inner search
-   again, from the split found).
-6. **Polish** (past B, when a study is extended): inner searches from the best point with
-   smaller steps, for ever.
+2. **Screen**: every memory-feasible combination at the start split, each in one mapping
+   order (the first of its classes of equivalent orders); more than ``screen_cap`` of
+   them, a seeded subset of that size (the start's own combination always in).
+3. **Order classes**: the ``top_k`` best combinations in one order of every other class.
+4. **Race** (successive halving): the ``contenders`` best (combination, order) pairs each
+   get a CMA-ES run (Hansen's CMA-ES, the ``cmaes`` package) of the budget split from the
+   start split; after rounds of 2, 4, 8 … generations the worse half is dropped, until one
+   is left.  A pair that needs another split (more link power, say) shows it here.
+5. **Search**: the winner's CMA-ES goes on.  When it stalls (no gain in ``patience``
+   generations, or CMA-ES's own stopping rules) the incumbent is **polished** on the
+   whole-unit lattice of the area budget (a scan of every nearby count of bundles, banks,
+   DRAM devices and link ports, then a cliff-aware coordinate exchange:
+   :mod:`._inner`), the ``rescreen`` best other combinations are priced at the split
+   found (one that wins takes over), and CMA-ES restarts from the incumbent with twice the
+   population (IPOP-CMA-ES).  For ever.
 
-Runs of phases 4-6 share a memo: a point already evaluated is answered from it, not
-evaluated again.
+Points already evaluated by the plan are answered from its memo, not evaluated again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Generator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from crossflow.search.samplers.structured._inner import METHODS
+from crossflow.search import encoding
+from crossflow.search.samplers.structured._inner import exchange, lattice
 from crossflow.search.samplers.structured._problem import Cont, Problem
 from crossflow.search.space import MAPPING_ORDER
 
 Plan = Generator[tuple[str, list[dict[str, Any]]], list[float], None]
 #: The phase of each batch (stored on its trials as the user attribute ``driver_phase``).
-SCREEN, ORDERS, SEARCH, RESCREEN, POLISH = "screen", "orders", "search", "rescreen", "polish"
+SCREEN, ORDERS, RACE, SEARCH, POLISH, RESCREEN = (
+    "screen", "orders", "race", "search", "polish", "rescreen")
 
 
-def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
-         inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
-         rescreen: int = 8, contenders: int = 3, trial: int = 300,
-         polish: tuple[str, ...] = ("gd", "exchange"), restart: str | None = "compass",
-         patience: int = 80, stall_gain: float = 1e-3, unstick: str | None = "lattice",
-         drop: float | None = 1.25,
+@dataclass(frozen=True)
+class Settings:
+    """The driver's every knob, each settable from a study's ``sampler_options``.
+
+    Each default is the median-best of the variants run on the tuning half of the
+    benchmark suite (``benchmarks/suite.py``; docs/search-benchmarks.md has the table).
+    """
+
+    #: combinations priced in the screen (a seeded subset beyond); the screen is the
+    #: only phase whose cost grows with the discrete space
+    screen_cap: int = 256
+    #: best combinations priced in every class of mapping orders
+    top_k: int = 4
+    #: best (combination, order) pairs raced by successive halving
+    contenders: int = 4
+    #: the race's first installment, in evaluations per searched coordinate (doubled at
+    #: every halving)
+    race: int = 4
+    #: CMA-ES's first step, in softmax logits of the budget shares (the range is ±4)
+    sigma0: float = 1.0
+    #: CMA-ES generations without a gain before the search counts as stalled
+    patience: int = 10
+    #: polish a stalled search on the whole-unit lattice (scan + exchange)
+    polish: bool = True
+    #: other combinations priced again at the split found, at every stall
+    rescreen: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("screen_cap", "top_k", "contenders", "race", "patience"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
+        if not (isinstance(self.rescreen, int) and self.rescreen >= 0):
+            raise ValueError(f"`rescreen >= 0` must hold, but got rescreen={self.rescreen!r}")
+        if not (isinstance(self.sigma0, int | float) and 0 < self.sigma0 <= 2 * encoding.SPAN):
+            raise ValueError(f"`0 < sigma0 <= {2 * encoding.SPAN}` must hold, but got "
+                             f"sigma0={self.sigma0!r}")
+        if not isinstance(self.polish, bool):
+            raise ValueError(f"`polish` must be true or false, but got polish={self.polish!r}")
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+#: Evaluations a polish may take, per searched coordinate (the lattice scan's sweeps and
+#: the exchange's rounds both grow with the number of coordinates).
+POLISH_PER_COORD = 10
+#: A relative gain below this is no gain (the model's own noise floor is far below).
+GAIN = 1e-6
+
+
+def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
+         start: Mapping[str, Any] | None = None,
          records: list[dict[str, Any]] | None = None) -> Plan:
+    """The driver's points for ``P`` (see the module docstring).  ``start`` (a point of the
+    study, e.g. the best trial of another sampler) replaces the template's split and
+    technology as the start."""
+    S = settings
     rng = np.random.default_rng(seed)
-    method = METHODS[inner]
-    options = dict(inner_options or {})
-    used = 0
-    x0, base_discrete = P.start()
-    combos = P.combos()
+    x0, d0 = P.split(start) if start is not None else P.start()
+    memo: dict[str, float] = {}
+    ask = _Asker(P, memo)
 
     # 1. memory screen
+    combos = P.combos()
+    own = {k: v for k, v in d0.items() if k != MAPPING_ORDER}
     feasible = []
     for combo, verdict in zip(combos, P.memory_checks(x0, combos), strict=True):
         if verdict is not None and not verdict.feasible:
@@ -83,234 +131,222 @@ def plan(P: Problem, *, budget: int, seed: int, inner: str = "exchange",
         feasible.append(combo)
     if not feasible:
         feasible = combos  # nothing fits: evaluate anyway (infeasible trials say why)
-    cap = max(1, budget // 2)
-    if len(feasible) > cap:
-        own = {k: v for k, v in base_discrete.items() if k != MAPPING_ORDER}
+    if len(feasible) > S.screen_cap:
         keep = [c for c in feasible if c == own]
         others = [c for c in feasible if c != own]
-        picks = rng.choice(len(others), size=cap - len(keep), replace=False)
+        picks = rng.choice(len(others), size=S.screen_cap - len(keep), replace=False)
         feasible = keep + [others[i] for i in sorted(picks)]
 
-    # 2. discrete screen at the template's split
-    points = [{**c, **_order(P, c, P.canonical_order(c))} for c in feasible]
-    values = yield SCREEN, [P.params(x0, d) for d in points]
-    used += len(points)
-    ranked = sorted(((v, i) for i, v in enumerate(values)), key=lambda t: t[0])
-    best_value = {i: v for v, i in ranked}
-    best_order = {i: P.canonical_order(feasible[i]) for i in range(len(feasible))}
+    # 2. screen at the start split, one order per combination (the start's own order for
+    # its own combination)
+    order = {i: (d0.get(MAPPING_ORDER) if c == own and d0.get(MAPPING_ORDER) is not None
+                 else P.canonical_order(c)) for i, c in enumerate(feasible)}
+    value = dict(enumerate((yield from ask(SCREEN, x0, [_with(P, c, order[i])
+                                                       for i, c in enumerate(feasible)]))))
+    ranking = sorted(value, key=value.__getitem__)
 
-    # 3. order classes of the best combinations
+    # 3. every order class of the best combinations
     if P.has_order:
-        top = [i for v, i in ranked[:top_k] if math.isfinite(v)]
-        batch, owners = [], []
-        for i in top:
-            for order in P.order_classes(feasible[i])[1:]:
-                batch.append({**feasible[i], **_order(P, feasible[i], order)})
-                owners.append((i, order))
-        room = max(0, budget - used - 1)
-        batch, owners = batch[:room], owners[:room]
-        if batch:
-            got = yield ORDERS, [P.params(x0, d) for d in batch]
-            used += len(batch)
-            for (i, order), v in zip(owners, got, strict=True):
-                if v < best_value[i]:
-                    best_value[i], best_order[i] = v, order
-    ranking = sorted(best_value, key=best_value.__getitem__)
+        pairs = [(i, o) for i in ranking[:S.top_k] if math.isfinite(value[i])
+                 for o in P.order_classes(feasible[i]) if o != order[i]]
+        got = yield from ask(ORDERS, x0, [_with(P, feasible[i], o) for i, o in pairs])
+        for (i, o), v in zip(pairs, got, strict=True):
+            if v < value[i]:
+                value[i], order[i] = v, o
+        ranking = sorted(value, key=value.__getitem__)
 
     def combo(i: int) -> dict[str, Any]:
-        return {**feasible[i], **_order(P, feasible[i], best_order[i])}
+        return _with(P, feasible[i], order[i])
 
-    # 4. inner search: with room for it (``trial`` evaluations each), the best
-    # ``contenders`` combinations each get a first installment from the template's split
-    # (a combination that needs another split — more link power, say — shows it there),
-    # then the best of them goes on; paused at 3/4 for 5. the re-screen
-    k = max(1, min(contenders, len(ranking), (budget - used) // trial))
-    reserve = min(rescreen, len(ranking) - k, max(0, (budget - used) // 10))
-    total = budget - used - reserve
-    finite = [i for i in ranking if math.isfinite(best_value[i])][:k] or ranking[:1]
-    memo: dict[str, float] = {}
-    runs = {i: _Run(method(P, combo(i), x0, best_value[i], total, rng, **options), P,
-                    combo(i), x0, best_value[i], memo=memo) for i in finite}
-    if len(runs) > 1:
-        share = total * 2 // (5 * len(runs))          # 40 % of the search, shared
-        first = share if drop is None else share // 2
-        for run in runs.values():
-            used += yield from run.until(first)
-        if drop is not None:
-            lead = min(r.value for r in runs.values())
-            for i in [i for i, r in runs.items() if r.value > drop * lead]:
-                runs.pop(i).close()
-            if len(runs) > 1:
-                for run in runs.values():
-                    used += yield from run.until(share - first)
-    winner = min(runs, key=lambda i: runs[i].value)
-    for i, other in runs.items():
-        if i != winner:
-            other.close()
-    run = runs[winner]
-    discrete, x, fx = run.discrete, run.best, run.value
-    limit = (max(0, budget - used - reserve - (budget - used - reserve) // 4) if reserve
-             else budget - used)
-    # a run that stalls (no gain of ``stall_gain`` in ``patience`` evaluations) with at
-    # least as much left races a ``restart`` method from the template's split for the rest
-    # of this phase: another basin (quickstart: fewer MCUs at a higher voltage), found by
-    # coarser moves; the better run goes on.  Stalled for good, its best point gets the
-    # ``unstick`` method (a lattice scan: a count the local moves cannot reach —
-    # quickstart: 443 bundles where 439 and 441 are worse — then the exchange from the
-    # scan's best point), and the search goes on from a better point found there.
-    left = limit
-    n = yield from run.until(left, patience=patience, gain=stall_gain)
-    used, left = used + n, left - n
-    raced, unstuck, parked = restart is None, set(), None
-    while left > 0 and (run.stalled or run.done):
-        if not raced and left >= max(patience, limit // 3):
-            raced, parked = True, run
-            run = _Run(METHODS[restart](P, run.discrete, x0, best_value[winner], left, rng),
-                       P, run.discrete, x0, best_value[winner], memo=memo)
-            n = yield from run.until(left, patience=patience, gain=stall_gain)
-            used, left = used + n, left - n
-            continue
-        run, parked = _better(run, parked), None    # the race is over
-        if unstick is not None and run.best.key() not in unstuck:
-            # the lattice scan, then (its ``then``) the exchange from its best point for
-            # the rest of the phase; it goes on if it ends better
-            unstuck.add(run.best.key())
-            scan = _Run(METHODS[unstick](P, run.discrete, run.best, run.value, left, rng),
-                        P, run.discrete, run.best, run.value, memo=memo)
-            m = yield from scan.until(left)
-            used, left = used + m, left - m
-            if scan.value < run.value:
-                run.close()
-                run = _Run(method(P, run.discrete, scan.best, scan.value, left, rng,
-                                  **options), P, run.discrete, scan.best, scan.value,
-                           memo=memo)
-                n = yield from run.until(left, patience=patience, gain=stall_gain)
-                used, left = used + n, left - n
-                continue
-            scan.close()
-        n = yield from run.until(left)
-        used, left = used + n, left - n
-        break
-    run = _better(run, parked)
-    x, fx = run.best, run.value
-    if reserve > 0:
-        others = [i for i in ranking if i not in runs][:reserve]
-        batch = [combo(i) for i in others]
-        got = (yield RESCREEN, [P.params(x, d) for d in batch]) if batch else []
-        used += len(batch)
-        switched = False
-        for d, v in zip(batch, got, strict=True):
-            if v < fx:
-                discrete, fx, switched = d, v, True
-        if switched:  # another combination wins at this split: search its split instead
-            run.close()
-            run = _Run(method(P, discrete, x, fx, budget - used, rng, **options), P,
-                       discrete, x, fx, memo=memo)
-        used += yield from run.until(budget - used)
-        x, fx = run.best, run.value
+    # 4. the race: successive halving of local searches
+    alive = [i for i in ranking[:S.contenders] if math.isfinite(value[i])] or ranking[:1]
+    runs = {i: _Local(P, combo(i), x0, value[i], rng) for i in alive}
+    installment = S.race * max(1, len(P.coords))
+    while len(alive) > 1:
+        for i in alive:
+            yield from runs[i].advance(ask, RACE, installment)
+        alive = sorted(alive, key=lambda i: runs[i].value)[:math.ceil(len(alive) / 2)]
+        installment *= 2
+    lead = runs[alive[0]]
+    x, fx, discrete = lead.best, lead.value, lead.discrete
 
-    # 6. converged before the budget is spent, or a study extended past it: turns of eq. 6
-    # (a gradient step moves every coordinate at once, which can leave a plateau that
-    # single and pairwise moves cannot) and the exchange, each from the best point
-    turn = 0
+    # 5. the search: the local search to its end, a lattice polish, a re-screen, then
+    # CMA-ES from the incumbent (its population doubled at every turn: IPOP) and the
+    # local search again from what it found
+    popsize = None
     while True:
-        name = polish[turn % len(polish)]
-        turn += 1
-        left = budget - used if used < budget else 100
-        limit = min(left, 120) if name != "exchange" else left
-        run = _Run(METHODS[name](P, discrete, x, fx, limit, rng), P, discrete, x, fx,
-                   POLISH, memo=memo)
-        n = yield from run.until(limit)
-        used += n
-        x, fx = run.best, run.value
-        if n == 0:  # nothing left to try: a random exchange of every coordinate
-            moved = x
-            for c in P.coords:
-                moved = P.move(moved, c, float(rng.normal(0.0, 0.1)))
-            (v,) = yield POLISH, [P.params(moved, discrete)]
-            used += 1
-            if v < fx:
-                x, fx = moved, v
+        while not lead.done:
+            yield from lead.advance(ask, SEARCH, len(P.coords) or 1)
+        x, fx = lead.best, lead.value
+        if S.polish and P.coords and math.isfinite(fx):
+            x, fx = yield from ask.inner(
+                POLISH, discrete, lattice(P, discrete, x, fx,
+                                          POLISH_PER_COORD * len(P.coords), rng), x, fx)
+        if S.rescreen and len(ranking) > 1:
+            others = [combo(i) for i in ranking if combo(i) != discrete][:S.rescreen]
+            got = yield from ask(RESCREEN, x, others)
+            for d, v in zip(others, got, strict=True):
+                if v < fx * (1 - GAIN):
+                    discrete, fx = d, v
+        if not P.coords:
+            return
+        cma = _Cma(P, discrete, x, fx, S.sigma0, rng, popsize=popsize)
+        while not cma.stalled(S.patience):
+            yield from _generation(ask, SEARCH, [cma])
+        popsize = 2 * cma.cma.population_size
+        x, fx = (cma.best, cma.value) if cma.value < fx else (x, fx)
+        lead = _Local(P, discrete, x, fx, rng)
 
 
-def _better(run: _Run, other: _Run | None) -> _Run:
-    """The better of two runs (``run`` on a tie); the other one is closed."""
-    if other is None or other is run:
-        return run
-    if other.value < run.value:
-        run, other = other, run
-    other.close()
-    return run
+def _with(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
+    """A combination with its mapping order (when the study searches the order)."""
+    return {**combo, MAPPING_ORDER: order} if P.has_order and order is not None else dict(combo)
 
 
-def _order(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
-    return {MAPPING_ORDER: order} if P.has_order and order is not None else {}
+def _generation(ask: _Asker, phase: str, runs: list[_Cma]):
+    """One generation of each run, all in one batch."""
+    xs = [r.ask() for r in runs]
+    flat = [(r, x) for r, batch in zip(runs, xs, strict=True) for x in batch]
+    got = yield from ask.points(phase, [(r.discrete, r.decode(x)) for r, x in flat])
+    k = 0
+    for r, batch in zip(runs, xs, strict=True):
+        r.tell(batch, got[k:k + len(batch)])
+        k += len(batch)
 
 
-class _Run:
-    """An inner method run in installments (see :func:`plan`, phases 4-5): batches of its
-    continuous points become parameter dicts of the combination ``discrete``.  A point
-    that a run of the plan has already evaluated (``memo``: parameters → value) is not
-    evaluated again: the method gets the recorded value."""
+class _Asker:
+    """Turns continuous points into the plan's batches, answering repeats from the memo."""
 
-    def __init__(self, gen, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
-                 phase: str = SEARCH, memo: dict[str, float] | None = None):
-        self.gen, self.P, self.discrete, self.phase = gen, P, dict(discrete), phase
-        self.best, self.value = x, fx
-        self.memo = memo if memo is not None else {}
-        self.pending: list[Cont] | None = None
-        self.done = self.stalled = False
+    def __init__(self, P: Problem, memo: dict[str, float]) -> None:
+        self.P, self.memo = P, memo
+        self.fresh = 0    # points the last batch evaluated (the others were repeats)
 
-    def until(self, limit: int, patience: int = 0, gain: float = 0.0):
-        """Evaluate up to ``limit`` points (yields batches, receives values); returns how
-        many were evaluated.  With ``patience``, stops early (``stalled``) after that many
-        evaluations without a relative gain of ``gain``."""
+    def __call__(self, phase: str, x: Cont, discretes: list[dict[str, Any]]):
+        return (yield from self.points(phase, [(d, x) for d in discretes]))
+
+    def points(self, phase: str, pairs: list[tuple[Mapping[str, Any], Cont]]):
+        params = [self.P.params(x, d) for d, x in pairs]
+        keys = [json.dumps(p, sort_keys=True, default=str) for p in params]
+        fresh: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            if k not in self.memo and k not in fresh:
+                fresh[k] = i
+        self.fresh = len(fresh)
+        if fresh:
+            got = yield phase, [params[i] for i in fresh.values()]
+            self.memo.update(zip(fresh, got, strict=True))
+        return [self.memo[k] for k in keys]
+
+    def inner(self, phase: str, discrete: Mapping[str, Any], gen, x: Cont, fx: float):
+        """Run an inner method (:mod:`._inner`) to its end; its best point and value."""
+        best, fbest = x, fx
+        try:
+            batch = next(gen)
+            while True:
+                got = yield from self.points(phase, [(discrete, b) for b in batch])
+                for b, v in zip(batch, got, strict=True):
+                    if v < fbest:
+                        best, fbest = b, v
+                batch = gen.send(got)
+        except StopIteration as end:
+            if end.value is not None and end.value[1] < fbest:
+                best, fbest = end.value
+        return best, fbest
+
+
+class _Local:
+    """The cliff-aware exchange (:func:`._inner.exchange`) of one combination, run in
+    installments."""
+
+    def __init__(self, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
+                 rng: np.random.Generator) -> None:
+        self.discrete, self.best, self.value = dict(discrete), x, fx
+        self.gen = exchange(P, self.discrete, x, fx, 10**9, rng)
+        self.batch: list[Cont] | None = None
+        self.done = False
+        # the exchange ends when its steps are spent, but can circle among points already
+        # evaluated first: this many batches in a row of repeats only end it too
+        self.patience, self.repeats = 4 * max(1, len(P.coords)), 0
+
+    def advance(self, ask: _Asker, phase: str, n: int):
+        """Evaluate at least ``n`` points (whole batches), or until the search ends."""
         used = 0
-        last, mark = 0, self.value
-        self.stalled = False
-        while not self.done and used < limit:
-            if patience and used - last >= patience:
-                self.stalled = True
-                break
+        while used < n and not self.done:
             try:
-                if self.pending is None:
-                    self.pending = next(self.gen)
-                if not self.pending:
-                    break
-                params = [self.P.params(b, self.discrete) for b in self.pending]
-                keys = [json.dumps(p, sort_keys=True, default=str) for p in params]
-                fresh: dict[str, int] = {}
-                for i, k in enumerate(keys):
-                    if k not in self.memo and k not in fresh:
-                        fresh[k] = i
-                cut = len(fresh) > limit - used
-                if cut and used > 0:
-                    # the batch waits for the next installment (cut, the run would end)
-                    break
-                todo = list(fresh.items())[:limit - used]
-                if todo:
-                    got = yield self.phase, [params[i] for _, i in todo]
-                    used += len(todo)
-                    self.memo.update(zip((k for k, _ in todo), got, strict=True))
-                if cut:  # cut short: the method cannot go on
-                    for k, i in todo:
-                        if self.memo[k] < self.value:
-                            self.best, self.value = self.pending[i], self.memo[k]
-                    self.close()
-                    break
-                values = [self.memo[k] for k in keys]
-                for b, v in zip(self.pending, values, strict=True):
+                self.batch = next(self.gen) if self.batch is None else self.batch
+                got = yield from ask.points(phase, [(self.discrete, b) for b in self.batch])
+                used += ask.fresh
+                self.repeats = 0 if ask.fresh else self.repeats + 1
+                if self.repeats >= self.patience:
+                    self.done = True
+                for b, v in zip(self.batch, got, strict=True):
                     if v < self.value:
                         self.best, self.value = b, v
-                if self.value < mark * (1.0 - gain):
-                    last, mark = used, self.value
-                self.pending = self.gen.send(values)
-            except StopIteration as end:
+                self.batch = self.gen.send(got)
+            except StopIteration:
                 self.done = True
-                if end.value is not None and end.value[1] < self.value:
-                    self.best, self.value = end.value
-        return used
 
-    def close(self) -> None:
-        self.gen.close()
-        self.done = True
+
+class _Cma:
+    """CMA-ES on the budget split of one combination: the simplexes in their natural
+    coordinates (the softmax logits of :mod:`crossflow.search.encoding`, ±SPAN) and the
+    float ranges scaled to the same span."""
+
+    def __init__(self, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
+                 sigma0: float, rng: np.random.Generator, popsize: int | None = None) -> None:
+        from cmaes import CMA
+
+        self.P, self.discrete, self.like = P, dict(discrete), x
+        self.best, self.value = x, fx
+        mean = self.encode(x)
+        bounds = np.tile([-encoding.SPAN, encoding.SPAN], (len(mean), 1))
+        # a mean on a bound has no room to sample around it
+        mean = np.clip(mean, -encoding.SPAN + 1e-6, encoding.SPAN - 1e-6)
+        self.cma = CMA(mean=mean, sigma=sigma0, bounds=bounds,
+                       seed=int(rng.integers(2**31)), population_size=popsize)
+        self.idle = 0
+
+    def encode(self, x: Cont) -> np.ndarray:
+        out: list[float] = []
+        for name in self.P.simplexes:
+            w = np.maximum(x.simplexes[name], 0.0)
+            out += encoding.encode(list(w / w.sum()))
+        for c in self.P.coords:
+            if c.index < 0:
+                out.append(-encoding.SPAN + 2 * encoding.SPAN * (x.floats[c.name] - c.low)
+                           / (c.high - c.low))
+        return np.array(out, dtype=float)
+
+    def decode(self, v: np.ndarray) -> Cont:
+        simplexes, k = {}, 0
+        for name, s in self.P.simplexes.items():
+            n = len(s.param_names)
+            simplexes[name] = np.array(encoding.decode(list(v[k:k + n])))
+            k += n
+        floats = dict(self.like.floats)
+        for c in self.P.coords:
+            if c.index < 0:
+                floats[c.name] = c.low + (float(v[k]) + encoding.SPAN) / (2 * encoding.SPAN) \
+                    * (c.high - c.low)
+                k += 1
+        return Cont(simplexes, floats)
+
+    def ask(self) -> list[np.ndarray]:
+        return [self.cma.ask() for _ in range(self.cma.population_size)]
+
+    def tell(self, xs: list[np.ndarray], values: list[float]) -> None:
+        finite = [v for v in values if math.isfinite(v)]
+        worst = 10 * max(finite) if finite else 1e30  # infeasible: worse than any design
+        improved = False
+        for x, v in zip(xs, values, strict=True):
+            if v < self.value * (1 - GAIN):
+                self.best, self.value, improved = self.decode(x), v, True
+        self.idle = 0 if improved else self.idle + 1
+        self.cma.tell([(x, v if math.isfinite(v) else worst)
+                       for x, v in zip(xs, values, strict=True)])
+
+    def stalled(self, patience: int) -> bool:
+        return self.idle >= patience or self.cma.should_stop()
+
+
+__all__ = ["Plan", "Settings", "plan"]

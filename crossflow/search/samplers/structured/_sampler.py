@@ -1,11 +1,29 @@
-"""StructuredSampler: the driver's plan as an Optuna sampler, rebuilt from the storage."""
+"""StructuredSampler: the driver's plan as an Optuna sampler, rebuilt from the storage.
+
+How trials share the plan (one worker or many, on one machine or several):
+
+* The plan (:func:`._plan.plan`) is deterministic given its seed, its start and the values
+  it receives, so every worker rebuilds it from the storage: the values of the trials that
+  evaluated its points, in plan order.  A trial records the plan index of its point
+  (``structured:slot``) and the point itself before it runs.
+* A new trial takes the lowest point of the current batch that no live trial holds.  When
+  every point of the batch is held, it takes the oldest one still unanswered and evaluates
+  it too (a duplicate): so a worker never waits for another one — a worker that was killed
+  holds its point only until another worker evaluates it again — and the batch completes
+  with the first answer.  Two workers that claim at the same instant may evaluate the same
+  point; that costs one evaluation, never a wrong plan.
+* The plan has no budget (it is an anytime search), so ``--trials N`` on a finished study
+  goes on where it stopped, and a resumed study replays exactly.
+* Switched to from another sampler, the plan starts from the study's best trial (its point
+  is stored as the study attribute ``structured.start`` so that every later replay starts
+  from the same point).
+"""
 
 from __future__ import annotations
 
 import math
 import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution
@@ -14,10 +32,10 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from crossflow.search.keys import PHASE
-from crossflow.search.samplers.structured._inner import METHODS
-from crossflow.search.samplers.structured._plan import plan
+from crossflow.search.samplers.structured._plan import Settings, plan
 from crossflow.search.samplers.structured._problem import Problem
 from crossflow.search.storage import (
+    all_trials,
     contains,
     set_trial_attrs,
     stored_trial,
@@ -29,12 +47,10 @@ from crossflow.search.storage import (
 SLOT = "structured:slot"
 #: Trial system attribute: the point (every parameter).
 POINT = "structured:point"
-#: Trial user attribute: the plan's phase (screen, orders, search, rescreen, polish).
-#: Study user attributes: the budget the plan was made for, and its memory-only verdicts.
-BUDGET = "structured.budget"
+#: Study user attributes: the plan's start point (None: the template's) and its
+#: memory-only verdicts.
+START = "structured.start"
 MEMORY = "structured.memory_rejected"
-#: How long a worker waits for other workers' trials of the current batch.
-_WAIT_S = 600.0
 
 
 class StructuredSampler(BaseSampler):
@@ -44,57 +60,45 @@ class StructuredSampler(BaseSampler):
         setup: the study (a :class:`crossflow.search.study.StudySetup`); the driver reads
             its template, search space and workload to screen and to find the AGE's steps.
         seed: seed of the plan's random choices (every worker of a launch uses the same).
-        inner: the inner method for the budget split: ``exchange`` (cliff-aware adaptive
-            coordinate exchange, the default), ``gd`` (the paper's eq. 6 with line search
-            and side-by-side chains), ``cmaes`` or ``tpe``.
-        inner_options: keyword arguments of the inner method.
-        top_k: how many of the best screened combinations get every mapping-order class.
-        rescreen: how many combinations are screened again at the split found.
-        budget: evaluations the plan is made for; default the launch's ``n_trials`` less
-            the trials already in the study (the template's baseline trials), else 300.
+        screen_cap, top_k, contenders, sigma0, patience, polish, rescreen: the plan's
+            settings (:class:`._plan.Settings`, where each is described).
     """
 
-    def __init__(self, *, setup, seed: int | None = None, inner: str = "exchange",
-                 inner_options: Mapping[str, Any] | None = None, top_k: int = 3,
-                 rescreen: int = 8, budget: int | None = None) -> None:
-        if inner not in METHODS:
-            raise ValueError(f"unknown inner method {inner!r}; one of {', '.join(METHODS)}")
-        if not (isinstance(top_k, int) and top_k >= 1):
-            raise ValueError(f"`top_k >= 1` must hold, but got top_k={top_k!r}")
-        if not (isinstance(rescreen, int) and rescreen >= 0):
-            raise ValueError(f"`rescreen >= 0` must hold, but got rescreen={rescreen!r}")
-        if budget is not None and not (isinstance(budget, int) and budget >= 1):
-            raise ValueError(f"`budget >= 1` must hold, but got budget={budget!r}")
+    def __init__(self, *, setup, seed: int | None = None,
+                 screen_cap: int = Settings.screen_cap, top_k: int = Settings.top_k,
+                 contenders: int = Settings.contenders, sigma0: float = Settings.sigma0,
+                 patience: int = Settings.patience, polish: bool = Settings.polish,
+                 rescreen: int = Settings.rescreen) -> None:
+        self._settings = Settings(screen_cap=screen_cap, top_k=top_k, contenders=contenders,
+                                  sigma0=sigma0, patience=patience, polish=polish,
+                                  rescreen=rescreen)
         self._setup = setup
         self._seed = 0 if seed is None else int(seed)
-        self._inner = inner
-        self._inner_options = dict(inner_options or {})
-        self._top_k = top_k
-        self._rescreen = rescreen
-        self._budget = budget
         self._fallback = RandomSampler(seed=seed)
         self._init_state()
 
     def _init_state(self) -> None:
         self._lock = threading.Lock()
-        self._problem: Problem | None = None
         self._gen = None
         self._batch: list[dict[str, Any]] = []
         self._phase = ""
         self._base = 0           # plan index of the current batch's first point
-        self._records: list[dict[str, Any]] = []
         self._study_key: tuple[int, int] | None = None
-        self._points: dict[int, dict[str, Any]] = {}
+        self._points: dict[tuple[int, int], dict[str, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_problem", "_gen", "_batch", "_records", "_points"):
+        for key in ("_lock", "_gen", "_batch", "_points"):
             del state[key]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_state()
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
 
     # ---- BaseSampler ------------------------------------------------------------------
 
@@ -129,8 +133,7 @@ class StructuredSampler(BaseSampler):
         if "fixed_params" in attrs or SLOT in attrs:
             return  # an enqueued trial (the baseline), or a retry that keeps its point
         with self._lock:
-            slot, point = self._claim(study, trial)
-            phase = self._phase
+            slot, point, phase = self._claim(study, trial)
         set_trial_attrs(study, trial, system={POINT: point, SLOT: slot}, user={PHASE: phase})
         self._points[trial_key(study, trial)] = point
 
@@ -140,36 +143,26 @@ class StructuredSampler(BaseSampler):
 
     # ---- the plan, rebuilt from the storage --------------------------------------------
 
-    def _claim(self, study: Study, trial: FrozenTrial) -> tuple[int, dict[str, Any]]:
-        """The trial's point: the plan's point number k for the k-th trial the driver
-        proposes (trial numbers are given out atomically by the storage, so workers never
-        take the same point).  A point of a batch the plan has not made yet waits for the
-        batch before it to finish (other workers are evaluating it)."""
-        slot = sum(1 for t in study.get_trials(deepcopy=False)
-                   if t.number < trial.number and _proposed(t))
-        deadline = time.monotonic() + _WAIT_S
-        while True:
-            self._advance(study, self._holders(study, exclude=trial.number), trial.number)
-            if slot < self._base + len(self._batch):
-                return slot, self._batch[slot - self._base]
-            if time.monotonic() > deadline:
-                raise RuntimeError("the structured sampler waited 600 s for other workers' "
-                                   "trials of its current batch")
-            time.sleep(0.05)
-
-    def _holders(self, study: Study, exclude: int) -> dict[int, list[FrozenTrial]]:
-        out: dict[int, list[FrozenTrial]] = {}
-        for t in study.get_trials(deepcopy=False):
+    def _claim(self, study: Study, trial: FrozenTrial) -> tuple[int, dict[str, Any], str]:
+        """The slot, point and phase of a new trial (see the module docstring)."""
+        holders: dict[int, list[FrozenTrial]] = {}
+        for t in all_trials(study):
             slot = t.system_attrs.get(SLOT)
-            if slot is not None and t.number != exclude:
-                out.setdefault(int(slot), []).append(t)
-        return out
+            if slot is not None and t.number != trial.number:
+                holders.setdefault(int(slot), []).append(t)
+        self._advance(study, holders)
+        batch = range(self._base, self._base + len(self._batch))
+        free = [j for j in batch if not holders.get(j)]
+        # every point held: the oldest unanswered one again (its worker may be gone)
+        slot = free[0] if free else min(
+            (j for j in batch if _value(holders[j]) is None),
+            key=lambda j: min(t.number for t in holders[j]))
+        return slot, self._batch[slot - self._base], self._phase
 
-    def _advance(self, study: Study, holders: Mapping[int, list[FrozenTrial]],
-                 current: int) -> None:
-        """Feed every finished batch to the plan (from its start after a restart)."""
+    def _advance(self, study: Study, holders: dict[int, list[FrozenTrial]]) -> None:
+        """Feed every answered batch to the plan (from its start after a restart)."""
         if self._gen is None or self._study_key != study_key(study):
-            self._start(study, current)
+            self._start(study)
         while True:
             values = [_value(holders.get(self._base + j, [])) for j in range(len(self._batch))]
             if any(v is None for v in values):
@@ -178,21 +171,17 @@ class StructuredSampler(BaseSampler):
             self._phase, self._batch = self._gen.send(values)
             self._prefetch()
 
-    def _start(self, study: Study, current: int) -> None:
+    def _start(self, study: Study) -> None:
         self._study_key = study_key(study)
-        self._problem = Problem(self._setup)
-        budget = study.user_attrs.get(BUDGET)
-        if budget is None:
-            budget = self._budget or _launch_budget(study, current)
-            study.set_user_attr(BUDGET, int(budget))
-        self._records = []
-        self._gen = plan(self._problem, budget=int(budget), seed=self._seed, inner=self._inner,
-                         inner_options=self._inner_options, top_k=self._top_k,
-                         rescreen=self._rescreen, records=self._records)
+        if START not in study.user_attrs:
+            study.set_user_attr(START, _incumbent(study))
+        records: list[dict[str, Any]] = []
+        self._gen = plan(Problem(self._setup), seed=self._seed, settings=self._settings,
+                         start=study.user_attrs.get(START), records=records)
         self._base = 0
         self._phase, self._batch = next(self._gen)
-        if self._records and MEMORY not in study.user_attrs:
-            study.set_user_attr(MEMORY, self._records)
+        if records and MEMORY not in study.user_attrs:
+            study.set_user_attr(MEMORY, records)
         self._prefetch()
 
     def _prefetch(self) -> None:
@@ -204,19 +193,17 @@ class StructuredSampler(BaseSampler):
             prefetch(self._setup, [self._setup.design(p) for p in self._batch])
 
 
-def _launch_budget(study: Study, current: int) -> int:
-    launches = {k: v for k, v in study.user_attrs.items() if k.startswith("launch.")}
-    if not launches:
-        return 300
-    total = int(launches[max(launches)].get("n_trials") or 300)
-    outside = sum(1 for t in study.get_trials(deepcopy=False)
-                  if SLOT not in t.system_attrs and t.number != current)
-    return max(1, total - outside)
+def _incumbent(study: Study) -> dict[str, Any] | None:
+    """The parameters of the best feasible trial of another sampler (or an enqueued
+    baseline that is not the template's own point); None when there is none."""
+    from crossflow.search.study import is_feasible
 
-
-def _proposed(trial: FrozenTrial) -> bool:
-    """A trial the driver proposed (not an enqueued one, nor the retry of a failed one)."""
-    return "fixed_params" not in trial.system_attrs and "failed_trial" not in trial.system_attrs
+    done = [t for t in all_trials(study) if t.state == TrialState.COMPLETE and t.values
+            and is_feasible(t) and SLOT not in t.system_attrs
+            and "fixed_params" not in t.system_attrs]
+    if not done:
+        return None
+    return dict(min(done, key=lambda t: (t.values[0], t.number)).params)
 
 
 def _value(trials: list[FrozenTrial]) -> float | None:
@@ -232,4 +219,3 @@ def _value(trials: list[FrozenTrial]) -> float | None:
                          for t in trials):
         return None
     return math.inf
-
