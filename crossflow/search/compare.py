@@ -13,12 +13,16 @@ there counts as never, "—" when the median never does; ``k/N`` seeds that did)
 time (median per run) and the infeasible share.  When a run beats the best-known value,
 the better value is the reference (and the table says so).
 
-Written to ``mlruns/compare/<study>/``: ``table.txt`` (what the terminal shows),
+Written to a new folder ``mlruns/compare/<study>/<UTC time>/`` per comparison (earlier ones
+are kept; ``mlruns/compare/<study>/latest/`` is a copy of the newest, with ``FROM`` naming
+it): ``table.txt`` (what the terminal shows),
 ``summary.csv`` (per sampler), ``runs.csv`` (per run), ``curves.csv`` (every evaluation),
 ``convergence.png`` (the gap of the best-so-far to the reference, in % on a log scale, vs
 evaluations — a linear axis up to 200, log above: median line and min–max band per
 sampler, each with its own colour, line style and marker; 1 % and 5 % marked) and
-``best_known.json``; the table's header says how the best-known value was obtained.  The same
+``best_known.json``; the table's header says how the best-known value was obtained.
+A sampler whose every seed found no feasible design reads "no feasible design" in the
+table and in the plot's legend (it has no curve).  The same
 files are the artifacts of one MLflow parent run in the experiment ``<study>.compare``,
 with a child run per sampler × seed carrying its best-so-far curve as the metric
 ``best_so_far`` (step = evaluation number) and its summary metrics.
@@ -219,8 +223,9 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     elapsed = time.perf_counter() - t0
     table = format_table(setup.name, summary, budget, seeds, reference, known, beaten,
                          elapsed)
-    out_dir = root / "compare" / setup.name
-    files = write_report(out_dir, setup, runs, summary, table, reference, known)
+    files = write_report(report_dir(root, setup.name), setup, runs, summary, table,
+                         reference, known)
+    keep_latest(files)
     run_id = None
     if track:
         run_id = log_mlflow(setup, runs, summary, files, reference, known, budget, seeds,
@@ -252,6 +257,11 @@ def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seed
     rows = []
     for r in summary:
         row = [r["sampler"]]
+        if r["best_at_100pct_min"] is None:  # no seed found a feasible design
+            row += ["no feasible design"] + ["—"] * (len(FRACTIONS) + len(TOLERANCES) - 1)
+            row += [f"{r['wall_s_median']:.1f}", f"{100 * r['infeasible_share']:.0f}%"]
+            rows.append(row)
+            continue
         for f in FRACTIONS:
             k = f"best_at_{int(f * 100)}pct"
             row.append(f"{_fmt(r[k + '_median'])} [{_fmt(r[k + '_min'], 3)}–"
@@ -276,6 +286,34 @@ def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seed
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
               for row in rows]
     return "\n".join(lines)
+
+
+def report_dir(root: Path, name: str) -> Path:
+    """A new folder for one comparison: ``<root>/compare/<study>/<UTC time>`` (a suffix
+    when two start in the same second), so earlier comparisons are kept."""
+    base = Path(root) / "compare" / name
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out, k = base / stamp, 1
+    while out.exists():
+        k += 1
+        out = base / f"{stamp}-{k}"
+    return out
+
+
+def keep_latest(files: Mapping[str, Path]) -> Path:
+    """Copy one comparison's files to ``<root>/compare/<study>/latest/`` (a copy, not a
+    link: it reads the same on every file system); returns that folder."""
+    import shutil
+
+    src = Path(next(iter(files.values()))).parent
+    latest = src.parent / "latest"
+    tmp = src.parent / f".latest.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    (tmp / "FROM").write_text(src.name + "\n", encoding="utf-8")
+    shutil.rmtree(latest, ignore_errors=True)
+    tmp.rename(latest)
+    return latest
 
 
 def write_report(out_dir: Path, setup, runs, summary, table: str, reference,
@@ -364,8 +402,15 @@ def plot(path: Path, name: str, runs, reference: float | None, known: dict[str, 
     what, unit = _HUMAN.get(objective, (objective.replace("_", " "), ""))
     samplers = list(dict.fromkeys(r["sampler"] for r in runs))
     budget = max(len(r["values"]) for r in runs)
+    if not relative and not any(math.isfinite(v) for r in runs for v in r["values"]):
+        ax.text(0.5, 0.5, "no sampler found a feasible design", transform=ax.transAxes,
+                ha="center", va="center")
     for i, sampler in enumerate(samplers):
         curves = np.array([best_so_far(r["values"]) for r in runs if r["sampler"] == sampler])
+        if not np.isfinite(curves).any():  # nothing to draw (markevery fails on no points)
+            ax.plot([], [], color=f"C{i}", linestyle="none", marker="x",
+                    label=f"{sampler}: no feasible design ({len(curves)} seeds)")
+            continue
         if relative:  # the gap in %, floored so that reaching the reference stays visible
             curves = np.maximum(100.0 * (curves / reference - 1.0), 0.01)
         x = np.arange(1, curves.shape[1] + 1)
