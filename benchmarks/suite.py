@@ -222,10 +222,11 @@ def plan(studies, samplers, seeds, budgets, out: Path, fresh: bool = False) -> l
 
 def execute(studies, samplers, seeds, budgets, out: Path, *, jobs: int = 1,
             fresh: bool = False, best_known_options: Mapping[str, Any] | None = None,
-            progress: bool = True) -> None:
+            progress: bool = True, with_best_known: bool = True) -> None:
     """Run what is missing (best-known searches first: they are the longest tasks)."""
     tasks = plan(studies, samplers, seeds, budgets, out, fresh)
-    known = [(entry, str(out), dict(best_known_options or {})) for entry in studies]
+    known = [(entry, str(out), dict(best_known_options or {}))
+             for entry in (studies if with_best_known else [])]
     jobs_all = [(_best_known_task, t) for t in known] + [(_run_task, t) for t in tasks]
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if progress else (
         lambda text: None)
@@ -418,6 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="three small studies, budget 60, tpe and random, a reduced best-known")
     ap.add_argument("--fresh", action="store_true", help="ignore cached run files")
+    ap.add_argument("--no-best-known", action="store_true",
+                    help="run the samplers only (the reference is then the runs' best, or a "
+                    "best-known value already cached there)")
     ap.add_argument("--report-only", action="store_true",
                     help="write the tables from the files there are; run nothing")
     ap.add_argument("--list", action="store_true", help="print the studies and halves, run nothing")
@@ -445,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = list(range(args.seeds))
     if not args.report_only:
         execute(chosen, samplers, seeds, budgets, out, jobs=max(1, args.jobs),
-                fresh=args.fresh, best_known_options=bk_options)
+                fresh=args.fresh, best_known_options=bk_options,
+                with_best_known=not args.no_best_known)
     command = "python benchmarks/suite.py " + " ".join(argv if argv is not None
                                                         else sys.argv[1:])
     result = collect(chosen, samplers, seeds, budgets, out)
