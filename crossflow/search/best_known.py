@@ -11,8 +11,9 @@ after each phase (``phases``), so one can see which phase got where.
    the top-k below was one strategy in k equivalent orders), priced at two splits: the
    template's own budget split (the study's baseline) and the equal split (equal shares,
    whole budget; ``equal_split``).  A combination ranks by the better of the two.  When the
-   product exceeds ``max_discrete`` (default 5000), a seeded random subset of that size (plus
-   the baseline's own combination) is screened instead; ``discrete_total`` /
+   product exceeds ``max_discrete`` (default 10000), a seeded random subset of that size (plus
+   the baseline's own combination) is screened instead — drawn from the order classes
+   when the product has at most ``ENUMERABLE`` × that many combinations; ``discrete_total`` /
    ``discrete_screened`` and ``order_classes`` (combinations, classes, equivalent dropped)
    record it.
 2. **Simplex sampling** — for the ``top_k`` best combinations (distinct order classes),
@@ -144,7 +145,7 @@ from crossflow.search.locations import MLRUNS
 from crossflow.search.objective import evaluate, evaluate_many
 from crossflow.search.orders import dedupe, without_order
 
-SETTINGS: dict[str, Any] = {"max_discrete": 5000, "top_k": 6, "samples": 300,
+SETTINGS: dict[str, Any] = {"max_discrete": 10000, "top_k": 6, "samples": 300,
                             "refine": 4, "refine_evals": 1500, "hops": 100, "seed": 0,
                             "enumerate": True, "enum_core_radius": 6, "enum_radius": 2,
                             "enum_big_unit": 0.02, "enum_coarse_max": 64, "enum_top": 8,
@@ -153,6 +154,11 @@ SETTINGS: dict[str, Any] = {"max_discrete": 5000, "top_k": 6, "samples": 300,
                             "equal_split": True, "margin": 1.3, "max_contenders": 10,
                             "contender_evals": 600, "cma_combos": 2, "cma_starts": 3,
                             "cma_evals": 1200, "cma_sigma": 0.25}
+
+
+#: Up to this many times ``max_discrete`` combinations, the whole product is listed and
+#: reduced to its order classes before any subset is drawn.
+ENUMERABLE = 50
 
 
 def cache_path(name: str, root: str | Path | None = None) -> Path:
@@ -248,18 +254,23 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
 
     # 1. discrete screening, one mapping order per class of equivalent orders
     values = [d.values() for d in discrete]
+    names = [d.name for d in discrete]
     total = math.prod(len(v) for v in values) if discrete else 1
-    if total <= opts["max_discrete"]:
-        raw = [dict(zip([d.name for d in discrete], c, strict=True))
-               for c in itertools.product(*values)]
+    own = tuple(base.get(d.name, v[0]) for d, v in zip(discrete, values, strict=True))
+    if total <= ENUMERABLE * opts["max_discrete"]:  # the classes of the whole product
+        raw = [dict(zip(names, c, strict=True)) for c in itertools.product(*values)]
+        combos, dropped = dedupe(discrete, raw)
+        if len(combos) > opts["max_discrete"]:  # a seeded subset of the classes
+            mine = dict(zip(names, own, strict=True))
+            keep = {int(i) for i in rng.choice(len(combos), opts["max_discrete"] - 1,
+                                               replace=False)}
+            combos = [mine] + [c for i, c in enumerate(combos) if i in keep and c != mine]
     else:
-        seen: dict[tuple, None] = {}
-        own = tuple(base.get(d.name, v[0]) for d, v in zip(discrete, values, strict=True))
-        seen[own] = None
+        seen: dict[tuple, None] = {own: None}
         while len(seen) < opts["max_discrete"]:
             seen[tuple(v[rng.integers(len(v))] for v in values)] = None
-        raw = [dict(zip([d.name for d in discrete], c, strict=True)) for c in seen]
-    combos, dropped = dedupe(discrete, raw)
+        raw = [dict(zip(names, c, strict=True)) for c in seen]
+        combos, dropped = dedupe(discrete, raw)
     at_template = f.many([{**start, **c} for c in combos])
     at_equal = (f.many([{**equal, **c} for c in combos])
                 if cont_names and opts["equal_split"] else None)

@@ -372,6 +372,20 @@ def how_known(known: Mapping[str, Any]) -> str:
                      + (f"improved the refined split by {100 * gain:.2f} %"
                         if enum.get("improved") and gain is not None
                         else "nothing better than the refined split"))
+    oc = known.get("order_classes") or {}
+    if oc.get("equivalent_dropped"):
+        parts.append(f"{oc['classes']} order classes screened of {oc['combinations']} "
+                     "combinations")
+    con = known.get("contenders") or {}
+    if con:
+        parts.append(f"{con.get('refined', 0)} more of {con.get('within_margin', 0)} "
+                     f"strategies within {con.get('margin')}x at some split refined"
+                     + (f" ({con['left_out']} left out)" if con.get("left_out") else ""))
+    cross = known.get("cross_check") or {}
+    if cross and "skipped" not in cross:
+        parts.append("CMA-ES cross-check " + (
+            f"BEAT the main search by {100 * cross.get('gain', 0):.2f} %"
+            if cross.get("beat_main") else "did not beat the main search"))
     return "; ".join(parts)
 
 
