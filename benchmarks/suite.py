@@ -21,6 +21,8 @@ seed at equal evaluation budgets, gaps to each study's reference (docs/search-be
   − 1, in %; a run with no feasible design has no gap ("no feasible design").
 * The table (``<out>/suite.md`` and ``<out>/suite.csv``, long form): gap per study × sampler
   at each budget, then per half and sampler the median and worst gap over studies.
+* A run file's ``wall_s`` for a prefix is the full run's wall time pro-rated by trials
+  (an estimate; the runs' wall time is not what the table compares).
 * ``--quick``: three small studies, budget 60, samplers tpe and random, a reduced best-known
   search (a smoke test in about a minute).
 """
@@ -292,7 +294,7 @@ def collect(studies, samplers, seeds, budgets, out: Path) -> dict[str, Any]:
                                "reference": reference, "reference_source": source,
                                "best_known": known,
                                "best_known_evaluations": bk.get("evaluations") if bk else None,
-                               "gaps": {}}
+                               "best_known_record": _bk_record(bk), "gaps": {}}
         for (sampler, budget), rs in runs.items():
             if not rs:
                 continue
@@ -323,6 +325,22 @@ def collect(studies, samplers, seeds, budgets, out: Path) -> dict[str, Any]:
                                                               if (sampler, budget) in r["gaps"]),
                                                        strict=True))[1]})
     return {"rows": rows, "summary": summary, "missing": missing}
+
+
+def _bk_record(bk: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What the best-known search did (its cached record, :mod:`crossflow.search.best_known`):
+    evaluations, seconds, order classes, contenders, the cross-check, the best per phase."""
+    if not bk:
+        return None
+    oc, con, cross = (bk.get(k) or {} for k in ("order_classes", "contenders", "cross_check"))
+    return {"evaluations": bk.get("evaluations"), "seconds": bk.get("seconds"),
+            "combinations": oc.get("combinations"), "classes": oc.get("classes"),
+            "within_margin": con.get("within_margin"), "contenders_refined": con.get("refined"),
+            "contenders_left_out": con.get("left_out"),
+            "cross_check": None if not cross or "skipped" in cross else
+            {"beat_main": cross.get("beat_main"), "gain": cross.get("gain"),
+             "main_value": cross.get("main_value"), "value": cross.get("value")},
+            "phases": {ph["phase"]: ph["best"] for ph in bk.get("phases") or []}}
 
 
 def _gap(g: float | None) -> str:
@@ -365,6 +383,28 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
                  for b in budgets for s in samplers]
         lines.append(f"| {r['row']} | {r['study']} | {r['half']} | {r['kind']} | {ref} | "
                      f"{r['reference_source'] or '—'} | " + " | ".join(cells) + " |")
+    lines += ["", "Best-known search per study (`crossflow/search/best_known.py`, cached under "
+              "`best_known/`): evaluations, seconds, order classes screened / combinations, "
+              "strategies within the margin / more of them refined (left out), the CMA-ES "
+              "cross-check against phases 1-6, and where the reference came from.", "",
+              "| study | evaluations | s | classes / combinations | within margin / refined "
+              "| cross-check | reference from |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r.get("best_known_record")
+        if b is None:
+            lines.append(f"| {r['study']} | — | — | — | — | — | {r['reference_source'] or '—'} |")
+            continue
+        cross = b["cross_check"]
+        cx = ("—" if cross is None else
+              f"beat phases 1-6 by {100 * cross['gain']:.2f} %" if cross["beat_main"]
+              else "did not beat phases 1-6")
+        within = ("—" if b["within_margin"] is None else
+                  f"{b['within_margin']} / {b['contenders_refined']}"
+                  + (f" ({b['contenders_left_out']} left out)" if b["contenders_left_out"]
+                     else ""))
+        classes = ("—" if b["classes"] is None else f"{b['classes']} / {b['combinations']}")
+        lines.append(f"| {r['study']} | {b['evaluations']} | {b['seconds']} | {classes} | "
+                     f"{within} | {cx} | {r['reference_source'] or '—'} |")
     return "\n".join(lines) + "\n"
 
 
