@@ -424,7 +424,7 @@ def _cma_starts(f, refined, contenders, discrete, space, floats, rng,
     cands = [(f.best[0], f.best[1])] + list(refined)
     for c in (contenders or {}).get("contenders", []):
         if c["value"] is not None:
-            cands.append((c["value"], {**f.best[1], **c["combination"]}))
+            cands.append((c["value"], c["params"]))
     chosen, seen = [], set()
     for v, p in sorted(cands, key=lambda t: t[0]):
         k = without_order({d.name: p[d.name] for d in discrete})

@@ -191,12 +191,12 @@ def _contenders(f, splits: Mapping[str, tuple[dict[str, Any], list[float]]],
     for _, k in chosen:
         e = within[k]
         point = {**splits[e["split"]][0], **e["combo"]}
-        v, _ = _compass(f, point, e["value"], cont_names, space, floats,
+        v, q = _compass(f, point, e["value"], cont_names, space, floats,
                         int(opts["contender_evals"]))
         done.add(k)
         refined.append({"combination": e["combo"], "from_split": e["split"],
                         "within_margin_at": e["splits"], "start_value": e["value"],
-                        "value": v if math.isfinite(v) else None})
+                        "value": v if math.isfinite(v) else None, "params": q})
     return {"margin": margin, "splits": list(splits), "strategies": len(per),
             "within_margin": len(within), "already_refined": len(within) - len(todo),
             "refined": len(refined), "left_out": len(todo) - len(chosen),
