@@ -248,11 +248,23 @@ def execute(studies, samplers, seeds, budgets, out: Path, *, jobs: int = 1,
 
 
 def _call(job: tuple) -> dict[str, Any]:
+    """One task; a failure is reported (and no file written: a re-run retries it) rather
+    than stopping the suite."""
     fn, task = job
-    return fn(task)
+    try:
+        return fn(task)
+    except Exception as exc:  # noqa: BLE001 - one study's failure must not stop the others
+        import traceback
+
+        return {"error": f"{type(exc).__name__}: {exc}", "task": repr(task[1:] if len(task) > 1
+                                                                       else task)[:200],
+                "study": task[0]["name"], "traceback": traceback.format_exc()[-2000:]}
 
 
 def _line(k: int, n: int, rec: Mapping[str, Any], t0: float) -> str:
+    if "error" in rec:
+        return (f"suite: [{k}/{n}] {rec['study']} FAILED ({rec['task']}): {rec['error']}\n"
+                f"{rec['traceback']}")
     if "sampler" in rec:
         what = (f"{rec['study']} {rec['sampler']} s{rec['seed']} @{rec['budget']}: "
                 f"best {rec['best']:.6g}")
