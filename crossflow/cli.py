@@ -302,7 +302,7 @@ def _parser() -> argparse.ArgumentParser:
                     "under mlruns/optuna/compare/)")
     cp.add_argument("--root", metavar="DIR", default="mlruns",
                     help="folder for the report, best-known cache, journals and MLflow "
-                    "store (DIR/compare/NAME/, DIR/optuna/compare/, DIR/mlflow.db)")
+                    "store (DIR/compare/NAME/<time>/ and latest/, DIR/optuna/compare/, DIR/mlflow.db)")
     cp.add_argument("--tracking-uri", help="MLflow tracking URI (default: mlruns/mlflow.db)")
     cp.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     cp.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -96,9 +96,13 @@ def test_compare_end_to_end(quickstart, tmp_path):
         ("tpe", 0), ("tpe", 1), ("random", 0), ("random", 1)]
     assert all(len(r["values"]) == 10 for r in result["runs"])
     files = result["files"]
-    out = tmp_path / "compare" / "quickstart"
+    out = files["table"].parent
+    assert out.parent == tmp_path / "compare" / "quickstart" and out.name != "latest"
     for path in files.values():
         assert path.parent == out and path.stat().st_size > 0
+    latest = out.parent / "latest"
+    assert (latest / "FROM").read_text().strip() == out.name
+    assert (latest / "summary.csv").read_bytes() == files["summary"].read_bytes()
     assert files["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with files["summary"].open() as fh:
         rows = list(csv.DictReader(fh))
@@ -132,7 +136,7 @@ def test_cli_compare_with_workers(cli, tmp_path, monkeypatch):
                          "2", "--budget", "8", "--workers", "2", "--no-tracking", "--quiet")
     assert code == 0, err
     assert "random" in out and "cmaes" in out and "evals≤1%" in out
-    with (tmp_path / "mlruns" / "compare" / "quickstart" / "runs.csv").open() as fh:
+    with (tmp_path / "mlruns" / "compare" / "quickstart" / "latest" / "runs.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 4 and {r["evaluations"] for r in rows} == {"8"}
     code, _, err = cli("compare", "quickstart", "--samplers", "nsga2", "--budget", "5")
@@ -197,3 +201,47 @@ def test_cli_compare_defaults_to_the_compared_samplers():
     args = _parser().parse_args(["compare", "quickstart"])
     assert args.samplers.split(",") == list(COMPARED)
     assert args.root == "mlruns"
+
+
+def test_report_folders_keep_earlier_comparisons(tmp_path):
+    """Each comparison writes its own folder; ``latest`` is a copy of the newest."""
+    from crossflow.search.compare import keep_latest, report_dir
+
+    made = []
+    for text in ("first", "second"):
+        out = report_dir(tmp_path, "toy")
+        out.mkdir(parents=True)
+        (out / "table.txt").write_text(text)
+        keep_latest({"table": out / "table.txt"})
+        made.append(out)
+    assert made[0] != made[1] and (made[0] / "table.txt").read_text() == "first"
+    latest = tmp_path / "compare" / "toy" / "latest"
+    assert (latest / "table.txt").read_text() == "second"
+    assert (latest / "FROM").read_text().strip() == made[1].name
+
+
+def test_a_sampler_without_a_feasible_design_is_reported_not_a_crash(monkeypatch, tmp_path):
+    """The table says "no feasible design" for it, the plot names it in the legend and
+    draws the others (it used to raise IndexError in matplotlib's markevery)."""
+    from crossflow.search.compare import format_table
+
+    inf = math.inf
+    runs = [{"sampler": "tpe", "seed": k, "values": [3.0, 2.0, 1.5], "feasible": [True] * 3,
+             "wall_s": 1.0} for k in range(2)]
+    runs += [{"sampler": "random", "seed": k, "values": [inf] * 3, "feasible": [False] * 3,
+              "wall_s": 1.0} for k in range(2)]
+    summary = summarize(runs, 3, 1.5)
+    known = {"objective": "iteration_time_s", "value": 1.5, "evaluations": 1}
+    table = format_table("toy", summary, 3, 2, 1.5, known, False, 1.0)
+    (line,) = [ln for ln in table.splitlines() if ln.startswith("random")]
+    assert "no feasible design" in line and "100%" in line
+    assert "no feasible design" not in next(ln for ln in table.splitlines()
+                                            if ln.startswith("tpe"))
+    for reference in (1.5, None):
+        ax = _drawn(monkeypatch, tmp_path, runs, reference)
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any(t.startswith("random: no feasible design") for t in legend)
+        assert any(t.startswith("tpe (median") for t in legend)
+    nothing = [r for r in runs if r["sampler"] == "random"]
+    ax = _drawn(monkeypatch, tmp_path, nothing, None)
+    assert any("no sampler found a feasible design" in t.get_text() for t in ax.texts)

@@ -13,17 +13,21 @@ there counts as never, "—" when the median never does; ``k/N`` seeds that did)
 time (median per run) and the infeasible share.  When a run beats the best-known value,
 the better value is the reference (and the table says so).
 
-Written to ``mlruns/compare/<study>/``: ``table.txt`` (what the terminal shows),
-``summary.csv`` (per sampler), ``runs.csv`` (per run), ``curves.csv`` (every evaluation),
-``convergence.png`` (the gap of the best-so-far to the reference, in % on a log scale, vs
-evaluations — a linear axis up to 200, log above: median line and min–max band per
-sampler, each with its own colour, line style and marker; 1 % and 5 % marked) and
-``best_known.json``; the table's header says how the best-known value was obtained.  The same
-files are the artifacts of one MLflow parent run in the experiment ``<study>.compare``,
-with a child run per sampler × seed carrying its best-so-far curve as the metric
-``best_so_far`` (step = evaluation number) and its summary metrics.
+Written to a new folder ``mlruns/compare/<study>/<UTC time>/`` per comparison (earlier
+ones are kept; ``mlruns/compare/<study>/latest/`` is a copy of the newest, with ``FROM``
+naming it): ``table.txt`` (what the terminal shows), ``summary.csv`` (per sampler),
+``runs.csv`` (per run), ``curves.csv`` (every evaluation), ``convergence.png``
+(:mod:`crossflow.search.compare_plot`: the gap of the best-so-far to the reference, in % on
+a log scale, vs evaluations — a linear axis up to 200, log above: median line and min–max
+band per sampler, each with its own colour, line style and marker; 1 % and 5 % marked) and
+``best_known.json``; the table's header says how the best-known value was obtained.  A
+sampler whose every seed found no feasible design reads "no feasible design" in the table
+and in the plot's legend (it has no curve).  The same files are the artifacts of one MLflow
+parent run in the experiment ``<study>.compare``, with a child run per sampler × seed
+carrying its best-so-far curve as the metric ``best_so_far`` (step = evaluation number) and
+its summary metrics.
 
-(About 500 lines, one job: a comparison from its runs to its report — the table, files,
+(About 480 lines, one job: a comparison from its runs to its report — the table, files,
 plot and MLflow runs all read the same per-run curves and summary.)
 """
 
@@ -40,7 +44,6 @@ import multiprocessing as mp
 import os
 import sys
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,7 @@ import numpy as np
 from crossflow import __version__
 from crossflow.errors import ConfigError
 from crossflow.search.best_known import best_known
+from crossflow.search.compare_plot import best_so_far, plot  # noqa: F401 - compare.plot
 from crossflow.search.locations import MLRUNS, git_label, is_url
 from crossflow.search.samplers import (
     COMPARED,
@@ -115,11 +119,6 @@ def _fresh(url: str, name: str) -> None:
 def _worker(task: tuple) -> dict[str, Any]:
     source, sampler, seed, budget, storage, root = task
     return run_one(load_study(source), sampler, seed, budget, storage=storage, root=root)
-
-
-def best_so_far(values: Sequence[float]) -> np.ndarray:
-    """The running minimum (``inf`` until the first feasible design)."""
-    return np.minimum.accumulate(np.asarray(values, dtype=float))
 
 
 def evaluations_to(curve: np.ndarray, target: float) -> int | None:
@@ -225,8 +224,9 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     elapsed = time.perf_counter() - t0
     table = format_table(setup.name, summary, budget, seeds, reference, known, beaten,
                          elapsed)
-    out_dir = root / "compare" / setup.name
-    files = write_report(out_dir, setup, runs, summary, table, reference, known)
+    files = write_report(report_dir(root, setup.name), setup, runs, summary, table,
+                         reference, known)
+    keep_latest(files)
     run_id = None
     if track:
         run_id = log_mlflow(setup, runs, summary, files, reference, known, budget, seeds,
@@ -258,6 +258,11 @@ def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seed
     rows = []
     for r in summary:
         row = [r["sampler"]]
+        if r["best_at_100pct_min"] is None:  # no seed found a feasible design
+            row += ["no feasible design"] + ["—"] * (len(FRACTIONS) + len(TOLERANCES) - 1)
+            row += [f"{r['wall_s_median']:.1f}", f"{100 * r['infeasible_share']:.0f}%"]
+            rows.append(row)
+            continue
         for f in FRACTIONS:
             k = f"best_at_{int(f * 100)}pct"
             row.append(f"{_fmt(r[k + '_median'])} [{_fmt(r[k + '_min'], 3)}–"
@@ -282,6 +287,34 @@ def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seed
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
               for row in rows]
     return "\n".join(lines)
+
+
+def report_dir(root: Path, name: str) -> Path:
+    """A new folder for one comparison: ``<root>/compare/<study>/<UTC time>`` (a suffix
+    when two start in the same second), so earlier comparisons are kept."""
+    base = Path(root) / "compare" / name
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out, k = base / stamp, 1
+    while out.exists():
+        k += 1
+        out = base / f"{stamp}-{k}"
+    return out
+
+
+def keep_latest(files: Mapping[str, Path]) -> Path:
+    """Copy one comparison's files to ``<root>/compare/<study>/latest/`` (a copy, not a
+    link: it reads the same on every file system); returns that folder."""
+    import shutil
+
+    src = Path(next(iter(files.values()))).parent
+    latest = src.parent / "latest"
+    tmp = src.parent / f".latest.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    (tmp / "FROM").write_text(src.name + "\n", encoding="utf-8")
+    shutil.rmtree(latest, ignore_errors=True)
+    tmp.rename(latest)
+    return latest
 
 
 def write_report(out_dir: Path, setup, runs, summary, table: str, reference,
@@ -321,11 +354,6 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             w.writerow({k: "" if v is None else v for k, v in row.items()})
 
 
-#: How an objective reads on an axis: (words, unit).
-_HUMAN = {"iteration_time_s": ("iteration time", "s"), "energy_J": ("energy", "J"),
-          "power_W": ("power", "W"), "memory_per_device_bytes": ("memory per device", "B")}
-
-
 def how_known(known: Mapping[str, Any]) -> str:
     """One line: how the best-known value was obtained (:mod:`crossflow.search.best_known`)."""
     parts = [f"{_fmt(known.get('value'), 6)} after {known.get('evaluations')} evaluations "
@@ -340,88 +368,21 @@ def how_known(known: Mapping[str, Any]) -> str:
                      + (f"improved the refined split by {100 * gain:.2f} %"
                         if enum.get("improved") and gain is not None
                         else "nothing better than the refined split"))
+    oc = known.get("order_classes") or {}
+    if oc.get("equivalent_dropped"):
+        parts.append(f"{oc['classes']} order classes screened of {oc['combinations']} "
+                     "combinations")
+    con = known.get("contenders") or {}
+    if con:
+        parts.append(f"{con.get('refined', 0)} more of {con.get('within_margin', 0)} "
+                     f"strategies within {con.get('margin')}x at some split refined"
+                     + (f" ({con['left_out']} left out)" if con.get("left_out") else ""))
+    cross = known.get("cross_check") or {}
+    if cross and "skipped" not in cross:
+        parts.append("CMA-ES cross-check " + (
+            f"BEAT the main search by {100 * cross.get('gain', 0):.2f} %"
+            if cross.get("beat_main") else "did not beat the main search"))
     return "; ".join(parts)
-
-
-#: Line style and marker per sampler, in legend order: a curve drawn over another (two
-#: samplers that stay on the same design) still shows both.
-_STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1, 1, 1)), "v"),
-           ((0, (1, 1)), "P"), ((0, (8, 2)), "X"))
-#: Budgets above this get a log evaluation axis (the early evaluations are most of the
-#: story); at or below it a linear axis reads better.
-LOG_X_ABOVE = 200
-
-
-def plot(path: Path, name: str, runs, reference: float | None, known: dict[str, Any]) -> None:
-    """Best-so-far vs evaluations, median and min–max band per sampler: as the gap to the
-    reference in % (log scale, 1 % and 5 % marked) when there is one, else the value with
-    its unit.  Each sampler has its own colour, line style and marker; the first sampler is
-    drawn thickest and lowest, so one that lies on another's line shows around it.  The
-    evaluation axis is linear up to :data:`LOG_X_ABOVE` evaluations, logarithmic above."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    relative = reference is not None and reference > 0
-    objective = known.get("objective", "objective")
-    what, unit = _HUMAN.get(objective, (objective.replace("_", " "), ""))
-    samplers = list(dict.fromkeys(r["sampler"] for r in runs))
-    budget = max(len(r["values"]) for r in runs)
-    for i, sampler in enumerate(samplers):
-        curves = np.array([best_so_far(r["values"]) for r in runs if r["sampler"] == sampler])
-        if relative:  # the gap in %, floored so that reaching the reference stays visible
-            curves = np.maximum(100.0 * (curves / reference - 1.0), 0.01)
-        x = np.arange(1, curves.shape[1] + 1)
-        # the median is inf (not drawn) until most seeds have a feasible design, so it
-        # stays monotone; the band spans the seeds that have one
-        med = np.median(curves, axis=0)
-        finite = np.where(np.isinf(curves), np.nan, curves)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            lo = np.nanmin(finite, axis=0)
-        hi = curves.max(axis=0)
-        med, hi = (np.where(np.isinf(a), np.nan, a) for a in (med, hi))
-        color = f"C{i}"
-        style, marker = _STYLES[i % len(_STYLES)]
-        ax.plot(x, med, color=color, linestyle=style, linewidth=max(1.2, 3.0 - 0.6 * i),
-                drawstyle="steps-post", zorder=3 + i, marker=marker, markersize=6,
-                markerfacecolor="white" if i % 2 else color, markeredgecolor=color,
-                # markers every tenth of the axis, staggered so that two samplers on one
-                # line show both (fractions of the axis: even on a log axis)
-                markevery=(0.02 + 0.1 * i / len(samplers), 0.1),
-                label=f"{sampler} (median of {len(curves)} seeds)")
-        ax.fill_between(x, lo, hi, color=color, alpha=0.12, linewidth=0, step="post",
-                        zorder=1)
-    if relative:
-        for tol, dash in ((1.0, "--"), (5.0, ":")):
-            ax.axhline(tol, color="0.3", linestyle=dash, linewidth=1, zorder=2,
-                       label=f"{tol:g} % from the reference")
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g} %"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        label = "best known" if known.get("value") == reference else "best found"
-        ax.set_ylabel(f"best {what} so far: gap to the {label}\n"
-                      f"({reference:.4g} {unit}), % (log scale)".replace(" )", ")"))
-    else:
-        ax.set_ylabel(f"best feasible {what} so far ({unit})" if unit
-                      else f"best feasible {what} so far")
-    if budget > LOG_X_ABOVE:
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-        ax.set_xlabel("model evaluations (trials), log scale")
-    else:
-        ax.set_xlabel("model evaluations (trials)")
-    ax.set_xlim(1, budget)
-    ax.set_title(f"{name}: best design so far (median, min–max band over seeds)")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 # --- MLflow ---------------------------------------------------------------------------------

@@ -1,0 +1,120 @@
+"""The search benchmark suite (benchmarks/suite.py, issue 18 item 1): its table of studies,
+the split into halves, a small run end to end, the cached runs and the table's content."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import statistics
+import sys
+
+import pytest
+from conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("suite_bench", REPO / "benchmarks" / "suite.py")
+suite = importlib.util.module_from_spec(_spec)
+sys.modules["suite_bench"] = suite  # worker processes (fork) find the module's functions
+_spec.loader.exec_module(suite)
+
+STUDIES = suite.load_table()
+SMALL = dict(suite.QUICK["best_known"])
+
+
+def test_the_table_makes_at_least_24_loadable_studies_split_by_the_written_rule():
+    from crossflow.search.study import load_study
+
+    assert len(STUDIES) >= 24
+    assert [s["row"] for s in STUDIES] == list(range(1, len(STUDIES) + 1))
+    for s in STUDIES:
+        assert s["half"] == ("tuning" if s["row"] % 2 else "checking")
+    halves = {h: [s for s in STUDIES if s["half"] == h] for h in suite.HALVES}
+    assert abs(len(halves["tuning"]) - len(halves["checking"])) <= 1
+    # each half spans the kinds and the workload families
+    for mine in halves.values():
+        assert {s["kind"] for s in mine} == {"budgets", "budgets+strategy+order", "strategy"}
+        assert {s["name"].split("-")[0] for s in mine} >= {"gemm", "lstm", "gpt"}
+    header = (REPO / "benchmarks" / "suite" / "studies.yaml").read_text().split("studies:")[0]
+    assert "ODD" in header and "TUNING" in header and "EVEN" in header
+    # every study loads (the schema accepts it); single chips and 64-1536 devices
+    for s in STUDIES:
+        load_study(s["spec"])
+    systems = [s["spec"].get("system") for s in STUDIES]
+    assert None in systems
+    sizes = {s.get("num_nodes") for s in systems if isinstance(s, dict)}
+    assert {64, 1024} <= sizes
+    assert suite.select(STUDIES, "checking") == halves["checking"]
+
+
+def test_a_small_suite_end_to_end(tmp_path):
+    """Three tiny studies (both halves), two samplers, budgets 12 and 24 in two worker
+    processes: gaps >= 0 against reference = min(best-known, every run), medians and worst
+    per half, files per run; a second call runs nothing (cached)."""
+    names = suite.QUICK["studies"]
+    chosen = suite.select(STUDIES, "all", names)
+    assert {s["half"] for s in chosen} == {"tuning", "checking"}
+    budgets, samplers, seeds = [12, 24], ["tpe", "random"], [0]
+    suite.execute(chosen, samplers, seeds, budgets, tmp_path, jobs=2,
+                  best_known_options=SMALL, progress=False)
+    for s in chosen:
+        for sampler in samplers:
+            for b in budgets:
+                run = suite.read_run(suite.run_path(tmp_path, s["name"], sampler, 0, b))
+                assert run["evaluations"] == len(run["values"]) == b
+    # tpe never sees the budget: its 12-run is the first 12 trials of the 24-run, and a
+    # separate 12-evaluation run makes the same trials
+    r12 = suite.read_run(suite.run_path(tmp_path, names[0], "tpe", 0, 12))
+    r24 = suite.read_run(suite.run_path(tmp_path, names[0], "tpe", 0, 24))
+    assert r12["prefix_of"] == 24 and r12["values"] == r24["values"][:12]
+    from crossflow.search.compare import run_one
+    from crossflow.search.study import load_study
+
+    alone = run_one(load_study(chosen[0]["spec"]), "tpe", 0, 12, root=tmp_path / "alone")
+    assert [None if math.isinf(v) else v for v in alone["values"]] == r12["values"]
+
+    assert suite.plan(chosen, samplers, seeds, budgets, tmp_path) == []  # resumable
+    result = suite.collect(chosen, samplers, seeds, budgets, tmp_path)
+    assert result["missing"] == 0
+    for row in result["rows"]:
+        bests = [suite.read_run(suite.run_path(tmp_path, row["study"], s, 0, b))["best"]
+                 for s in samplers for b in budgets]
+        assert row["reference"] == min([row["best_known"], *bests])
+        for (s, b), gap in row["gaps"].items():
+            best = suite.read_run(suite.run_path(tmp_path, row["study"], s, 0, b))["best"]
+            assert gap >= 0 and gap == pytest.approx(100 * (best / row["reference"] - 1))
+        # a bigger budget is never worse (same seed, prefix)
+        for s in samplers:
+            assert row["gaps"][s, 24] <= row["gaps"][s, 12]
+    for half in (*suite.HALVES, "all"):
+        rows = [r for r in result["rows"] if half == "all" or r["half"] == half]
+        for s in samplers:
+            for b in budgets:
+                (summ,) = [x for x in result["summary"] if (x["half"], x["sampler"],
+                                                            x["budget"]) == (half, s, b)]
+                gaps = [r["gaps"][s, b] for r in rows]
+                assert summ["median_gap_pct"] == pytest.approx(statistics.median(gaps))
+                assert summ["worst_gap_pct"] == pytest.approx(max(gaps))
+                assert summ["studies"] == summ["of"] == len(rows)
+    files = suite.write_tables(result, tmp_path, samplers, seeds, budgets, "test")
+    md = files["md"].read_text()
+    assert "| tuning | tpe |" in md and "| checking | random |" in md
+    with files["csv"].open() as fh:
+        assert len(list(csv.DictReader(fh))) == len(chosen) * len(samplers) * len(budgets)
+
+
+def test_a_sampler_with_no_feasible_design_reads_so_in_the_table(tmp_path):
+    entry = STUDIES[0]
+    for sampler, values in (("good", [2.0, 1.5]), ("bad", [None, None])):
+        path = suite.run_path(tmp_path, entry["name"], sampler, 0, 2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        best = min((v for v in values if v is not None), default=None)
+        path.write_text(json.dumps({"values": values, "best": best, "sampler": sampler,
+                                    "seed": 0, "budget": 2}))
+    result = suite.collect([entry], ["good", "bad"], [0], [2], tmp_path)
+    (row,) = result["rows"]
+    assert row["reference"] == 1.5 and row["gaps"]["bad", 2] is None
+    bad = [s for s in result["summary"] if s["sampler"] == "bad" and s["half"] == "all"]
+    assert bad[0]["no_feasible"] == 1 and math.isinf(bad[0]["worst_gap_pct"])
+    md = suite.markdown(result, ["good", "bad"], [0], [2], "test")
+    assert suite.NO_FEASIBLE in md and "0.00" in md
