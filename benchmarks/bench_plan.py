@@ -1,14 +1,17 @@
-"""The structured driver's plan run directly (no Optuna, no MLflow): how close it gets, in
-how many evaluations.  For tuning the driver: the same points and values as a study with
-the ``structured`` sampler (the plan is deterministic), in a fraction of the time.
+"""The structured driver's plan run directly (no Optuna, no MLflow), for choosing its
+settings on the benchmark suite: the same points and values as a study with the
+``structured`` sampler (the plan is deterministic), in a fraction of the time.
 
-    python benchmarks/bench_plan.py [--study paper-lstm-512] [--budget 300]
-        [--settings '{"top_k": 3}'] [--seeds 1] [--reference VALUE]
+    python benchmarks/bench_plan.py --half tuning --budgets 300,1000 --jobs 2 \\
+        --variants '{"default": {}, "race-2": {"race": 2}}' [--seeds 1] [--studies a,b]
+        [--best-known benchmarks/results/best_known] [--out FILE.json]
 
-Prints one JSON object: per seed the best value, and the evaluations (the study's baseline
-trials counted, as in ``crossflow compare``) after which the best came within 5 %, 2 % and
-1 % of the reference (default: the cached best-known value of the study, else the best
-found); and the wall time.
+Every variant (a name -> :class:`~crossflow.search.samplers.structured.Settings` fields)
+runs on every selected study of ``benchmarks/suite/studies.yaml``.  A study's reference is
+the best value any run found, or the suite's cached best-known value when it is lower
+(``--best-known``: the folder ``benchmarks/suite.py`` caches them in).  Prints, per budget,
+each variant's median and worst gap (%) over the studies, and writes every run's gaps to
+``--out``.  The study's baseline trials count as evaluations, as in a study.
 """
 
 from __future__ import annotations
@@ -16,25 +19,30 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing as mp
+import statistics
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from crossflow.search.objective import evaluate_many
-from crossflow.search.samplers.structured._plan import Settings, plan
-from crossflow.search.samplers.structured._problem import Problem
-from crossflow.search.study import load_study
+import suite  # noqa: E402  (benchmarks/suite.py: the table of studies)
 
 
-def run(setup, budget: int, seed: int, settings: Settings) -> list[float]:
+def run(spec, budget: int, seed: int, settings: dict) -> list[float]:
     """Every evaluation's value (inf when infeasible), the baseline trials first (a study
     samples their missing dimensions at random: counted here as inf)."""
-    from crossflow.search.objective import evaluate
+    from crossflow.search.objective import evaluate, evaluate_many
+    from crossflow.search.samplers.structured._plan import Settings, plan
+    from crossflow.search.samplers.structured._problem import Problem
+    from crossflow.search.study import load_study
 
+    setup = load_study(spec)
     names = {d.name for d in setup.space.dimensions}
     values = [evaluate(setup, setup.design(p)).values(setup.objectives)[0]
               if names <= set(p) else math.inf for p in setup.baseline_trials()]
-    gen = plan(Problem(setup), seed=seed, settings=settings, records=[])
+    gen = plan(Problem(setup), seed=seed, settings=Settings(**settings), records=[])
     _, batch = next(gen)
     while len(values) < budget:
         batch = batch[:budget - len(values)]
@@ -43,43 +51,75 @@ def run(setup, budget: int, seed: int, settings: Settings) -> list[float]:
         values += got
         if len(values) >= budget:
             break
-        _, batch = gen.send(got)
+        try:
+            _, batch = gen.send(got)
+        except StopIteration:  # the plan has seen the whole (discrete) space
+            break
     return values
+
+
+def _task(task):
+    entry, variant, settings, seed, budget = task
+    t0 = time.perf_counter()
+    try:
+        values = run(entry["spec"], budget, seed, settings)
+    except BaseException as exc:  # a StopIteration would end the pool's iterator silently
+        raise RuntimeError(f"{entry['name']} {variant}: {exc!r}") from exc
+    return {"study": entry["name"], "half": entry["half"], "variant": variant, "seed": seed,
+            "values": [v if math.isfinite(v) else None for v in values],
+            "wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--study", default="paper-lstm-512")
-    ap.add_argument("--budget", type=int, default=300)
-    ap.add_argument("--settings", default="{}", help="the driver's settings (JSON)")
+    ap.add_argument("--half", default="tuning", choices=("tuning", "checking", "all"))
+    ap.add_argument("--studies", default="")
+    ap.add_argument("--budgets", default="300,1000")
+    ap.add_argument("--variants", default='{"default": {}}')
     ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--reference", type=float)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--best-known", type=Path)
+    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    setup = load_study(args.study)
-    reference = args.reference
-    if reference is None:
-        from crossflow.search.best_known import cache_path
-
-        try:
-            reference = json.loads(cache_path(setup.name).read_text())["value"]
-        except (OSError, ValueError, KeyError):
-            reference = None
-    settings = Settings(**json.loads(args.settings))
-    out = {"study": args.study, "budget": args.budget, "settings": json.loads(args.settings),
-           "runs": []}
-    for seed in range(args.seeds):
-        t0 = time.perf_counter()
-        values = run(setup, args.budget, seed, settings)
-        best = np.minimum.accumulate(values)
-        ref = reference if reference is not None else float(best[-1])
-        hits = {f"{int(tol * 100)}%": next((i + 1 for i, b in enumerate(best)
-                                            if b <= ref * (1 + tol)), None)
-                for tol in (0.05, 0.02, 0.01)}
-        out["runs"].append({"seed": seed, "best": float(best[-1]),
-                            "gap_pct": round(100 * (best[-1] / ref - 1), 3),
-                            "evals_to": hits, "wall_s": round(time.perf_counter() - t0, 1)})
-    out["reference"] = reference
-    print(json.dumps(out, indent=2))
+    budgets = sorted(int(b) for b in args.budgets.split(","))
+    variants = json.loads(args.variants)
+    studies = suite.select(suite.load_table(), args.half,
+                           [s for s in args.studies.split(",") if s] or None)
+    tasks = [(e, v, variants[v], seed, budgets[-1]) for e in studies for v in variants
+             for seed in range(args.seeds)]
+    t0 = time.perf_counter()
+    with mp.get_context("fork").Pool(args.jobs) as pool:
+        runs = list(pool.imap_unordered(_task, tasks))
+    reference = {}
+    for r in runs:
+        best = min((v for v in r["values"] if v is not None), default=math.inf)
+        reference[r["study"]] = min(reference.get(r["study"], math.inf), best)
+    if args.best_known:
+        for name in reference:
+            try:
+                doc = json.loads((args.best_known / f"{name}.json").read_text())
+                if doc.get("value") is not None:
+                    reference[name] = min(reference[name], doc["value"])
+            except (OSError, ValueError):
+                pass
+    rows = []
+    for r in runs:
+        for b in budgets:
+            best = min((v for v in r["values"][:b] if v is not None), default=math.inf)
+            ref = reference[r["study"]]
+            gap = (best / ref - 1) * 100 if math.isfinite(best) and math.isfinite(ref) else None
+            rows.append({**{k: r[k] for k in ("study", "half", "variant", "seed", "wall_s")},
+                         "budget": b, "best": best, "gap_pct": gap})
+    print(f"{len(studies)} studies x {len(variants)} variants x {args.seeds} seeds in "
+          f"{time.perf_counter() - t0:.0f} s")
+    for b in budgets:
+        for v in variants:
+            gaps = [r["gap_pct"] if r["gap_pct"] is not None else math.inf for r in rows
+                    if r["variant"] == v and r["budget"] == b]
+            print(f"  @{b:5d} {v:24s} median {statistics.median(gaps):7.2f} %  worst "
+                  f"{max(gaps):7.2f} %")
+    if args.out:
+        args.out.write_text(json.dumps({"variants": variants, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

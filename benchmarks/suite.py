@@ -11,11 +11,11 @@ seed at equal evaluation budgets, gaps to each study's reference (docs/search-be
 * Each finished run is one JSON file ``<out>/runs/<study>/<sampler>.s<seed>.b<budget>.json``
   (written atomically); a re-run reads it instead of running again, so a killed suite
   continues where it stopped.  ``--fresh`` ignores them.
-* Samplers that never see the budget (:data:`PREFIX_SAFE`: ``tpe``, ``cmaes``, ``random``;
-  Optuna's samplers do not know ``n_trials``) run once at the largest budget; their run at a
-  smaller budget is the first ``budget`` trials of it (the same trials a separate run of that
-  budget makes: same seed, one worker) and its file says ``prefix_of``.  ``structured`` /
-  ``gd`` plan with the budget and run once per budget.
+* No sampler sees the budget (:data:`PREFIX_SAFE`: Optuna's samplers are never told
+  ``n_trials``, and the ``structured`` driver is an anytime search), so each runs once at the
+  largest budget; its run at a smaller budget is the first ``budget`` trials of it (the same
+  trials a separate run of that budget makes: same seed, one worker) and its file says
+  ``prefix_of``.
 * Reference per study = min(best-known value (:func:`crossflow.search.best_known.best_known`,
   cached under ``<out>/best_known/``), every run's best at every budget).  Gap = best / reference
   − 1, in %; a run with no feasible design has no gap ("no feasible design").
@@ -50,7 +50,7 @@ TABLE = HERE / "suite" / "studies.yaml"
 RESULTS = HERE / "results"
 #: Samplers whose first N trials do not depend on the run's budget (Optuna's own samplers
 #: are never told ``n_trials``): a smaller budget is a prefix of the largest one's run.
-PREFIX_SAFE = ("tpe", "cmaes", "random")
+PREFIX_SAFE = ("tpe", "cmaes", "random", "structured", "gd")
 HALVES = ("tuning", "checking")
 #: ``--quick``: three small, fast studies (one per half at least), a small budget.
 QUICK = {"studies": ["gemm-mem-64k-1chip-n5", "gemm-mem-128k-1chip-n7-hbm3",

@@ -10,9 +10,8 @@ finest SRAM level (the *absorber*, L2 on the shipped templates) taking what is l
 count vector over budget, or one no area step builds, has no point (``None``), found
 without a model evaluation.
 
-Two searches use it: the best-known search's exhaustive box around its optimum
-(:mod:`crossflow.search.best_known`, phase 6) and the structured driver's lattice moves
-(:func:`crossflow.search.samplers.structured._inner.lattice`).
+The best-known search uses it for its exhaustive box around its optimum
+(:mod:`crossflow.search.best_known`, phase 6).
 """
 
 from __future__ import annotations

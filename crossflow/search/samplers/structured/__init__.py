@@ -14,13 +14,11 @@ So the driver (:mod:`._plan`) is built from standard parts:
    (no evaluation; the rejected ones are stored on the study as
    ``structured.memory_rejected``), then every feasible combination in one mapping order,
    then every class of equivalent mapping orders for the best few;
-2. a race of CMA-ES runs on the budget split of the best few combinations, the worse half
-   dropped after rounds of doubling length (successive halving);
-3. the winner's CMA-ES, restarted with a doubled population when it stalls (IPOP), after a
-   polish on the whole-unit lattice of the area budget (:mod:`._inner`) and a re-screen of
-   the other combinations at the split found.
+2. a successive-halving race of local searches of the budget split (a pattern search whose
+   moves land on the AGE's step edges, :mod:`._inner`) among the best few combinations;
+3. the winner's local search, then IPOP-CMA-ES from its best point, alternating.
 
-Every point it evaluates is an Optuna trial (logged to MLflow like any other).  Its seven
+Every point it evaluates is an Optuna trial (logged to MLflow like any other).  Its four
 settings (:class:`._plan.Settings`) are keyword arguments, settable from a study's
 ``sampler_options``.  :class:`StructuredSampler` rebuilds the plan from the study's
 storage, so a study resumes, is extended or switched to this sampler, and runs on several

@@ -1,12 +1,10 @@
-"""The polish of the driver's plan: a lattice scan, then a cliff-aware exchange.
+"""The driver's local search: a cliff-aware exchange.
 
 Each method is a generator ``method(problem, discrete, start, f0, budget, rng)`` that
 yields batches of continuous points (:class:`~._problem.Cont`; a batch's points can be
 evaluated side by side), receives their objective values (``inf`` when infeasible), spends
 at most ``budget`` evaluations and returns ``(best point, best value)``.
 
-* :func:`lattice` — scans of the whole-unit lattice of the area simplex
-  (:mod:`crossflow.search.lattice`), then the exchange.
 * :func:`exchange` — an adaptive coordinate search (a pattern search whose steps double
   on success and halve on failure) whose every move lands on a step edge of the AGE
   (:meth:`~._problem.Problem.snap`), with pairwise exchanges between components: the
@@ -186,59 +184,3 @@ def _shift(at: Cont, frm: Coord, to: Coord, s: float) -> float:
     x = at.simplexes[frm.block]
     amount = x[frm.index] * (1.0 - math.exp(-s))
     return math.log1p(amount / x[to.index])
-
-
-def lattice(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
-            rng: np.random.Generator, *, core_radius: int = 8, radius: int = 1,
-            then: str | None = "exchange", **_: Any) -> Inner:
-    """Scans of the integer lattice of the area simplex
-    (:class:`crossflow.search.lattice.AreaLattice`): the design named by its whole units
-    (core bundles, banks per instance, DRAM devices, link ports), one count at a time,
-    every value within ``core_radius`` bundles (``radius`` units for the others) of the
-    point's own in one batch, each built at the smallest area split that buys it (the
-    finest SRAM level taking the rest, the power split held); the best is kept and the
-    sweep goes on until a whole sweep improves nothing.  A count vector over budget costs
-    no evaluation.  Then ``then`` (the exchange) re-tunes the split for the rest.
-
-    The time is jagged in whole units (quickstart: 439 and 441 bundles are worse than
-    437, 443 better), which a local move cannot cross: a scan sees every count nearby.
-    """
-    from crossflow.search.lattice import AreaLattice
-
-    best, fbest, used = start, f0, 0
-    seen = {best.key()}
-    idle: set[str] = set()
-    while used < budget:
-        lat = AreaLattice(P.setup, P.params(best, discrete))
-        todo = [c for c in lat.coarse if c not in idle] if lat.ok else []
-        if not todo:
-            break
-        for c in todo:
-            r = core_radius if c == "core" else radius
-            batch = []
-            for n in range(lat.counts[c] - r, lat.counts[c] + r + 1):
-                p = lat.point({c: n})
-                if p is None:
-                    continue
-                x, _ = P.split(p)
-                if x.key() not in seen:
-                    seen.add(x.key())
-                    batch.append(x)
-            batch = batch[:budget - used]
-            if not batch:
-                idle.add(c)
-                continue
-            got = yield batch
-            used += len(batch)
-            v, i = min((v, i) for i, v in enumerate(got))
-            if better(v, fbest):
-                best, fbest = batch[i], v
-                idle.clear()
-                break               # the lattice moved: rebuilt around the new point
-            idle.add(c)
-    if then and used < budget:
-        best, fbest = yield from METHODS[then](P, discrete, best, fbest, budget - used, rng)
-    return best, fbest
-
-
-METHODS = {"exchange": exchange, "lattice": lattice}

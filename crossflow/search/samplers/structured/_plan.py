@@ -1,12 +1,11 @@
-"""The driver's plan: screen the discrete choices, race CMA-ES runs, polish on the lattice.
+"""The driver's plan: screen the discrete choices, race local searches, IPOP-CMA-ES.
 
 :func:`plan` is a generator: it yields batches of points (parameter dicts; the points of a
 batch may be evaluated side by side), each with the name of its phase, and receives their
 values (``inf`` for an infeasible design).  It is deterministic given its seed, its start
 and the values it receives, so the sampler rebuilds it from a study's storage by replaying
 the recorded values.  It has no budget: it is an *anytime* search (a study extended with
-``--trials N`` simply goes on where it stopped, and every budget sees the same first N
-points).
+``--trials N`` goes on where it stopped, and every budget sees the same first N points).
 
 Phases (every point yielded is one model evaluation, one trial):
 
@@ -17,17 +16,18 @@ Phases (every point yielded is one model evaluation, one trial):
    order (the first of its classes of equivalent orders); more than ``screen_cap`` of
    them, a seeded subset of that size (the start's own combination always in).
 3. **Order classes**: the ``top_k`` best combinations in one order of every other class.
+   A space with nothing continuous goes on to screen every other combination and order
+   class, and ends there.
 4. **Race** (successive halving): the ``contenders`` best (combination, order) pairs each
-   get a CMA-ES run (Hansen's CMA-ES, the ``cmaes`` package) of the budget split from the
-   start split; after rounds of 2, 4, 8 … generations the worse half is dropped, until one
-   is left.  A pair that needs another split (more link power, say) shows it here.
-5. **Search**: the winner's CMA-ES goes on.  When it stalls (no gain in ``patience``
-   generations, or CMA-ES's own stopping rules) the incumbent is **polished** on the
-   whole-unit lattice of the area budget (a scan of every nearby count of bundles, banks,
-   DRAM devices and link ports, then a cliff-aware coordinate exchange:
-   :mod:`._inner`), the ``rescreen`` best other combinations are priced at the split
-   found (one that wins takes over), and CMA-ES restarts from the incumbent with twice the
-   population (IPOP-CMA-ES).  For ever.
+   run the local search (:func:`._inner.exchange`, a pattern search whose moves land on the
+   AGE's step edges) from the start split, in installments of ``race`` evaluations per
+   coordinate; after each installment the worse half is dropped and the installment
+   doubles, until one is left.  A pair that needs another split (more link power, say)
+   shows it here.
+5. **Search**: the winner's local search runs to its end; then CMA-ES (Hansen's, the
+   ``cmaes`` package) from its best point, in the simplexes' natural coordinates (the
+   softmax logits), until it stalls; then the local search again from the best point;
+   and so on, CMA-ES's population doubled at every turn (IPOP-CMA-ES).  For ever.
 
 Points already evaluated by the plan are answered from its memo, not evaluated again.
 """
@@ -39,19 +39,18 @@ import json
 import math
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from crossflow.search import encoding
-from crossflow.search.samplers.structured._inner import exchange, lattice
+from crossflow.search.samplers.structured._inner import exchange
 from crossflow.search.samplers.structured._problem import Cont, Problem
 from crossflow.search.space import MAPPING_ORDER
 
 Plan = Generator[tuple[str, list[dict[str, Any]]], list[float], None]
 #: The phase of each batch (stored on its trials as the user attribute ``driver_phase``).
-SCREEN, ORDERS, RACE, SEARCH, POLISH, RESCREEN = (
-    "screen", "orders", "race", "search", "polish", "rescreen")
+SCREEN, ORDERS, RACE, SEARCH = "screen", "orders", "race", "search"
 
 
 @dataclass(frozen=True)
@@ -59,49 +58,47 @@ class Settings:
     """The driver's every knob, each settable from a study's ``sampler_options``.
 
     Each default is the median-best of the variants run on the tuning half of the
-    benchmark suite (``benchmarks/suite.py``; docs/search-benchmarks.md has the table).
+    benchmark suite (``benchmarks/bench_plan.py``; docs/search-benchmarks.md has the
+    table); a knob that moved no median there was removed.
     """
 
-    #: combinations priced in the screen (a seeded subset beyond); the screen is the
-    #: only phase whose cost grows with the discrete space
-    screen_cap: int = 256
+    #: combinations priced in the first screen (a seeded subset beyond; in a space without
+    #: continuous dimensions the rest follow); ``"all"``: every one at once
+    screen_cap: int | Literal["all"] = 256
     #: best combinations priced in every class of mapping orders
     top_k: int = 4
     #: best (combination, order) pairs raced by successive halving
-    contenders: int = 4
+    contenders: int = 2
     #: the race's first installment, in evaluations per searched coordinate (doubled at
     #: every halving)
-    race: int = 4
-    #: CMA-ES's first step, in softmax logits of the budget shares (the range is ±4)
-    sigma0: float = 1.0
-    #: CMA-ES generations without a gain before the search counts as stalled
-    patience: int = 10
-    #: polish a stalled search on the whole-unit lattice (scan + exchange)
-    polish: bool = True
-    #: other combinations priced again at the split found, at every stall
-    rescreen: int = 8
+    race: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("screen_cap", "top_k", "contenders", "race", "patience"):
+        for name in ("top_k", "contenders", "race"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ValueError(f"`{name} >= 1` must hold, but got {name}={value!r}")
-        if not (isinstance(self.rescreen, int) and self.rescreen >= 0):
-            raise ValueError(f"`rescreen >= 0` must hold, but got rescreen={self.rescreen!r}")
-        if not (isinstance(self.sigma0, int | float) and 0 < self.sigma0 <= 2 * encoding.SPAN):
-            raise ValueError(f"`0 < sigma0 <= {2 * encoding.SPAN}` must hold, but got "
-                             f"sigma0={self.sigma0!r}")
-        if not isinstance(self.polish, bool):
-            raise ValueError(f"`polish` must be true or false, but got polish={self.polish!r}")
+        cap = self.screen_cap
+        if cap != "all" and not (isinstance(cap, int) and not isinstance(cap, bool)
+                                 and cap >= 1):
+            raise ValueError(f"`screen_cap >= 1` or 'all' must hold, but got "
+                             f"screen_cap={cap!r}")
+
+    @property
+    def cap(self) -> int | None:
+        return None if self.screen_cap == "all" else int(self.screen_cap)
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
 
-#: Evaluations a polish may take, per searched coordinate (the lattice scan's sweeps and
-#: the exchange's rounds both grow with the number of coordinates).
-POLISH_PER_COORD = 10
+#: CMA-ES's first step: a quarter of the logits' range (Hansen's advice for the initial
+#: step: about a quarter to a third of the range; the suite showed no effect of 0.5-2).
+SIGMA0 = encoding.SPAN / 2
+#: CMA-ES generations without a gain before a run counts as stalled (besides CMA-ES's own
+#: stopping rules); the suite showed no effect of 5-20.
+PATIENCE = 10
 #: A relative gain below this is no gain (the model's own noise floor is far below).
 GAIN = 1e-6
 
@@ -131,10 +128,12 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         feasible.append(combo)
     if not feasible:
         feasible = combos  # nothing fits: evaluate anyway (infeasible trials say why)
-    if len(feasible) > S.screen_cap:
+    rest: list[dict[str, Any]] = []
+    if S.cap is not None and len(feasible) > S.cap:
         keep = [c for c in feasible if c == own]
         others = [c for c in feasible if c != own]
-        picks = rng.choice(len(others), size=S.screen_cap - len(keep), replace=False)
+        picks = set(rng.choice(len(others), size=S.cap - len(keep), replace=False))
+        rest = [c for i, c in enumerate(others) if i not in picks]
         feasible = keep + [others[i] for i in sorted(picks)]
 
     # 2. screen at the start split, one order per combination (the start's own order for
@@ -154,6 +153,11 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
             if v < value[i]:
                 value[i], order[i] = v, o
         ranking = sorted(value, key=value.__getitem__)
+    if not P.coords:
+        # nothing continuous to search: the rest of the discrete space, exhaustively
+        yield from _exhaust(P, ask, x0, [feasible[i] for i in ranking] + rest,
+                            S.cap or len(feasible))
+        return
 
     def combo(i: int) -> dict[str, Any]:
         return _with(P, feasible[i], order[i])
@@ -170,37 +174,36 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     lead = runs[alive[0]]
     x, fx, discrete = lead.best, lead.value, lead.discrete
 
-    # 5. the search: the local search to its end, a lattice polish, a re-screen, then
-    # CMA-ES from the incumbent (its population doubled at every turn: IPOP) and the
-    # local search again from what it found
+    # 5. the search: the local search to its end, then CMA-ES from the incumbent (its
+    # population doubled at every turn: IPOP-CMA-ES) and the local search again from the
+    # best point found
     popsize = None
     while True:
         while not lead.done:
             yield from lead.advance(ask, SEARCH, len(P.coords) or 1)
         x, fx = lead.best, lead.value
-        if S.polish and P.coords and math.isfinite(fx):
-            x, fx = yield from ask.inner(
-                POLISH, discrete, lattice(P, discrete, x, fx,
-                                          POLISH_PER_COORD * len(P.coords), rng), x, fx)
-        if S.rescreen and len(ranking) > 1:
-            others = [combo(i) for i in ranking if combo(i) != discrete][:S.rescreen]
-            got = yield from ask(RESCREEN, x, others)
-            for d, v in zip(others, got, strict=True):
-                if v < fx * (1 - GAIN):
-                    discrete, fx = d, v
-        if not P.coords:
-            return
-        cma = _Cma(P, discrete, x, fx, S.sigma0, rng, popsize=popsize)
-        while not cma.stalled(S.patience):
+        cma = _Cma(P, discrete, x, fx, SIGMA0, rng, popsize=popsize)
+        while not cma.stalled(PATIENCE):
             yield from _generation(ask, SEARCH, [cma])
         popsize = 2 * cma.cma.population_size
-        x, fx = (cma.best, cma.value) if cma.value < fx else (x, fx)
+        if cma.value < fx:
+            x, fx = cma.best, cma.value
         lead = _Local(P, discrete, x, fx, rng)
 
 
 def _with(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
     """A combination with its mapping order (when the study searches the order)."""
     return {**combo, MAPPING_ORDER: order} if P.has_order and order is not None else dict(combo)
+
+
+def _exhaust(P: Problem, ask: _Asker, x: Cont, combos: list[dict[str, Any]], size: int):
+    """Every combination at ``x`` in its first order, then every order class of each (the
+    points already evaluated are answered from the memo), in batches of ``size``; the plan
+    ends with it."""
+    points = [_with(P, c, P.canonical_order(c)) for c in combos]
+    points += [_with(P, c, o) for c in combos for o in P.order_classes(c)]
+    for k in range(0, len(points), size):
+        yield from ask(SCREEN, x, points[k:k + size])
 
 
 def _generation(ask: _Asker, phase: str, runs: list[_Cma]):
@@ -236,22 +239,6 @@ class _Asker:
             got = yield phase, [params[i] for i in fresh.values()]
             self.memo.update(zip(fresh, got, strict=True))
         return [self.memo[k] for k in keys]
-
-    def inner(self, phase: str, discrete: Mapping[str, Any], gen, x: Cont, fx: float):
-        """Run an inner method (:mod:`._inner`) to its end; its best point and value."""
-        best, fbest = x, fx
-        try:
-            batch = next(gen)
-            while True:
-                got = yield from self.points(phase, [(discrete, b) for b in batch])
-                for b, v in zip(batch, got, strict=True):
-                    if v < fbest:
-                        best, fbest = b, v
-                batch = gen.send(got)
-        except StopIteration as end:
-            if end.value is not None and end.value[1] < fbest:
-                best, fbest = end.value
-        return best, fbest
 
 
 class _Local:

@@ -51,6 +51,8 @@ POINT = "structured:point"
 #: memory-only verdicts.
 START = "structured.start"
 MEMORY = "structured.memory_rejected"
+#: The phase of trials after the plan's end.
+DONE = "done"
 
 
 class StructuredSampler(BaseSampler):
@@ -60,18 +62,15 @@ class StructuredSampler(BaseSampler):
         setup: the study (a :class:`crossflow.search.study.StudySetup`); the driver reads
             its template, search space and workload to screen and to find the AGE's steps.
         seed: seed of the plan's random choices (every worker of a launch uses the same).
-        screen_cap, top_k, contenders, sigma0, patience, polish, rescreen: the plan's
-            settings (:class:`._plan.Settings`, where each is described).
+        screen_cap, top_k, contenders, race: the plan's settings
+            (:class:`._plan.Settings`, where each is described).
     """
 
     def __init__(self, *, setup, seed: int | None = None,
-                 screen_cap: int = Settings.screen_cap, top_k: int = Settings.top_k,
-                 contenders: int = Settings.contenders, sigma0: float = Settings.sigma0,
-                 patience: int = Settings.patience, polish: bool = Settings.polish,
-                 rescreen: int = Settings.rescreen) -> None:
+                 screen_cap: int | str = Settings.screen_cap, top_k: int = Settings.top_k,
+                 contenders: int = Settings.contenders, race: int = Settings.race) -> None:
         self._settings = Settings(screen_cap=screen_cap, top_k=top_k, contenders=contenders,
-                                  sigma0=sigma0, patience=patience, polish=polish,
-                                  rescreen=rescreen)
+                                  race=race)
         self._setup = setup
         self._seed = 0 if seed is None else int(seed)
         self._fallback = RandomSampler(seed=seed)
@@ -133,7 +132,11 @@ class StructuredSampler(BaseSampler):
         if "fixed_params" in attrs or SLOT in attrs:
             return  # an enqueued trial (the baseline), or a retry that keeps its point
         with self._lock:
-            slot, point, phase = self._claim(study, trial)
+            claim = self._claim(study, trial)
+        if claim is None:  # nothing left to plan: the random sampler's points
+            set_trial_attrs(study, trial, user={PHASE: DONE})
+            return
+        slot, point, phase = claim
         set_trial_attrs(study, trial, system={POINT: point, SLOT: slot}, user={PHASE: phase})
         self._points[trial_key(study, trial)] = point
 
@@ -143,14 +146,18 @@ class StructuredSampler(BaseSampler):
 
     # ---- the plan, rebuilt from the storage --------------------------------------------
 
-    def _claim(self, study: Study, trial: FrozenTrial) -> tuple[int, dict[str, Any], str]:
-        """The slot, point and phase of a new trial (see the module docstring)."""
+    def _claim(self, study: Study, trial: FrozenTrial
+               ) -> tuple[int, dict[str, Any], str] | None:
+        """The slot, point and phase of a new trial (see the module docstring); None when
+        the plan has ended (a space without continuous dimensions, all of it evaluated)."""
         holders: dict[int, list[FrozenTrial]] = {}
         for t in all_trials(study):
             slot = t.system_attrs.get(SLOT)
             if slot is not None and t.number != trial.number:
                 holders.setdefault(int(slot), []).append(t)
         self._advance(study, holders)
+        if not self._batch:
+            return None
         batch = range(self._base, self._base + len(self._batch))
         free = [j for j in batch if not holders.get(j)]
         # every point held: the oldest unanswered one again (its worker may be gone)
@@ -163,12 +170,15 @@ class StructuredSampler(BaseSampler):
         """Feed every answered batch to the plan (from its start after a restart)."""
         if self._gen is None or self._study_key != study_key(study):
             self._start(study)
-        while True:
+        while self._batch:
             values = [_value(holders.get(self._base + j, [])) for j in range(len(self._batch))]
             if any(v is None for v in values):
                 return
             self._base += len(self._batch)
-            self._phase, self._batch = self._gen.send(values)
+            try:
+                self._phase, self._batch = self._gen.send(values)
+            except StopIteration:  # the whole (discrete) space is evaluated
+                self._phase, self._batch = DONE, []
             self._prefetch()
 
     def _start(self, study: Study) -> None:
