@@ -4,7 +4,8 @@ settings on the benchmark suite: the same points and values as a study with the
 
     python benchmarks/bench_plan.py --half tuning --budgets 300,1000 --jobs 2 \\
         --variants '{"default": {}, "race-2": {"race": 2}}' [--seeds 1] [--studies a,b]
-        [--best-known benchmarks/results/best_known] [--out FILE.json]
+        [--best-known benchmarks/results/best_known] [--references FILE.json]
+        [--out FILE.json]
 
 Every variant (a name -> :class:`~crossflow.search.samplers.structured.Settings` fields)
 runs on every selected study of ``benchmarks/suite/studies.yaml``.  A study's reference is
@@ -79,6 +80,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--best-known", type=Path)
+    ap.add_argument("--references", type=Path,
+                    help="a JSON file of study -> reference value (e.g. from suite.csv)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     budgets = sorted(int(b) for b in args.budgets.split(","))
@@ -102,6 +105,10 @@ def main() -> None:
                     reference[name] = min(reference[name], doc["value"])
             except (OSError, ValueError):
                 pass
+    if args.references:
+        for name, value in json.loads(args.references.read_text()).items():
+            if name in reference:
+                reference[name] = min(reference[name], float(value))
     rows = []
     for r in runs:
         for b in budgets:

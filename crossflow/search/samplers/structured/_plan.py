@@ -94,10 +94,14 @@ class Settings:
 
 
 #: CMA-ES's first step: a quarter of the logits' range (Hansen's advice for the initial
-#: step: about a quarter to a third of the range; the suite showed no effect of 0.5-2).
+#: step: about a quarter to a third of the range; the suite's tuning half showed no effect
+#: of 0.5-2).
 SIGMA0 = encoding.SPAN / 2
-#: CMA-ES generations without a gain before a run counts as stalled (besides CMA-ES's own
-#: stopping rules); the suite showed no effect of 5-20.
+#: CMA-ES generations in a row that do not beat the incumbent before a run counts as
+#: stalled (besides CMA-ES's own stopping rules) and the local search takes over again.
+#: Judged against the incumbent, not the run's own best: short CMA-ES runs that hand back
+#: to the local search often did better on the tuning half (median 1.86 % at 1000
+#: evaluations) than runs left to converge by Hansen's own-history rule (2.22 %).
 PATIENCE = 10
 #: A relative gain below this is no gain (the model's own noise floor is far below).
 GAIN = 1e-6
@@ -182,8 +186,8 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         while not lead.done:
             yield from lead.advance(ask, SEARCH, len(P.coords) or 1)
         x, fx = lead.best, lead.value
-        cma = _Cma(P, discrete, x, fx, SIGMA0, rng, popsize=popsize)
-        while not cma.stalled(PATIENCE):
+        cma = _Cma(P, discrete, x, fx, rng, popsize=popsize)
+        while not cma.stalled():
             yield from _generation(ask, SEARCH, [cma])
         popsize = 2 * cma.cma.population_size
         if cma.value < fx:
@@ -280,7 +284,7 @@ class _Cma:
     float ranges scaled to the same span."""
 
     def __init__(self, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
-                 sigma0: float, rng: np.random.Generator, popsize: int | None = None) -> None:
+                 rng: np.random.Generator, popsize: int | None = None) -> None:
         from cmaes import CMA
 
         self.P, self.discrete, self.like = P, dict(discrete), x
@@ -289,7 +293,7 @@ class _Cma:
         bounds = np.tile([-encoding.SPAN, encoding.SPAN], (len(mean), 1))
         # a mean on a bound has no room to sample around it
         mean = np.clip(mean, -encoding.SPAN + 1e-6, encoding.SPAN - 1e-6)
-        self.cma = CMA(mean=mean, sigma=sigma0, bounds=bounds,
+        self.cma = CMA(mean=mean, sigma=SIGMA0, bounds=bounds,
                        seed=int(rng.integers(2**31)), population_size=popsize)
         self.idle = 0
 
@@ -332,8 +336,8 @@ class _Cma:
         self.cma.tell([(x, v if math.isfinite(v) else worst)
                        for x, v in zip(xs, values, strict=True)])
 
-    def stalled(self, patience: int) -> bool:
-        return self.idle >= patience or self.cma.should_stop()
+    def stalled(self) -> bool:
+        return self.idle >= PATIENCE or self.cma.should_stop()
 
 
 __all__ = ["Plan", "Settings", "plan"]
