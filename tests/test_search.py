@@ -264,8 +264,8 @@ def test_every_sampler_from_the_factory():
     samplers = {name: make_sampler(name, seed=0, space=setup.space, setup=setup)
                 for name in NAMES if name != "nsga2"}
     assert isinstance(samplers["structured"], StructuredSampler)
-    assert isinstance(samplers["gd"], StructuredSampler) and samplers["gd"]._inner == "gd"
-    assert isinstance(samplers["gd-paper"], GDSampler)
+    assert isinstance(samplers["gd"], GDSampler)
+    assert isinstance(make_sampler("gd-paper", seed=0, space=setup.space), GDSampler)
     with pytest.raises(ConfigError, match="needs the study's setup"):
         make_sampler("structured", seed=0, space=setup.space)
 
