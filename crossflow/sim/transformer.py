@@ -27,7 +27,7 @@ class PassTimes:
     """Seconds per category of one pass (forward or backward) over a group of nodes, and
     the dynamic energy of its kernels."""
 
-    compute: float = 0.0  # GEMMs
+    compute: float = 0.0  # GEMMs and fused (flash) attention
     memory: float = 0.0  # memory-bound ops
     tp_comm: float = 0.0
     energy_J: float = 0.0
@@ -53,7 +53,7 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
     for attrs in nodes:
         t, e = node_cost(arch, attrs)
         energy += e
-        if attrs["op"] == "gemm":
+        if attrs["op"] in ("gemm", "attention"):  # tensor-core work: GEMMs, flash attention
             compute += t
         else:
             memory += t
