@@ -13,7 +13,9 @@ or the Megatron-LM keys::
 ``kind: parallelism`` may be left out.  Execution options that are not part of the grid go
 here too: the pipeline ``schedule`` (1F1B, interleaved when virtual stages > 1, or GPipe),
 ``zero1`` (optimizer state sharded over the data-parallel group, Rajbhandari et al. 2020,
-stage 1) and a ``micro_batch_size`` that overrides the workload's.
+stage 1; Megatron's name ``use_distributed_optimizer`` is accepted as its alias), a
+``micro_batch_size`` and a ``recompute_granularity`` (Megatron's name: none, selective or
+full) that override the workload's.
 """
 
 from __future__ import annotations
@@ -57,9 +59,25 @@ class ParallelismSpec(Spec):
     #: reduce each layer's gradients while the backward pass goes on (PyTorch DDP buckets);
     #: Megatron-LM of SC21 / Korthikanti et al. did not
     overlap_grad_reduce: bool = False
+    #: Megatron's ``--recompute-granularity`` (none / selective / full): overrides the
+    #: workload's ``activation_recompute`` (None: the workload's)
+    recompute_granularity: Literal["none", "selective", "full"] | None = None
+    #: Megatron's ``--use-distributed-optimizer``: another name for ``zero1``
+    use_distributed_optimizer: bool | None = None
+
+    @property
+    def sharded_optimizer(self) -> bool:
+        """Whether the optimizer state is sharded (``zero1`` or its alias)."""
+        return self.zero1 or bool(self.use_distributed_optimizer)
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelismSpec:
+        if (self.use_distributed_optimizer is not None and "zero1" in self.model_fields_set
+                and self.zero1 != self.use_distributed_optimizer):
+            raise ConfigError("use_distributed_optimizer is another name for zero1; give "
+                              "one of them, or both alike", key="use_distributed_optimizer",
+                              value=self.use_distributed_optimizer,
+                              allowed=f"{self.zero1} (as zero1)")
         if self.strategy is not None:
             both = sorted(set(MEGATRON_KEYS) & self.model_fields_set)
             if both:
