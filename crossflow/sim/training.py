@@ -36,9 +36,14 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 #: memory is 6.7 % above ZeRO's count).
 MAIN_GRAD_BYTES = 4
 
-#: One Adam step streams, per parameter, the fp16 gradient (2 B read), the fp32 master weight
-#: and two moments (12 B read + 12 B write) and writes the fp16 weight (2 B) (ZeRO §3.1).
-ADAM_BYTES_READ, ADAM_BYTES_WRITTEN = 14, 14
+#: Megatron's optimizer step, per parameter, with the fp32 gradient buffer: the unscale and
+#: inf check (read and write the gradient, 4 + 4 B), the gradient norm (read it, 4 B), fused
+#: Adam (read the fp32 master weight, gradient and two moments, 16 B; write weight and
+#: moments, 12 B), the copy of the master weight into the fp16/bf16 model weight (read 4,
+#: write 2 B) and the zeroing of the gradient buffer (write 4 B): 28 B read, 22 B written
+#: (megatron/optimizer/optimizer.py, MixedPrecisionOptimizer.step; ZeRO §3.1 counts only
+#: Adam's 14 + 14).
+ADAM_BYTES_READ, ADAM_BYTES_WRITTEN = 28, 22
 ADAM_FLOPS_PER_PARAM = 12
 
 
