@@ -102,6 +102,14 @@ def _strategy(spec, parallelism):
             spec = _with_micro_batch(spec, par.micro_batch_size)
         if par.recompute_granularity and spec.kind == "transformer":
             spec = _with_recompute(spec, par.recompute_granularity)
+        cp = par.context_parallel
+        if cp > 1 and (spec.kind != "transformer" or spec.seq_length % (2 * cp)):
+            raise ConfigError(
+                "context parallelism splits a transformer's sequence into 2·cp chunks (each "
+                "rank takes one from each end, balancing the causal mask)",
+                key="context_parallel", value=cp,
+                allowed="a degree whose double divides the workload's seq_length"
+                + ("" if spec.kind == "transformer" else " (transformers only)"))
     check_strategy(spec, strategy)
     return spec, strategy, par
 
@@ -161,10 +169,12 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None) -> MemoryChe
 
 def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
     if spec.kind == "transformer":
+        cp = par.context_parallel if par else 1
         return transformer_memory(
-            spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
+            spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp // cp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
-            zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software))
+            zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software),
+            cp=cp)
     if spec.kind == "lstm" and spec.seq_length > 2 * _SHORT_UNROLL:
         # Every quantity of graph_memory is affine in the sequence length once it is
         # past a few steps (weights are shared over time, the largest kernel is the same,
@@ -356,16 +366,19 @@ def _run(spec, strategy, par, arch: MicroArch, network, devices: int,
 
 def _transformer(spec, strategy, par, arch, network, devices, software=None) -> Prediction:
     r = transformer_iteration(
-        spec, arch, network, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
+        spec, arch, network, tp=strategy.tp, pp=strategy.pp,
+        dp=strategy.dp // (par.context_parallel if par else 1), vp=strategy.vp,
         sp=strategy.sp, schedule=par.schedule if par else "1f1b",
         zero1=par.sharded_optimizer if par else False,
         overlap_grad_reduce=par.overlap_grad_reduce if par else False, software=software,
+        cp=par.context_parallel if par else 1,
     )
     return _prediction(
         spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,
         memory=r.memory_breakdown, energy_J=r.energy_J,
         hardware_flops=r.hardware_flops_per_iteration, model_flops=r.flops_per_iteration,
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
+                 "context_parallel": par.context_parallel if par else 1,
                  "model_flops_per_iteration": r.flops_per_iteration, **r.detail},
     )
 

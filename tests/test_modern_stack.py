@@ -142,8 +142,8 @@ def test_overlap_hides_communication_and_reports_it():
     off = crossflow.predict(workload=spec, system=off_sys, parallelism=par)
     hidden = on.details["hidden_comm_s"]
     assert hidden["tp_comm_s"] > 0 and hidden["pp_p2p_s"] > 0 and hidden["dp_allreduce_s"] > 0
-    assert off.details["hidden_comm_s"] == {"tp_comm_s": 0.0, "pp_p2p_s": 0.0,
-                                            "dp_allreduce_s": 0.0}
+    assert off.details["hidden_comm_s"] == {"tp_comm_s": 0.0, "cp_comm_s": 0.0,
+                                            "pp_p2p_s": 0.0, "dp_allreduce_s": 0.0}
     assert on.time_s < off.time_s
     # exposed + hidden is the communication of the run without overlap
     for k in ("tp_comm_s", "pp_p2p_s"):
@@ -175,3 +175,23 @@ def test_megatron_keeps_an_fp32_gradient_buffer():
     m = transformer_memory(spec, tp=1, pp=1, dp=1)
     states = m["weights_bytes"] + m["gradients_bytes"] + m["optimizer_state_bytes"]
     assert states / (m["weights_bytes"] / 2) == pytest.approx(18)
+
+
+def test_context_parallelism_splits_each_sequence():
+    spec = _spec(num_layers=4, seq_length=8192, global_batch_size=8,
+                 attention_backend="flash")
+    base = {"tensor_parallel": 2, "data_parallel": 2, "use_distributed_optimizer": True}
+    one = crossflow.predict(workload=spec, system=MCORE, parallelism=base)
+    two = crossflow.predict(workload=spec, system=MCORE,
+                            parallelism={**base, "context_parallel": 2})
+    assert two.details["devices"] == 2 * one.details["devices"] == 8
+    assert two.details["context_parallel"] == 2
+    # the same micro-batches per replica, each rank with half of every sequence
+    assert two.details["microbatches"] == one.details["microbatches"]
+    act = lambda p: p.details["memory_breakdown"]["activations_bytes"]  # noqa: E731
+    assert act(two) == pytest.approx(act(one) / 2)
+    assert 0.4 < two.breakdown["compute_s"] / one.breakdown["compute_s"] < 0.6
+    assert two.details["hidden_comm_s"]["cp_comm_s"] > 0
+    with pytest.raises(ConfigError, match="context_parallel"):
+        crossflow.predict(workload=_spec(seq_length=4098, global_batch_size=2),
+                          system=MCORE, parallelism={"context_parallel": 2})

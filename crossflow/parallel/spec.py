@@ -64,6 +64,12 @@ class ParallelismSpec(Spec):
     recompute_granularity: Literal["none", "selective", "full"] | None = None
     #: Megatron's ``--use-distributed-optimizer``: another name for ``zero1``
     use_distributed_optimizer: bool | None = None
+    #: context parallelism (Megatron's ``--context-parallel-size``): each sequence split over
+    #: this many devices, keys and values passed around a ring during attention.  The devices
+    #: are tensor × context × data × pipeline; in the strategy's grid the context ranks sit
+    #: in the data-parallel dimension (Megatron orders them tp-cp-dp-pp), so ``data_parallel``
+    #: stays the number of model replicas
+    context_parallel: Degree = 1
 
     @property
     def sharded_optimizer(self) -> bool:
@@ -72,6 +78,10 @@ class ParallelismSpec(Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelismSpec:
+        if self.context_parallel > 1 and self.strategy is not None:
+            raise ConfigError("context parallelism takes the Megatron degrees, not a paper "
+                              "strategy name", key="context_parallel",
+                              value=self.context_parallel)
         if (self.use_distributed_optimizer is not None and "zero1" in self.model_fields_set
                 and self.zero1 != self.use_distributed_optimizer):
             raise ConfigError("use_distributed_optimizer is another name for zero1; give "
@@ -97,7 +107,8 @@ class ParallelismSpec(Spec):
             return Strategy.parse(self.strategy)
         try:
             return Strategy.megatron(
-                tp=self.tensor_parallel, pp=self.pipeline_parallel, dp=self.data_parallel,
+                tp=self.tensor_parallel, pp=self.pipeline_parallel,
+                dp=self.data_parallel * self.context_parallel,
                 vp=self.virtual_pipeline_stages, sp=self.sequence_parallel,
             )
         except ConfigError as exc:

@@ -110,8 +110,10 @@ def transformer_iteration(
     zero1: bool = False,
     overlap_grad_reduce: bool = False,
     software=None,
+    cp: int = 1,
 ) -> TrainingResult:
-    """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·pp·dp`` devices.
+    """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·cp·pp·dp`` devices
+    (``dp`` model replicas; ``cp`` context-parallel ranks share each sequence).
 
     ``software`` (a system's SoftwareSpec) adds the host: each pass's dispatch time runs on
     a host resource beside the device in the pipeline simulation, and the iteration's host
@@ -131,15 +133,27 @@ def transformer_iteration(
     def coll(kind: str, size: float) -> float:
         return network.collective(kind, size, "kp1") if tp > 1 else 0.0
 
-    block_f, block_b, *ends = _passes(arch, spec, tp, sp, coll)
+    block_f, block_b, *ends = _passes(arch, spec, tp, sp, coll, cp)
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
+    # Context parallelism (Transformer Engine's ring attention): each rank holds 1/cp of every
+    # sequence and passes its keys and values around the ring, cp−1 steps forward, and keys,
+    # values and their gradients backward, each step behind the previous step's attention
+    cp_f = cp_b = cp_hidden_f = cp_hidden_b = 0.0
+    if cp > 1:
+        kv = (2 * b * s // cp * spec.query_groups * spec.head_dim
+              * BYTES_PER_ELEMENT[prec] / max(1, min(tp, spec.query_groups)))
+        cp_f = (cp - 1) * network.p2p(kv, "dp")
+        cp_b = 2 * cp_f
+        cp_hidden_f = min(cp_f, block_f.attention)
+        cp_hidden_b = min(cp_b, block_b.attention)
     # Megatron-Core's tp-comm-overlap splits each GEMM and its all-gather / reduce-scatter
     # into chunks on separate streams: up to ``overlap.tp_comm`` of the collectives hide
     # behind the pass's GEMMs, never more than the GEMMs' time
     tp_hidden_f = min(overlap.tp_comm * block_f.tp_comm, block_f.compute)
     tp_hidden_b = min(overlap.tp_comm * block_b.tp_comm, block_b.compute)
-    layer_f, layer_b = block_f.total - tp_hidden_f, block_b.total - tp_hidden_b
-    T = b * s
+    layer_f = block_f.total - tp_hidden_f + cp_f - cp_hidden_f
+    layer_b = block_b.total - tp_hidden_b + cp_b - cp_hidden_b
+    T = b * s // cp
     act = T * h * nbytes
 
     fwd_s = [per_chunk * layer_f for _ in range(chunks)]
@@ -166,9 +180,10 @@ def transformer_iteration(
 
     stage_params = stage_parameters(spec, tp=tp, pp=pp)
     grads = stage_params * grad_reduce_bytes
-    shard = dp if zero1 else 1
+    # gradients are reduced, and the distributed optimizer sharded, over data × context ranks
+    shard = dp * cp if zero1 else 1
     reduce_s = gather_s = 0.0
-    if dp > 1:
+    if dp * cp > 1:
         # the distributed optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers
         # the updated parameters; otherwise one all-reduce
         reduce_s = network.collective("reduce_scatter" if zero1 else "all_reduce", grads, "dp")
@@ -207,6 +222,7 @@ def transformer_iteration(
         "compute_s": micro * (block_f.compute + block_b.compute),
         "memory_bound_s": micro * (block_f.memory + block_b.memory),
         "tp_comm_s": micro * (block_f.tp_comm + block_b.tp_comm - tp_hidden_f - tp_hidden_b),
+        "cp_comm_s": micro * (cp_f + cp_b - cp_hidden_f - cp_hidden_b),
     }
     breakdown = {
         **layers_share,
@@ -221,6 +237,7 @@ def transformer_iteration(
     # communication entries are the exposed parts)
     hidden = {
         "tp_comm_s": micro * (tp_hidden_f + tp_hidden_b),
+        "cp_comm_s": micro * (cp_hidden_f + cp_hidden_b),
         "pp_p2p_s": 2 * (p2p - p2p_on_device) * m * vp if pp > 1 else 0.0,
         "dp_allreduce_s": reduce_s + gather_s - dp_time,
     }
@@ -231,7 +248,7 @@ def transformer_iteration(
             sum(host.fwd_s[c * pp + s] + host.bwd_s[c * pp + s] for c in range(vp))
             for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
-                                zero1=zero1, grad_bytes=grad_bytes(software))
+                                zero1=zero1, grad_bytes=grad_bytes(software), cp=cp)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
@@ -246,6 +263,7 @@ def transformer_iteration(
         detail={"block_forward_s": block_f.__dict__, "block_backward_s": block_b.__dict__,
                 "p2p_s": p2p, "hidden_comm_s": hidden,
                 "exposed_comm_s": {"tp_comm_s": breakdown["tp_comm_s"],
+                                   "cp_comm_s": breakdown["cp_comm_s"],
                                    "pp_p2p_s": breakdown["pp_p2p_s"],
                                    "dp_allreduce_s": dp_time},
                 "attention": spec.attention_backend or "unfused",
@@ -278,18 +296,20 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
     return kernels + adam_J * tp * pp * dp + links
 
 
-def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
+def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1):
     """Forward / backward times of one block, of the embedding and of the head (per
-    micro-batch, one tensor-parallel rank), priced from the workload graph's nodes."""
+    micro-batch, one tensor-parallel and context-parallel rank), priced from the workload
+    graph's nodes.  Context parallelism divides every node's tokens (its batch key; the
+    attention core's heads, which gives its queries' share of the s×s work) by ``cp``."""
     graph = transformer_graph(_one_block(spec))
-    strategy = Strategy.megatron(tp=tp, sp=sp)
+    strategy = Strategy.megatron(tp=tp, sp=sp, dp=cp)
     groups: dict[tuple[int, bool], list[dict]] = {}
     for _, attrs in graph.nodes(data=True):
         if attrs["phase"] == "optimizer":
             continue  # priced below as mixed-precision Adam
         backward = attrs["phase"] != "fwd"
         groups.setdefault((attrs["layer"], backward), []).append(shard_node(attrs, strategy))
-    tokens = spec.micro_batch_size * spec.seq_length
+    tokens = spec.micro_batch_size * spec.seq_length // cp
     comm_f, comm_b = block_collectives(tokens=tokens, hidden=spec.hidden_size,
                                        precision=spec.activation_precision, sp=sp,
                                        recompute=spec.activation_recompute, collective=coll)
@@ -363,7 +383,7 @@ def grad_bytes(software) -> int:
 
 def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
                        schedule: str = "1f1b", zero1: bool = False,
-                       grad_bytes: int = MAIN_GRAD_BYTES) -> dict[str, float]:
+                       grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1) -> dict[str, float]:
     """Bytes per device of :func:`transformer_iteration` with these options, without
     pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
     memory_check`)."""
@@ -372,11 +392,11 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
                    stage_params=stage_parameters(spec, tp=tp, pp=pp), m=m, schedule=schedule,
-                   grad_bytes=grad_bytes)
+                   grad_bytes=grad_bytes, cp=cp)
 
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
-            schedule, grad_bytes=MAIN_GRAD_BYTES) -> dict[str, float]:
+            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1) -> dict[str, float]:
     """Bytes on the first pipeline stage's device (the fullest).
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
@@ -418,8 +438,8 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         in_flight = pp * (1 + (pp - 1) / (pp * vp))
     else:
         in_flight = min(pp, m)
-    activations = per_layer * (L / pp) * in_flight
-    shard = dp if zero1 else 1
+    activations = per_layer * (L / pp) * in_flight / cp  # a rank holds 1/cp of each sequence
+    shard = dp * cp if zero1 else 1
     # FP8 (Transformer Engine without FP8 primary weights): the weights stay bf16; their
     # FP8 casts are transient workspaces, not counted
     return {
