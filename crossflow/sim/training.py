@@ -163,8 +163,9 @@ def transformer_iteration(
     fwd_s[-1] += head_f
     bwd_s[-1] += head_b
     # Megatron's send/recv between stages blocks both devices (torch.distributed
-    # batch_isend_irecv followed by a wait, SC21 §4.1), so the transfer occupies the sender:
-    # every chunk but the last sends its activations, every chunk but the first its gradients.
+    # batch_isend_irecv followed by a wait, SC21 §4.1), so a transfer occupies the sender and
+    # the receiver: every chunk but the last sends its activations (which the next receives),
+    # every chunk but the first its gradients (which the previous receives).
     # With ``overlap.p2p`` (Megatron-Core's overlap_p2p_comm) the transfers run on their own
     # stream behind the next chunk's computation.
     p2p = network.p2p(act / tp if tp > 1 else act, "lp") if pp > 1 else 0.0
@@ -174,6 +175,8 @@ def transformer_iteration(
     for g in range(chunks - 1):
         fwd_s[g] += p2p_on_device
         bwd_s[g + 1] += p2p_on_device
+        fwd_s[g + 1] += p2p_on_device
+        bwd_s[g] += p2p_on_device
     host = _host(software, block_f, block_b, ends, per_chunk, chunks, pp, p2p_on_device)
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
