@@ -79,3 +79,14 @@ def test_a_small_gemm_on_bare_hardware_carries_the_framework_floor():
     big = {"kind": "gemm", "m": 8192, "k": 8192, "n": 8192, "precision": "fp16"}
     pb = crossflow.predict(workload=big, hardware="a100-sxm4-80gb")
     assert pb.bottleneck != "framework_floor" and pb.time_s > 1e-3 and not pb.notes
+
+
+def test_a_group_bias_beyond_its_tolerance_fails_the_data_set():
+    from crossflow.validation.dataset import DataSet, Row
+
+    rows = (Row("a", 1.05, 1.0), Row("b", 0.95, 1.0), Row("c", 1.04, 1.0))
+    groups = (("a", "x"), ("b", "y"), ("c", "x"))
+    ok = DataSet("d", "s", "q", rows, 0.10, 0.0, groups, 0.06)
+    assert ok.passed and ok.group_bias == pytest.approx({"x": 0.045, "y": -0.05})
+    tight = DataSet("d", "s", "q", rows, 0.10, 0.0, groups, 0.04)
+    assert not tight.passed and "x +4.5%" in tight.summary()

@@ -140,24 +140,23 @@ def fit_rows() -> tuple[dict[str, str], ...]:
 
 
 def dataset(system=SYSTEM, rows=None) -> DataSet:
-    out = []
+    out, groups = [], []
     for r in dense_rows() if rows is None else rows:
         tps, note = predict_row(r, system)
         out.append(Row(label(r) + note, tps, float(r["tokens_per_s_per_gpu"])))
+        groups.append((out[-1].label, group(r)))
     rows = tuple(out)
     return DataSet(
         name="training: NeMo / Megatron-Bridge pre-training on DGX H100, dense, tokens/s/GPU",
         source=f"{FILE} (dense rows) on system {SYSTEM} (its fitted constants are fitted "
                "to the rows with c1; the two c2 rows are held out)",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE, min_spearman=MIN_SPEARMAN)
+        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE, min_spearman=MIN_SPEARMAN,
+        group_of=tuple(groups), max_group_bias=MAX_GROUP_BIAS)
 
 
 def group_bias(ds: DataSet) -> dict[str, float]:
-    """Mean signed error per precision group (the label's second word)."""
-    groups: dict[str, list[float]] = {}
-    for row in ds.rows:
-        groups.setdefault(row.label.split()[1], []).append(row.error)
-    return {g: float(np.mean(e)) for g, e in groups.items()}
+    """Mean signed error per precision group."""
+    return ds.group_bias
 
 
 #: The constants :func:`fit` sets: (SoftwareSpec field, lower bound, upper bound).  The
@@ -210,6 +209,4 @@ if __name__ == "__main__":
     constants, ds = fit()
     print("  ".join(f"{k}: {v:.3f}" for k, v in constants.items()))
     print(ds.render())
-    print("mean signed error by precision group:",
-          {g: f"{b * 100:+.1f}%" for g, b in group_bias(ds).items()})
     print(f"Spearman {spearman([r.predicted for r in ds.rows], [r.measured for r in ds.rows]):.3f}")
