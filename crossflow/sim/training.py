@@ -231,7 +231,8 @@ def transformer_iteration(
         **layers_share,
         "embedding_and_head_s": m * (emb_f + emb_b + head_f + head_b) / max(pp, 1),
         "pipeline_bubble_s": pipe.bubble_s,
-        "pp_p2p_s": 2 * p2p_on_device * m * vp if pp > 1 else 0.0,  # sends per device
+        # a middle stage's sends and receives per micro-batch and chunk: two each
+        "pp_p2p_s": 4 * p2p_on_device * m * vp if pp > 1 else 0.0,
         "dp_allreduce_s": dp_time,
         "embedding_allreduce_s": emb_time,
         "optimizer_s": opt,
@@ -241,7 +242,7 @@ def transformer_iteration(
     hidden = {
         "tp_comm_s": micro * (tp_hidden_f + tp_hidden_b),
         "cp_comm_s": micro * (cp_hidden_f + cp_hidden_b),
-        "pp_p2p_s": 2 * (p2p - p2p_on_device) * m * vp if pp > 1 else 0.0,
+        "pp_p2p_s": 4 * (p2p - p2p_on_device) * m * vp if pp > 1 else 0.0,
         "dp_allreduce_s": reduce_s + gather_s - dp_time,
     }
     if host is not None:
