@@ -110,8 +110,19 @@ def _strategy(spec, parallelism):
                 key="context_parallel", value=cp,
                 allowed="a degree whose double divides the workload's seq_length"
                 + ("" if spec.kind == "transformer" else " (transformers only)"))
-    check_strategy(spec, strategy)
+    checked, cp, extra = spec, 1, 0
+    if par is not None and spec.kind == "transformer":
+        cp, extra = par.context_parallel, sum(par.pipeline_extra_layers)
+        if extra:  # the embedding / loss take layer slots of the split
+            checked = _with_layers(spec, spec.num_layers + extra)
+    # the grid's d is data × context; the workload's batch is split over the data ranks only
+    check_strategy(checked, replace(strategy, dp=strategy.dp // cp) if cp > 1 else strategy)
     return spec, strategy, par
+
+
+@lru_cache(maxsize=256)
+def _with_layers(spec, layers: int):
+    return spec.model_copy(update={"num_layers": layers})
 
 
 @lru_cache(maxsize=256)
@@ -174,7 +185,7 @@ def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
             spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp // cp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software),
-            cp=cp)
+            cp=cp, extra_layers=par.pipeline_extra_layers if par else (0, 0))
     if spec.kind == "lstm" and spec.seq_length > 2 * _SHORT_UNROLL:
         # Every quantity of graph_memory is affine in the sequence length once it is
         # past a few steps (weights are shared over time, the largest kernel is the same,
@@ -372,6 +383,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         zero1=par.sharded_optimizer if par else False,
         overlap_grad_reduce=par.overlap_grad_reduce if par else False, software=software,
         cp=par.context_parallel if par else 1,
+        extra_layers=par.pipeline_extra_layers if par else (0, 0),
     )
     return _prediction(
         spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,

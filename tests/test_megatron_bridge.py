@@ -23,7 +23,9 @@ def h100():
 
 
 def test_h100_dense_rows_meet_the_issue_tolerances(h100):
-    assert len(h100.rows) == len(dense_rows()) >= 15
+    from crossflow.validation.megatron_bridge import fit_rows
+
+    assert len(h100.rows) == len(fit_rows()) == 17
     assert h100.mape <= 0.10, h100.render()
     assert h100.spearman >= 0.9
     for group, bias in group_bias(h100).items():
@@ -31,14 +33,36 @@ def test_h100_dense_rows_meet_the_issue_tolerances(h100):
 
 
 def test_which_rows_are_scored_and_which_are_fitted():
-    from crossflow.validation.megatron_bridge import fit_rows
+    from crossflow.validation.megatron_bridge import cp_dataset, cp_rows, fit_rows
 
     keys = {r["model_key"] for r in dense_rows()}
     assert not any(k.startswith(("qwen", "deepseek", "gpt_oss", "nemotron_3")) for k in keys)
-    assert "llama3.1_405b" not in keys  # 126 layers on 8 x 8 chunks: an uneven split
     assert not any(r["fsdp"] not in ("", "0") for r in dense_rows())
-    held_out = [r for r in dense_rows() if r not in fit_rows()]
-    assert len(held_out) == 2 and all(r["cp"] == "2" for r in held_out)
+    assert len(fit_rows()) + len(cp_rows()) == len(dense_rows())
+    assert len(cp_rows()) == 7 and all(r["cp"] == "2" for r in cp_rows())
+    held_out = cp_dataset()
+    assert sum("llama3.1_405b" in r.label for r in held_out.rows) == 5
+    assert held_out.passed and held_out.mape < 0.2
+
+
+def test_an_uneven_pipeline_split_counts_the_embedding_and_loss_as_layers():
+    spec = load_spec("llama3.1-405b", "workloads").model_copy(update={"precision": "fp8"})
+    par = {"tensor_parallel": 8, "pipeline_parallel": 8, "virtual_pipeline_stages": 8,
+           "context_parallel": 2, "data_parallel": 8, "sequence_parallel": True,
+           "use_distributed_optimizer": True}
+    from crossflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="num_layers"):
+        crossflow.predict(workload=spec, system="dgx-h100-megatron-core", parallelism=par)
+    both = {"account_for_embedding_in_pipeline_split": True,
+            "account_for_loss_in_pipeline_split": True}
+    p = crossflow.predict(workload=spec, system="dgx-h100-megatron-core",
+                          parallelism=par | both)
+    assert p.feasible and p.details["devices"] == 1024
+    from crossflow.sim.training import chunk_layers
+
+    assert chunk_layers(126, 64, (1, 1)) == [1] + [2] * 62 + [1]
+    assert sum(chunk_layers(126, 64, (1, 1))) == 126
 
 
 def test_the_data_set_is_part_of_validate_training():

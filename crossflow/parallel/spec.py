@@ -70,6 +70,17 @@ class ParallelismSpec(Spec):
     #: in the data-parallel dimension (Megatron orders them tp-cp-dp-pp), so ``data_parallel``
     #: stays the number of model replicas
     context_parallel: Degree = 1
+    #: Megatron-Core's uneven pipeline split: the embedding (the loss) counts as one layer
+    #: when the layers are cut into pipeline × virtual chunks, so the first (last) chunk has
+    #: one layer fewer; (num_layers + the accounted ones) must divide evenly
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    @property
+    def pipeline_extra_layers(self) -> tuple[int, int]:
+        """(first chunk, last chunk) layer slots taken by the embedding and the loss."""
+        return (int(self.account_for_embedding_in_pipeline_split),
+                int(self.account_for_loss_in_pipeline_split))
 
     @property
     def sharded_optimizer(self) -> bool:

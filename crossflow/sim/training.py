@@ -111,6 +111,7 @@ def transformer_iteration(
     overlap_grad_reduce: bool = False,
     software=None,
     cp: int = 1,
+    extra_layers: tuple[int, int] = (0, 0),
 ) -> TrainingResult:
     """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·cp·pp·dp`` devices
     (``dp`` model replicas; ``cp`` context-parallel ranks share each sequence).
@@ -123,7 +124,8 @@ def transformer_iteration(
     prec, b = spec.activation_precision, spec.micro_batch_size
     m = spec.global_batch_size // (dp * b)
     chunks = pp * vp
-    per_chunk = L // chunks
+    layers = chunk_layers(L, chunks, extra_layers)
+    per_chunk = max(layers)
     nbytes = BYTES_PER_ELEMENT[prec]
     if vp > 1 and schedule == "1f1b":
         schedule = "interleaved"
@@ -156,8 +158,8 @@ def transformer_iteration(
     T = b * s // cp
     act = T * h * nbytes
 
-    fwd_s = [per_chunk * layer_f for _ in range(chunks)]
-    bwd_s = [per_chunk * layer_b for _ in range(chunks)]
+    fwd_s = [n * layer_f for n in layers]
+    bwd_s = [n * layer_b for n in layers]
     fwd_s[0] += emb_f
     bwd_s[0] += emb_b
     fwd_s[-1] += head_f
@@ -181,7 +183,7 @@ def transformer_iteration(
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
 
-    stage_params = stage_parameters(spec, tp=tp, pp=pp)
+    stage_params = stage_parameters(spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp)
     grads = stage_params * grad_reduce_bytes
     # gradients are reduced, and the distributed optimizer sharded, over data × context ranks
     shard = dp * cp if zero1 else 1
@@ -252,7 +254,8 @@ def transformer_iteration(
             sum(host.fwd_s[c * pp + s] + host.bwd_s[c * pp + s] for c in range(vp))
             for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
-                                zero1=zero1, grad_bytes=grad_bytes(software), cp=cp)
+                                zero1=zero1, grad_bytes=grad_bytes(software), cp=cp,
+                                extra_layers=extra_layers)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
@@ -373,10 +376,23 @@ def _one_block(spec):
     return spec.model_copy(update={"num_layers": 1})
 
 
-def stage_parameters(spec, *, tp: int, pp: int) -> float:
+def chunk_layers(L: int, chunks: int, extra_layers: tuple[int, int] = (0, 0)) -> list[int]:
+    """Layers of each pipeline chunk, first to last: an even split, or Megatron-Core's
+    uneven one where the embedding (loss) takes a layer's slot in the first (last) chunk."""
+    first, last = extra_layers
+    per = (L + first + last) // chunks
+    layers = [per] * chunks
+    layers[0] -= first
+    layers[-1] -= last
+    return layers
+
+
+def stage_parameters(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
+                     vp: int = 1) -> float:
     """Parameters per device: the busiest stage (the first, with the embedding table)."""
     L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
-    return (L // pp) * block_params(spec) / tp + V * h / tp
+    first = sum(chunk_layers(L, pp * vp, extra_layers)[::pp])  # the first device's chunks
+    return first * block_params(spec) / tp + V * h / tp
 
 
 def grad_bytes(software) -> int:
@@ -387,7 +403,8 @@ def grad_bytes(software) -> int:
 
 def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
                        schedule: str = "1f1b", zero1: bool = False,
-                       grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1) -> dict[str, float]:
+                       grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
+                       extra_layers: tuple[int, int] = (0, 0)) -> dict[str, float]:
     """Bytes per device of :func:`transformer_iteration` with these options, without
     pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
     memory_check`)."""
@@ -395,8 +412,9 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
-                   stage_params=stage_parameters(spec, tp=tp, pp=pp), m=m, schedule=schedule,
-                   grad_bytes=grad_bytes, cp=cp)
+                   stage_params=stage_parameters(spec, tp=tp, pp=pp,
+                                                 extra_layers=extra_layers, vp=vp),
+                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp)
 
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,

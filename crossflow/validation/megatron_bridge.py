@@ -6,11 +6,11 @@ GPT-3, Llama-2/3/3.1 and Nemotron runs, NeMo 24.07 … Megatron-Bridge 26.06, pr
 model FLOPs differently (the header's caveat).
 
 Which rows: the dense models (the MoE rows are another issue), the printed value of each
-cell (``variant: main``), and runs whose layers divide evenly into pipeline × virtual stages
-(every Llama-3.1 405B run puts 126 layers on 8 × 8 chunks, which Megatron balances by
-counting the embedding and the loss as layers: not modelled).  The profile's constants are
-fitted to the rows without context parallelism; the two with it (Llama-3 8B and 70B, 24.07,
-cp 2) are held out.
+cell (``variant: main``).  The profile's constants are fitted to the 17 rows without context
+parallelism (:func:`dataset`, the issue's tolerances); the 7 with context parallelism 2
+(Llama-3 8B and 70B of 24.07, every Llama-3.1 405B run) are held out (:func:`cp_dataset`).
+The 405B runs put 126 layers on 8 × 8 pipeline chunks: predicted with Megatron-Core's uneven
+split, the embedding and the loss counted as a layer each.
 
 Settings the tables do not print, taken as Megatron-Bridge's performance recipes set them
 (assumed the same for every row): sequence parallelism wherever tensor parallelism > 1, the
@@ -66,8 +66,7 @@ def dense_rows() -> tuple[dict[str, str], ...]:
     arch = architectures()
     return tuple(r for r in rows if r["variant"] == "main" and r["tokens_per_s_per_gpu"]
                  and arch.get(r["model_key"], {}).get("type") == "dense"
-                 and _int(r["fsdp"], 0) == 0
-                 and int(arch[r["model_key"]]["num_layers"]) % (int(r["pp"]) * _int(r["vp"])) == 0)
+                 and _int(r["fsdp"], 0) == 0)
 
 
 def group(r: dict[str, str]) -> str:
@@ -101,6 +100,11 @@ def case(r: dict[str, str]):
            "data_parallel": int(r["num_gpus"]) // (tp * pp * cp),
            "virtual_pipeline_stages": _int(r["vp"]), "sequence_parallel": tp > 1,
            "use_distributed_optimizer": True}
+    if spec.num_layers % (pp * _int(r["vp"])):
+        # Llama-3.1 405B: 126 layers on 8 x 8 chunks, which Megatron-Core splits by counting
+        # the embedding and the loss as a layer each (128 = 8 x 8 x 2)
+        par |= {"account_for_embedding_in_pipeline_split": True,
+                "account_for_loss_in_pipeline_split": True}
     return spec, par
 
 
@@ -134,24 +138,49 @@ def predict_row(r: dict[str, str], system=SYSTEM) -> tuple[float, str]:
 
 
 def fit_rows() -> tuple[dict[str, str], ...]:
-    """The rows the profile is fitted to: those without context parallelism (the two with
-    it are held out)."""
+    """The rows the profile is fitted to and the issue's tolerances hold on: those without
+    context parallelism."""
     return tuple(r for r in dense_rows() if _int(r["cp"]) == 1)
 
 
-def dataset(system=SYSTEM, rows=None) -> DataSet:
+def cp_rows() -> tuple[dict[str, str], ...]:
+    """The rows with context parallelism, held out from the fit."""
+    return tuple(r for r in dense_rows() if _int(r["cp"]) > 1)
+
+
+def _rows(system, rows) -> tuple[tuple[Row, ...], tuple[tuple[str, str], ...]]:
     out, groups = [], []
-    for r in dense_rows() if rows is None else rows:
+    for r in rows:
         tps, note = predict_row(r, system)
         out.append(Row(label(r) + note, tps, float(r["tokens_per_s_per_gpu"])))
         groups.append((out[-1].label, group(r)))
-    rows = tuple(out)
+    return tuple(out), tuple(groups)
+
+
+def dataset(system=SYSTEM, rows=None) -> DataSet:
+    """The rows without context parallelism (the fit's), with the issue's tolerances."""
+    rows, groups = _rows(system, fit_rows() if rows is None else rows)
     return DataSet(
         name="training: NeMo / Megatron-Bridge pre-training on DGX H100, dense, tokens/s/GPU",
-        source=f"{FILE} (dense rows) on system {SYSTEM} (its fitted constants are fitted "
-               "to the rows with c1; the two c2 rows are held out)",
+        source=f"{FILE} (dense rows without context parallelism) on system {SYSTEM} (the "
+               "data its fitted constants are fitted to)",
         quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE, min_spearman=MIN_SPEARMAN,
-        group_of=tuple(groups), max_group_bias=MAX_GROUP_BIAS)
+        group_of=groups, max_group_bias=MAX_GROUP_BIAS)
+
+
+#: Tolerance of the held-out context-parallel rows: the ring attention's own costs are not
+#: modelled (docs/software-stack.md), so this only guards against getting worse.
+MAX_MAPE_CP = 0.20
+
+
+def cp_dataset(system=SYSTEM) -> DataSet:
+    """The rows with context parallelism 2, predicted with the profile fitted without them."""
+    rows, groups = _rows(system, cp_rows())
+    return DataSet(
+        name="training: NeMo / Megatron-Bridge on DGX H100, context parallelism 2 (held out)",
+        source=f"{FILE} (dense rows with cp 2) on system {SYSTEM}, not fitted to",
+        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_CP, min_spearman=0.0,
+        group_of=groups)
 
 
 def group_bias(ds: DataSet) -> dict[str, float]:
