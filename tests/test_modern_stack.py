@@ -195,3 +195,12 @@ def test_context_parallelism_splits_each_sequence():
     with pytest.raises(ConfigError, match="context_parallel"):
         crossflow.predict(workload=_spec(seq_length=4098, global_batch_size=2),
                           system=MCORE, parallelism={"context_parallel": 2})
+
+
+def test_predict_prints_the_hidden_communication(cli):
+    code, out, err = cli("predict", "--workload", "gpt3-175b", "--system", MCORE,
+                         "--parallelism", "t8-p16-d48")
+    assert code == 0, err
+    assert "6144 devices" in out
+    hidden = out.split("hidden behind computation")[1]
+    assert "tp_comm" in hidden and "dp_allreduce" in hidden
