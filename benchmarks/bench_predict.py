@@ -18,6 +18,31 @@ from crossflow.kernels.gemm import gemm
 from crossflow.predict import load_hardware
 
 
+def _clear_caches() -> None:
+    """Empty the per-process caches a transformer prediction fills (graph, kernel prices,
+    GEMM tilings, the software-profile device), so the next prediction is priced afresh."""
+    import importlib
+
+    for module, names in (("crossflow.workloads.transformer", ("_build",)),
+                          ("crossflow.sim.pricing", ("_price",)),
+                          ("crossflow.sim.training", ("_one_block",)),
+                          ("crossflow.distributed", ("_device", "_with_attention")),
+                          ("crossflow.kernels.gemm", None)):
+        mod = importlib.import_module(module)
+        for name in names or [n for n in dir(mod) if hasattr(getattr(mod, n), "cache_clear")]:
+            fn = getattr(mod, name, None)
+            if fn is not None and hasattr(fn, "cache_clear"):
+                fn.cache_clear()
+
+
+def _uncached_transformer() -> None:
+    """GPT-3 175B, t8 p8 d24, on dgx-a100 with every model cache emptied first (the presets
+    stay loaded): what a new workload or strategy costs."""
+    _clear_caches()
+    crossflow.predict(workload="gpt3-175b", system="dgx-a100",
+                      parallelism="gpt3-175b-t8-p8-d24")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=300)
@@ -33,6 +58,8 @@ def main() -> None:
         "predict_facade_gemm_8192_with_preset_microarch": timeit(
             lambda: crossflow.predict(workload=workload, hardware=a100), args.repeat),
     }
+    results["transformer_gpt3_175b_t8_p8_d24_dgx_a100_uncached"] = timeit(
+        _uncached_transformer, max(3, args.repeat // 30))
     try:
         from crossflow.arch.age import generate
         from crossflow.config.loader import load_spec, preset_names

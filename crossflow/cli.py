@@ -441,6 +441,12 @@ def _print_prediction(p) -> None:
         level = key.removesuffix("_s")
         extra = f"  ({fmt_bytes(moved[level])})" if level in moved else ""
         print(f"    {level:<22} {fmt_time(seconds):>10}{extra}")
+    hidden = {k: v for k, v in d.get("hidden_comm_s", {}).items() if v > 0}
+    if hidden:  # communication overlapped with computation: not in the time above
+        print("  communication hidden behind computation (not in the time; the breakdown "
+              "has what stays exposed):")
+        for key, seconds in hidden.items():
+            print(f"    {key.removesuffix('_s'):<22} {fmt_time(seconds):>10}")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

@@ -23,12 +23,13 @@ from typing import Any
 from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import MicroArch
 from crossflow.config.loader import load_spec
+from crossflow.config.system import SWITCHED
 from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.parallel import Strategy, check_strategy, parse_parallelism
 from crossflow.prediction import Prediction, infeasible
 from crossflow.sim.graph_sim import graph_iteration, graph_memory
 from crossflow.sim.memory import capacity_problem, check_capacity
-from crossflow.sim.training import transformer_iteration, transformer_memory
+from crossflow.sim.training import grad_bytes, transformer_iteration, transformer_memory
 from crossflow.system import DIMS, ORDERS, build_system, order_classes, parse_order
 from crossflow.system.network import MappedNetwork
 from crossflow.workloads import compute_graph
@@ -51,15 +52,26 @@ def with_software(arch: MicroArch, software) -> MicroArch:
     if software is None:
         return arch
     return _device(arch, software.gemm_efficiency, software.memory_bound_efficiency,
-                   software.kernel_min_s, tuple(software.memory_passes.model_dump().items()))
+                   software.kernel_min_s, tuple(software.memory_passes.model_dump().items()),
+                   software.attention_efficiency, software.fp8_gemm_efficiency)
 
 
 @lru_cache(maxsize=256)
 def _device(arch: MicroArch, gemm_efficiency: float, memory_bound_efficiency: float,
-            kernel_min_s: float, memory_passes: tuple) -> MicroArch:
+            kernel_min_s: float, memory_passes: tuple, attention_efficiency: float | None = None,
+            fp8_gemm_efficiency: float | None = None) -> MicroArch:
     return replace(arch, compute_efficiency=gemm_efficiency,
                    memory_bound_efficiency=memory_bound_efficiency,
-                   kernel_min_s=kernel_min_s, memory_passes=dict(memory_passes))
+                   kernel_min_s=kernel_min_s, memory_passes=dict(memory_passes),
+                   attention_efficiency=attention_efficiency,
+                   precision_efficiency=({"fp8": fp8_gemm_efficiency}
+                                         if fp8_gemm_efficiency else {}))
+
+
+@lru_cache(maxsize=256)
+def _with_attention(spec, backend: str):
+    """The workload with the software profile's attention kernel where it chose none."""
+    return spec.model_copy(update={"attention_backend": backend})
 
 
 @lru_cache(maxsize=4096)
@@ -88,8 +100,34 @@ def _strategy(spec, parallelism):
         strategy = par.to_strategy()
         if par.micro_batch_size and spec.kind == "transformer":
             spec = _with_micro_batch(spec, par.micro_batch_size)
-    check_strategy(spec, strategy)
+        if par.recompute_granularity and spec.kind == "transformer":
+            spec = _with_recompute(spec, par.recompute_granularity)
+        cp = par.context_parallel
+        if cp > 1 and (spec.kind != "transformer" or spec.seq_length % (2 * cp)):
+            raise ConfigError(
+                "context parallelism splits a transformer's sequence into 2·cp chunks (each "
+                "rank takes one from each end, balancing the causal mask)",
+                key="context_parallel", value=cp,
+                allowed="a degree whose double divides the workload's seq_length"
+                + ("" if spec.kind == "transformer" else " (transformers only)"))
+    checked, cp, extra = spec, 1, 0
+    if par is not None and spec.kind == "transformer":
+        cp, extra = par.context_parallel, sum(par.pipeline_extra_layers)
+        if extra:  # the embedding / loss take layer slots of the split
+            checked = _with_layers(spec, spec.num_layers + extra)
+    # the grid's d is data × context; the workload's batch is split over the data ranks only
+    check_strategy(checked, replace(strategy, dp=strategy.dp // cp) if cp > 1 else strategy)
     return spec, strategy, par
+
+
+@lru_cache(maxsize=256)
+def _with_layers(spec, layers: int):
+    return spec.model_copy(update={"num_layers": layers})
+
+
+@lru_cache(maxsize=256)
+def _with_recompute(spec, recompute: str):
+    return spec.model_copy(update={"activation_recompute": recompute})
 
 
 @lru_cache(maxsize=256)
@@ -140,12 +178,14 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None) -> MemoryChe
     return _memory_check(spec, strategy, par, arch)
 
 
-def _memory_breakdown(spec, strategy, par) -> dict[str, float]:
+def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
     if spec.kind == "transformer":
+        cp = par.context_parallel if par else 1
         return transformer_memory(
-            spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
+            spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp // cp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
-            zero1=par.zero1 if par else False)
+            zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software),
+            cp=cp, extra_layers=par.pipeline_extra_layers if par else (0, 0))
     if spec.kind == "lstm" and spec.seq_length > 2 * _SHORT_UNROLL:
         # Every quantity of graph_memory is affine in the sequence length once it is
         # past a few steps (weights are shared over time, the largest kernel is the same,
@@ -163,8 +203,8 @@ def _memory_breakdown(spec, strategy, par) -> dict[str, float]:
 _SHORT_UNROLL = 16
 
 
-def _memory_check(spec, strategy, par, arch: MicroArch) -> MemoryCheck:
-    breakdown = _memory_breakdown(spec, strategy, par)
+def _memory_check(spec, strategy, par, arch: MicroArch, software=None) -> MemoryCheck:
+    breakdown = _memory_breakdown(spec, strategy, par, software)
     need = sum(breakdown.values())
     reason = capacity_problem(arch, breakdown)
     return MemoryCheck(reason is None, need, arch.main_memory.total_capacity_B, reason,
@@ -192,7 +232,11 @@ class _Batch:
         if system is not None:
             self.sys_spec = system if hasattr(system, "devices_per_node") else load_spec(
                 system, "systems")
-            self.run_arch = with_software(arch, self.sys_spec.software)
+            software = self.sys_spec.software
+            self.run_arch = with_software(arch, software)
+            if (software is not None and spec.kind == "transformer"
+                    and spec.attention_backend is None):
+                self.spec = _with_attention(spec, software.attention)
 
     def _system(self, nodes: int, strategy) -> Any:
         """The system cut down to the ``nodes`` the strategy needs.  A system whose network
@@ -232,7 +276,10 @@ class _Batch:
                 )
             networks = [("local", _Local())]
         else:
-            if devices > sys_spec.num_devices:
+            grows = sys_spec.inter is not None and sys_spec.inter.topology in SWITCHED
+            if devices > sys_spec.num_devices and not grows:
+                # a switched fabric between nodes takes any number of nodes (the node count
+                # follows the strategy's devices); a direct network has the shape its file gives
                 raise ConfigError(
                     f"the strategy {strategy} needs {devices} devices but system "
                     f"{sys_spec.name} has {sys_spec.num_devices}", key="parallelism",
@@ -250,7 +297,8 @@ class _Batch:
                         for o in orders]
         run_arch = self.run_arch
         # Memory first: a design over capacity is rejected without pricing a kernel.
-        check = _memory_check(spec, strategy, par, run_arch)
+        check = _memory_check(spec, strategy, par, run_arch,
+                              sys_spec.software if sys_spec is not None else None)
         if not check.feasible:
             p = infeasible(spec, arch.name, check.reason, check.need_bytes)
             return replace(p, details={"strategy": str(strategy), "devices": devices,
@@ -329,16 +377,20 @@ def _run(spec, strategy, par, arch: MicroArch, network, devices: int,
 
 def _transformer(spec, strategy, par, arch, network, devices, software=None) -> Prediction:
     r = transformer_iteration(
-        spec, arch, network, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp, vp=strategy.vp,
+        spec, arch, network, tp=strategy.tp, pp=strategy.pp,
+        dp=strategy.dp // (par.context_parallel if par else 1), vp=strategy.vp,
         sp=strategy.sp, schedule=par.schedule if par else "1f1b",
-        zero1=par.zero1 if par else False,
+        zero1=par.sharded_optimizer if par else False,
         overlap_grad_reduce=par.overlap_grad_reduce if par else False, software=software,
+        cp=par.context_parallel if par else 1,
+        extra_layers=par.pipeline_extra_layers if par else (0, 0),
     )
     return _prediction(
         spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,
         memory=r.memory_breakdown, energy_J=r.energy_J,
         hardware_flops=r.hardware_flops_per_iteration, model_flops=r.flops_per_iteration,
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
+                 "context_parallel": par.context_parallel if par else 1,
                  "model_flops_per_iteration": r.flops_per_iteration, **r.detail},
     )
 

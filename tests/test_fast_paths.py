@@ -5,7 +5,11 @@ The golden files were written by the prediction path as it was before the fast p
 (commit d419945: ``evaluate()`` on each design, ``crossflow.predict`` for the others):
 ``fast_paths_golden.json`` holds, for paper-lstm-512 and gemm-64k, three chips (the
 template's split and two perturbed splits) with every strategy at one order (the memory
-verdicts) and a sample of memory-feasible strategies x orders (times).
+verdicts) and a sample of memory-feasible strategies x orders (times).  The three
+transformer entries of ``fast_paths_predict_golden.json`` were rewritten by ``crossflow.predict``
+after issue #19 changed the transformer model on purpose (Megatron's optimizer-step traffic,
+blocking send/recv occupying both stages, the fp32 gradient buffer in memory); the batch path
+must still match them exactly.
 """
 
 from __future__ import annotations

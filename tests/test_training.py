@@ -269,9 +269,9 @@ def test_a_bad_mapping_order_exits_2_naming_the_key(cli, order):
 
 
 @pytest.mark.parametrize("workload, hardware, system, parallelism, named", [
-    # more devices than the 16 x 32 torus has
+    # more devices than the 16 x 32 torus has (a fat tree between nodes grows instead:
+    # tests/test_modern_stack.py)
     ("lstm-paper-case-study", CASE_HW, CASE_SYS, {"strategy": "RC-4-2-d64-p2"}, "parallelism"),
-    ("gpt3-175b", A100, DGX, _megatron(8, 8, 96), "parallelism"),
     # degrees that do not divide the model
     ("gpt3-175b", A100, DGX, _megatron(8, 7, 1), "pipeline_parallel"),
     ("gpt3-175b", A100, DGX, _megatron(5, 8, 1), "tensor_parallel"),
@@ -518,6 +518,9 @@ def test_1f1b_bubble_is_p_minus_1_passes_and_its_share_shrinks_with_micro_batche
     r = runs[-1]
     passes = r.details["block_forward_s"], r.details["block_backward_s"]
     stage_pass = sum(x[k] for x in passes for k in ("compute", "memory", "tp_comm")) * 16 / p
+    # a middle stage's forward and backward each send and receive once (blocking send/recv
+    # occupies both devices)
+    stage_pass += 4 * r.details["p2p_s"]
     assert bubbles[-1] == pytest.approx((p - 1) * stage_pass, rel=0.1)
 
 
@@ -535,8 +538,9 @@ def test_interleaving_divides_the_bubble_by_the_virtual_stages(v):
     ratio = inter.breakdown["pipeline_bubble_s"] / plain.breakdown["pipeline_bubble_s"]
     assert ratio == pytest.approx(1 / v, rel=0.15)
     # What interleaving costs is v times the stage-boundary transfers (SC21 §2.2.2): on this
-    # small model with v = 4 they outweigh the bubble it saves.
-    extra = 2 * plain.details["microbatches"] * (v - 1) * plain.details["p2p_s"]
+    # small model with v = 4 they outweigh the bubble it saves.  Each transfer occupies its
+    # sender and its receiver.
+    extra = 4 * plain.details["microbatches"] * (v - 1) * plain.details["p2p_s"]
     assert inter.time_s <= plain.time_s + extra
 
 

@@ -107,6 +107,11 @@ class MicroArch:
             profile's ``kernel_min``; 0: the roofline alone).
         memory_passes: op name (layernorm, softmax, elementwise, embedding) -> bytes moved
             as a multiple of one fused pass (a software profile's ``memory_passes``).
+        attention_efficiency: sustained fraction of peak of a fused (flash) attention
+            kernel; None: the kernel layer's default fraction (FLASH_RELATIVE_EFFICIENCY) of
+            ``compute_efficiency``.  A software profile sets it.
+        precision_efficiency: precision -> GEMM efficiency where it differs from
+            ``compute_efficiency`` (a software profile's FP8 GEMMs).
         report: how the chip was derived (AGE area/power use, datasheet sources) for output.
     """
 
@@ -127,6 +132,8 @@ class MicroArch:
     memory_bound_efficiency: float | None = None
     kernel_min_s: float = 0.0
     memory_passes: Mapping[str, float] = field(default_factory=dict)
+    attention_efficiency: float | None = None
+    precision_efficiency: Mapping[str, float] = field(default_factory=dict)
     tdp_W: float | None = None
     report: Mapping[str, object] = field(default_factory=dict)
 

@@ -200,6 +200,23 @@ class MemoryPassesSpec(Spec):
     swiglu: Annotated[float, Field(ge=1)] = 1.0
 
 
+class OverlapSpec(Spec):
+    """Which communication the framework runs behind computation (Megatron-Core's
+    ``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap`` and the
+    interleaved schedule's ``overlap_p2p_comm``).  All off: Megatron-LM of 2021-22, where
+    every collective blocks the device."""
+
+    #: data-parallel gradient all-reduce / reduce-scatter, bucketed, during the backward pass
+    grad_reduce: bool = False
+    #: distributed optimizer: the parameter all-gather during the next forward pass
+    param_gather: bool = False
+    #: fraction of the tensor-parallel collectives that can hide behind the GEMMs they are
+    #: split with (userbuffers' chunked all-gather / reduce-scatter GEMMs); 0: none
+    tp_comm: Annotated[float, Field(ge=0, le=1)] = 0.0
+    #: pipeline send/recv on their own stream, behind the next chunk's computation
+    p2p: bool = False
+
+
 class SoftwareSpec(Spec):
     """What the training framework's kernels sustain on this system's devices, and what the
     host costs to issue them (the software-stack layer, docs/software-stack.md).
@@ -239,6 +256,21 @@ class SoftwareSpec(Spec):
     kernel_min_s: NonNegative = 0.0
     iteration_s: NonNegative = 0.0
     sync: Literal["none", "pass", "backward-layer", "layer"] = "pass"
+    #: the attention kernel of workloads that do not choose one (``attention_backend``)
+    attention: Literal["unfused", "flash"] = "unfused"
+    #: a flash-attention kernel's fraction of peak (None: 0.8 × gemm_efficiency)
+    attention_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    #: FP8 GEMMs' fraction of the FP8 peak (None: gemm_efficiency)
+    fp8_gemm_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    #: which communication hides behind computation
+    overlap: OverlapSpec = Field(default_factory=OverlapSpec)
+    #: bytes per parameter of the gradient the data-parallel reduction sends: 2 (reduced
+    #: in the training precision, Megatron-LM's default for fp16) or 4 (Megatron-Core's
+    #: ``grad_reduce_in_fp32``, on in Megatron-Bridge's bf16 mixed-precision recipes)
+    grad_reduce_bytes: Literal[2, 4] = 2
+    #: bytes per parameter of the gradient buffer kept in memory: Megatron-LM keeps an fp32
+    #: ``main_grad`` (4, the default); Megatron-Core's buffer has the reduction's type
+    main_grad_bytes: Literal[2, 4] = 4
 
     @property
     def has_host(self) -> bool:

@@ -62,6 +62,27 @@ class TransformerSpec(Spec):
     activation_recompute: Recompute = "none"
     #: the MLP's inner width; Megatron's default is 4 · hidden_size
     ffn_hidden_size: Dim | None = None
+    #: key/value heads (Megatron's ``--num-query-groups``): grouped-query attention when
+    #: fewer than the heads, multi-query with 1; None: one per head (multi-head attention)
+    num_query_groups: Dim | None = None
+    #: width of one attention head (Megatron's ``--kv-channels``); None: hidden / heads
+    kv_channels: Dim | None = None
+    #: a gated MLP (Megatron's ``--swiglu``: SwiGLU, Llama): the first MLP GEMM produces
+    #: the gate and the up projection (2·ffn wide), so the MLP is three h×ffn GEMMs
+    gated_linear_unit: bool = False
+    #: a separate output-layer weight instead of the word embedding's (Llama); no
+    #: embedding-gradient exchange between the first and last pipeline stage
+    untie_embeddings_and_output_weights: bool = False
+    #: learned absolute position embeddings (GPT-3) or rotary embeddings applied to q and k
+    #: (Llama, Nemotron); Megatron's ``--position-embedding-type``
+    position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
+    #: the attention kernel (Megatron's ``--attention-backend``): ``unfused`` (two batched
+    #: GEMMs with the s×s scores in memory and a softmax kernel, Megatron-LM 2021-22) or
+    #: ``flash`` (one fused, tiled kernel, FlashAttention / cuDNN: no s×s tensor in memory);
+    #: None: the system's software profile decides (``software.attention``), else unfused
+    attention_backend: Literal["unfused", "flash"] | None = None
+    #: causal (decoder) attention: a flash kernel skips the masked half of the scores
+    causal: bool = True
 
     @property
     def ffn(self) -> int:
@@ -70,11 +91,42 @@ class TransformerSpec(Spec):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """``kv_channels``, default hidden / heads."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads (``num_query_groups``, default the attention heads)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of the queries (and of the attention output): heads × head_dim."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def qkv_width(self) -> int:
+        """Output width of the QKV projection: queries plus one key and one value per
+        query group."""
+        return (self.num_attention_heads + 2 * self.query_groups) * self.head_dim
+
+    @property
+    def mlp_in_width(self) -> int:
+        """Output width of the first MLP GEMM (2·ffn when gated)."""
+        return (2 if self.gated_linear_unit else 1) * self.ffn
+
+    @property
+    def activation_precision(self) -> str:
+        """Precision of activations, memory-bound ops and communication: with ``fp8``
+        only the GEMMs run in FP8 (Transformer Engine); the rest stays bf16."""
+        return "bf16" if self.precision == "fp8" else self.precision
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> TransformerSpec:
-        _divides(self, "num_attention_heads", "hidden_size")
+        if self.kv_channels is None:
+            _divides(self, "num_attention_heads", "hidden_size")
+        if self.num_query_groups is not None:
+            _divides(self, "num_query_groups", "num_attention_heads")
         _divides(self, "micro_batch_size", "global_batch_size")
         return self
 

@@ -261,7 +261,8 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int,
         "bundle": reg.capacity_B * arch.mcus_per_bundle if reg else 0.0,
         "global": reg.capacity_B * arch.num_mcus if reg else 0.0,
     }
-    per_bundle = arch.peak_flops[precision] * arch.compute_efficiency / arch.num_bundles
+    efficiency = arch.precision_efficiency.get(precision, arch.compute_efficiency)
+    per_bundle = arch.peak_flops[precision] * efficiency / arch.num_bundles
     compute = _compute_time(arch, g, per_bundle, levels[-1].latency_s)
     reg_bytes = reg_flow = reg_reuse = None
 

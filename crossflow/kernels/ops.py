@@ -1,4 +1,5 @@
-"""Memory-bound operators: elementwise, softmax, layernorm, embedding.
+"""Memory-bound operators: elementwise, softmax, layernorm, embedding; and the fused
+(flash) attention kernel, compute-bound but priced here as one fused kernel.
 
 They move every byte once and do little arithmetic, so their time is the roofline of the
 bytes at the memory level where their data lives — the smallest chip-global level that holds
@@ -21,6 +22,11 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5.0
 LAYERNORM_FLOPS_PER_ELEMENT = 8.0
 #: Token ids are int64 in PyTorch/Megatron embedding lookups.
 INDEX_BYTES = 8
+#: A flash-attention kernel's efficiency relative to the device's GEMM efficiency where no
+#: software profile gives its own: FlashAttention-2 reaches up to 73 % of A100 peak forward
+#: and 63 % backward (Dao 2023, arXiv:2307.08691, §4.1) where cuBLAS GEMMs sustain ~86 %
+#: (the dgx-a100 profile's 0.863): 0.68 / 0.863 ~ 0.8.
+FLASH_RELATIVE_EFFICIENCY = 0.8
 
 
 def vector_rate(arch: MicroArch) -> float:
@@ -139,4 +145,40 @@ def embedding(arch: MicroArch, tokens: int, hidden: int, precision: str = "fp16"
         arch, "embedding",
         bytes_read=moved + tokens * INDEX_BYTES, bytes_written=moved, flops=0.0, count=count,
         detail={"tokens": tokens, "hidden": hidden}, warm=warm,
+    )
+
+
+def fused_attention(arch: MicroArch, heads: int, seq: int, head_dim: int, gemms: int,
+                    causal: int, precision: str = "bf16") -> KernelResult:
+    """A flash-attention kernel (FlashAttention, cuDNN fused attention): the scores are made
+    and consumed tile by tile on chip, so main memory sees only q, k, v and the output
+    (forward, ``gemms`` = 2: QKᵀ and PV) or q, k, v, o, dO in and dq, dk, dv out (backward,
+    ``gemms`` = 5: the scores recomputed, dV, dP, dQ, dK) — no s×s tensor.  Under a causal
+    mask the kernel skips the masked tiles: half the products.  Time: the slower of the
+    products at the profile's attention efficiency and the bytes at the memory-bound
+    efficiency, at least the kernel minimum, plus the launch.
+    """
+    check_precision(arch, precision)
+    b = BYTES_PER_ELEMENT[precision]
+    flops = 2.0 * gemms * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    efficiency = arch.attention_efficiency or FLASH_RELATIVE_EFFICIENCY * arch.compute_efficiency
+    compute_time = flops / (arch.peak_flops[precision] * efficiency)
+    moved = (4 if gemms <= 2 else 8) * heads * seq * head_dim * b
+    level = arch.main_memory
+    memory_time = moved / (level.bandwidth_Bps * (arch.memory_bound_efficiency
+                                                  or level.efficiency)) + level.latency_s
+    launch = arch.kernel_launch_s
+    energy = flops * arch.energy_J_per_flop.get(precision, 0.0) + moved * level.energy_J_per_B
+    return KernelResult(
+        name="attention",
+        time_s=max(compute_time, memory_time, arch.kernel_min_s) + launch,
+        flops=flops,
+        compute_time_s=compute_time,
+        bytes_per_level={lv.name: (moved if lv is level else 0.0) for lv in arch.memory},
+        time_per_level_s={lv.name: (memory_time if lv is level else 0.0) for lv in arch.memory},
+        bottleneck="compute" if compute_time > memory_time else level.name,
+        launch_s=launch,
+        energy_J=energy,
+        detail={"heads": heads, "seq": seq, "head_dim": head_dim, "gemms": gemms,
+                "causal": bool(causal)},
     )

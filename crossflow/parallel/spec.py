@@ -13,7 +13,9 @@ or the Megatron-LM keys::
 ``kind: parallelism`` may be left out.  Execution options that are not part of the grid go
 here too: the pipeline ``schedule`` (1F1B, interleaved when virtual stages > 1, or GPipe),
 ``zero1`` (optimizer state sharded over the data-parallel group, Rajbhandari et al. 2020,
-stage 1) and a ``micro_batch_size`` that overrides the workload's.
+stage 1; Megatron's name ``use_distributed_optimizer`` is accepted as its alias), a
+``micro_batch_size`` and a ``recompute_granularity`` (Megatron's name: none, selective or
+full) that override the workload's.
 """
 
 from __future__ import annotations
@@ -57,9 +59,46 @@ class ParallelismSpec(Spec):
     #: reduce each layer's gradients while the backward pass goes on (PyTorch DDP buckets);
     #: Megatron-LM of SC21 / Korthikanti et al. did not
     overlap_grad_reduce: bool = False
+    #: Megatron's ``--recompute-granularity`` (none / selective / full): overrides the
+    #: workload's ``activation_recompute`` (None: the workload's)
+    recompute_granularity: Literal["none", "selective", "full"] | None = None
+    #: Megatron's ``--use-distributed-optimizer``: another name for ``zero1``
+    use_distributed_optimizer: bool | None = None
+    #: context parallelism (Megatron's ``--context-parallel-size``): each sequence split over
+    #: this many devices, keys and values passed around a ring during attention.  The devices
+    #: are tensor × context × data × pipeline; in the strategy's grid the context ranks sit
+    #: in the data-parallel dimension (Megatron orders them tp-cp-dp-pp), so ``data_parallel``
+    #: stays the number of model replicas
+    context_parallel: Degree = 1
+    #: Megatron-Core's uneven pipeline split: the embedding (the loss) counts as one layer
+    #: when the layers are cut into pipeline × virtual chunks, so the first (last) chunk has
+    #: one layer fewer; (num_layers + the accounted ones) must divide evenly
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    @property
+    def pipeline_extra_layers(self) -> tuple[int, int]:
+        """(first chunk, last chunk) layer slots taken by the embedding and the loss."""
+        return (int(self.account_for_embedding_in_pipeline_split),
+                int(self.account_for_loss_in_pipeline_split))
+
+    @property
+    def sharded_optimizer(self) -> bool:
+        """Whether the optimizer state is sharded (``zero1`` or its alias)."""
+        return self.zero1 or bool(self.use_distributed_optimizer)
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelismSpec:
+        if self.context_parallel > 1 and self.strategy is not None:
+            raise ConfigError("context parallelism takes the Megatron degrees, not a paper "
+                              "strategy name", key="context_parallel",
+                              value=self.context_parallel)
+        if (self.use_distributed_optimizer is not None and "zero1" in self.model_fields_set
+                and self.zero1 != self.use_distributed_optimizer):
+            raise ConfigError("use_distributed_optimizer is another name for zero1; give "
+                              "one of them, or both alike", key="use_distributed_optimizer",
+                              value=self.use_distributed_optimizer,
+                              allowed=f"{self.zero1} (as zero1)")
         if self.strategy is not None:
             both = sorted(set(MEGATRON_KEYS) & self.model_fields_set)
             if both:
@@ -79,7 +118,8 @@ class ParallelismSpec(Spec):
             return Strategy.parse(self.strategy)
         try:
             return Strategy.megatron(
-                tp=self.tensor_parallel, pp=self.pipeline_parallel, dp=self.data_parallel,
+                tp=self.tensor_parallel, pp=self.pipeline_parallel,
+                dp=self.data_parallel * self.context_parallel,
                 vp=self.virtual_pipeline_stages, sp=self.sequence_parallel,
             )
         except ConfigError as exc:

@@ -101,6 +101,7 @@ def shard_node(a: dict[str, Any], s: Strategy, dp_mode: str = "batch") -> dict[s
             "softmax": ("rows", "cols"),
             "layernorm": ("rows", "cols"),
             "embedding": ("tokens", "hidden"),
+            "attention": ("heads", None),
         }[op]
         if op == "elementwise":
             k1 = s.kernel_degree

@@ -30,6 +30,8 @@ def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> tuple[floa
     elif op == "embedding":
         tokens, hidden, _vocab = shape
         r = ops.embedding(arch, tokens, hidden, precision)
+    elif op == "attention":
+        r = ops.fused_attention(arch, *shape, precision)
     else:
         raise ValueError(f"unknown op {op!r}")
     return r.time_s, r.energy_J

@@ -15,20 +15,35 @@ from functools import lru_cache, partial
 from typing import Protocol
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
+from crossflow.config.system import OverlapSpec
 from crossflow.kernels import ops
 from crossflow.parallel import Strategy, shard_node
 from crossflow.sim.memory import check_capacity
 from crossflow.sim.pipeline import Host, chain, repeat, simulate_pipeline, span
 from crossflow.sim.transformer import block_collectives, collective_count, price_nodes
 from crossflow.workloads import transformer_graph
+from crossflow.workloads.transformer import block_params
 
 #: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
 #: fp32 moments per parameter (12 B) beside the fp16 weight (2 B) and gradient (2 B)
-#: (Rajbhandari et al., ZeRO, SC20 §3.1: 16 bytes per parameter).
+#: (Rajbhandari et al., ZeRO, SC20 §3.1: 16 bytes per parameter).  ``GRAD_BYTES`` is what
+#: a gradient exchange sends by default (fp16/bf16).
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
-#: One Adam step streams, per parameter, the fp16 gradient (2 B read), the fp32 master weight
-#: and two moments (12 B read + 12 B write) and writes the fp16 weight (2 B) (ZeRO §3.1).
-ADAM_BYTES_READ, ADAM_BYTES_WRITTEN = 14, 14
+#: Megatron accumulates gradients into an fp32 buffer (``main_grad``, for gradient
+#: accumulation fusion and ``--accumulate-allreduce-grads-in-fp32``), so a parameter holds
+#: 4 gradient bytes: 18 bytes per parameter with mixed precision, not ZeRO's 16
+#: (megatron/core/distributed/param_and_grad_buffer.py; Korthikanti et al. 2022's Table 5
+#: memory is 6.7 % above ZeRO's count).
+MAIN_GRAD_BYTES = 4
+
+#: Megatron's optimizer step, per parameter, with the fp32 gradient buffer: the unscale and
+#: inf check (read and write the gradient, 4 + 4 B), the gradient norm (read it, 4 B), fused
+#: Adam (read the fp32 master weight, gradient and two moments, 16 B; write weight and
+#: moments, 12 B), the copy of the master weight into the fp16/bf16 model weight (read 4,
+#: write 2 B) and the zeroing of the gradient buffer (write 4 B): 28 B read, 22 B written
+#: (megatron/optimizer/optimizer.py, MixedPrecisionOptimizer.step; ZeRO §3.1 counts only
+#: Adam's 14 + 14).
+ADAM_BYTES_READ, ADAM_BYTES_WRITTEN = 28, 22
 ADAM_FLOPS_PER_PARAM = 12
 
 
@@ -55,17 +70,30 @@ class TrainingResult:
     detail: dict[str, object] = field(default_factory=dict)
 
 
-def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: bool) -> float:
-    """Megatron's FLOPs per iteration (SC21 eq. 3, generalised to an MLP of width ``ffn``).
+def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: bool, *,
+                qkv: int | None = None, q: int | None = None, ffn_in: int | None = None
+                ) -> float:
+    """Megatron's FLOPs per iteration (SC21 eq. 3, generalised to an MLP of width ``ffn``,
+    grouped-query attention and a gated MLP).
 
-    Forward: per layer and token 2·(4h² + 2·h·ffn) GEMM FLOPs plus 4·s·h for attention, and
-    2·h·V for the logits; backward twice the forward; full recomputation one more forward.
-    With ffn = 4h this is 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)), and 96·… with recompute.
+    Forward: per layer and token 2·(h·qkv + q·h + h·ffn_in + ffn·h) GEMM FLOPs (qkv = 3h,
+    q = h, ffn_in = ffn for GPT-3's block: 2·(4h² + 2·h·ffn)) plus 4·s·q for attention over
+    the whole s×s score matrix, and 2·h·V for the logits; backward twice the forward; full
+    recomputation one more forward.  With ffn = 4h this is 72·B·s·L·h²·(1 + s/(6h) +
+    V/(12·L·h)), and 96·… with recompute.
     """
-    per_token_layer = 2 * (4 * h * h + 2 * h * ffn) + 4 * s * h
+    qkv, q, ffn_in = qkv or 3 * h, q or h, ffn_in or ffn
+    per_token_layer = 2 * (h * qkv + q * h + h * ffn_in + ffn * h) + 4 * s * q
     forward = B * s * (L * per_token_layer + 2 * h * V)
     layers_forward = B * s * L * per_token_layer
     return 3 * forward + (layers_forward if recompute else 0)
+
+
+def spec_model_flops(spec, recompute: bool = False) -> float:
+    """:func:`model_flops` of a TransformerSpec."""
+    return model_flops(spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size,
+                       spec.global_batch_size, spec.ffn, recompute, qkv=spec.qkv_width,
+                       q=spec.q_width, ffn_in=spec.mlp_in_width)
 
 
 def transformer_iteration(
@@ -82,71 +110,112 @@ def transformer_iteration(
     zero1: bool = False,
     overlap_grad_reduce: bool = False,
     software=None,
+    cp: int = 1,
+    extra_layers: tuple[int, int] = (0, 0),
 ) -> TrainingResult:
-    """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·pp·dp`` devices.
+    """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·cp·pp·dp`` devices
+    (``dp`` model replicas; ``cp`` context-parallel ranks share each sequence).
 
     ``software`` (a system's SoftwareSpec) adds the host: each pass's dispatch time runs on
     a host resource beside the device in the pipeline simulation, and the iteration's host
     tail (optimizer step and synchronising checks) bounds the tail with the device's.
     """
     L, h, s, V = spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size
-    prec, b = spec.precision, spec.micro_batch_size
-    ffn = spec.ffn
+    prec, b = spec.activation_precision, spec.micro_batch_size
     m = spec.global_batch_size // (dp * b)
     chunks = pp * vp
-    per_chunk = L // chunks
+    layers = chunk_layers(L, chunks, extra_layers)
+    per_chunk = max(layers)
     nbytes = BYTES_PER_ELEMENT[prec]
     if vp > 1 and schedule == "1f1b":
         schedule = "interleaved"
+    overlap = software.overlap if software is not None else OverlapSpec()
+    grad_reduce_bytes = software.grad_reduce_bytes if software is not None else GRAD_BYTES
 
     def coll(kind: str, size: float) -> float:
         return network.collective(kind, size, "kp1") if tp > 1 else 0.0
 
-    block_f, block_b, *ends = _passes(arch, spec, tp, sp, coll)
+    block_f, block_b, *ends = _passes(arch, spec, tp, sp, coll, cp)
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
-    layer_f, layer_b = block_f.total, block_b.total
-    T = b * s
+    # Context parallelism (Transformer Engine's ring attention): each rank holds 1/cp of every
+    # sequence and passes its keys and values around the ring, cp−1 steps forward, and keys,
+    # values and their gradients backward, each step behind the previous step's attention
+    cp_f = cp_b = cp_hidden_f = cp_hidden_b = 0.0
+    if cp > 1:
+        kv = (2 * b * s // cp * spec.query_groups * spec.head_dim
+              * BYTES_PER_ELEMENT[prec] / max(1, min(tp, spec.query_groups)))
+        cp_f = (cp - 1) * network.p2p(kv, "dp")
+        cp_b = 2 * cp_f
+        cp_hidden_f = min(cp_f, block_f.attention)
+        cp_hidden_b = min(cp_b, block_b.attention)
+    # Megatron-Core's tp-comm-overlap splits each GEMM and its all-gather / reduce-scatter
+    # into chunks on separate streams: up to ``overlap.tp_comm`` of the collectives hide
+    # behind the pass's GEMMs, never more than the GEMMs' time
+    tp_hidden_f = min(overlap.tp_comm * block_f.tp_comm, block_f.compute)
+    tp_hidden_b = min(overlap.tp_comm * block_b.tp_comm, block_b.compute)
+    layer_f = block_f.total - tp_hidden_f + cp_f - cp_hidden_f
+    layer_b = block_b.total - tp_hidden_b + cp_b - cp_hidden_b
+    T = b * s // cp
     act = T * h * nbytes
 
-    fwd_s = [per_chunk * layer_f for _ in range(chunks)]
-    bwd_s = [per_chunk * layer_b for _ in range(chunks)]
+    fwd_s = [n * layer_f for n in layers]
+    bwd_s = [n * layer_b for n in layers]
     fwd_s[0] += emb_f
     bwd_s[0] += emb_b
     fwd_s[-1] += head_f
     bwd_s[-1] += head_b
     # Megatron's send/recv between stages blocks both devices (torch.distributed
-    # batch_isend_irecv followed by a wait, SC21 §4.1), so the transfer occupies the sender:
-    # every chunk but the last sends its activations, every chunk but the first its gradients.
+    # batch_isend_irecv followed by a wait, SC21 §4.1), so a transfer occupies the sender and
+    # the receiver: every chunk but the last sends its activations (which the next receives),
+    # every chunk but the first its gradients (which the previous receives).
+    # With ``overlap.p2p`` (Megatron-Core's overlap_p2p_comm) the transfers run on their own
+    # stream behind the next chunk's computation.
     p2p = network.p2p(act / tp if tp > 1 else act, "lp") if pp > 1 else 0.0
     if pp > 1 and tp > 1:
         p2p += network.collective("all_gather", act, "kp1")
+    p2p_on_device = 0.0 if overlap.p2p else p2p
     for g in range(chunks - 1):
-        fwd_s[g] += p2p
-        bwd_s[g + 1] += p2p
-    host = _host(software, block_f, block_b, ends, per_chunk, chunks, pp, p2p)
+        fwd_s[g] += p2p_on_device
+        bwd_s[g + 1] += p2p_on_device
+        fwd_s[g + 1] += p2p_on_device
+        bwd_s[g] += p2p_on_device
+    host = _host(software, block_f, block_b, ends, per_chunk, chunks, pp, p2p_on_device)
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
 
-    stage_params = stage_parameters(spec, tp=tp, pp=pp)
-    grads = stage_params * GRAD_BYTES
-    dp_time = network.collective("all_reduce", grads, "dp") if dp > 1 else 0.0
-    if overlap_grad_reduce and dp_time:
-        # Each block's gradients are final after the last micro-batch's backward through
-        # it; their all-reduce runs behind the rest of that backward pass.  What remains
-        # exposed is the part longer than that last backward, and at least the all-reduce of
-        # the last block (first layers) finished.
-        last_backward = vp * per_chunk * layer_b
-        dp_time = max(dp_time - last_backward, dp_time / (vp * per_chunk))
+    stage_params = stage_parameters(spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp)
+    grads = stage_params * grad_reduce_bytes
+    # gradients are reduced, and the distributed optimizer sharded, over data × context ranks
+    shard = dp * cp if zero1 else 1
+    reduce_s = gather_s = 0.0
+    if dp * cp > 1:
+        # the distributed optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers
+        # the updated parameters; otherwise one all-reduce
+        reduce_s = network.collective("reduce_scatter" if zero1 else "all_reduce", grads, "dp")
+        if zero1:
+            gather_s = network.collective("all_gather", stage_params * WEIGHT_BYTES, "dp")
+    layers_here = vp * per_chunk
+    reduce_exposed, gather_exposed = reduce_s, gather_s
+    if (overlap_grad_reduce or overlap.grad_reduce) and reduce_s:
+        # Each bucket's gradients are final after the last micro-batch's backward through
+        # its layers; their reduction runs behind the rest of that backward pass.  What
+        # remains exposed is the part longer than that last backward, and at least the
+        # reduction of the last bucket (one layer's share).
+        last_backward = layers_here * layer_b
+        reduce_exposed = max(reduce_s - last_backward, reduce_s / layers_here)
+    if overlap.param_gather and gather_s:
+        # the next iteration's first forward waits for each layer's parameters only
+        first_forward = layers_here * layer_f
+        gather_exposed = max(gather_s - first_forward, gather_s / layers_here)
+    dp_time = reduce_exposed + gather_exposed
     # The tied word embedding's gradient is summed between the first and last stage: one
     # exchange of the (vocab-parallel) table's gradient each way.
-    emb_time = network.p2p(V * h / tp * GRAD_BYTES, "lp") if pp > 1 else 0.0
-    shard = dp if zero1 else 1
+    tied = not spec.untie_embeddings_and_output_weights
+    emb_time = network.p2p(V * h / tp * grad_reduce_bytes, "lp") if pp > 1 and tied else 0.0
     adam = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * stage_params / shard,
                             bytes_written=ADAM_BYTES_WRITTEN * stage_params / shard,
                             flops=ADAM_FLOPS_PER_PARAM * stage_params / shard)
     opt = adam.time_s
-    if zero1 and dp > 1:  # gather the updated weight shards
-        opt += network.collective("all_gather", stage_params * WEIGHT_BYTES, "dp")
 
     device_tail = dp_time + emb_time + opt
     host_tail = software.iteration_s if host is not None else 0.0
@@ -157,16 +226,26 @@ def transformer_iteration(
     layers_share = {
         "compute_s": micro * (block_f.compute + block_b.compute),
         "memory_bound_s": micro * (block_f.memory + block_b.memory),
-        "tp_comm_s": micro * (block_f.tp_comm + block_b.tp_comm),
+        "tp_comm_s": micro * (block_f.tp_comm + block_b.tp_comm - tp_hidden_f - tp_hidden_b),
+        "cp_comm_s": micro * (cp_f + cp_b - cp_hidden_f - cp_hidden_b),
     }
     breakdown = {
         **layers_share,
         "embedding_and_head_s": m * (emb_f + emb_b + head_f + head_b) / max(pp, 1),
         "pipeline_bubble_s": pipe.bubble_s,
-        "pp_p2p_s": 2 * p2p * m * vp if pp > 1 else 0.0,  # sends per device per iteration
+        # a middle stage's sends and receives per micro-batch and chunk: two each
+        "pp_p2p_s": 4 * p2p_on_device * m * vp if pp > 1 else 0.0,
         "dp_allreduce_s": dp_time,
         "embedding_allreduce_s": emb_time,
         "optimizer_s": opt,
+    }
+    # communication behind computation (not in the iteration time; the breakdown's
+    # communication entries are the exposed parts)
+    hidden = {
+        "tp_comm_s": micro * (tp_hidden_f + tp_hidden_b),
+        "cp_comm_s": micro * (cp_hidden_f + cp_hidden_b),
+        "pp_p2p_s": 4 * (p2p - p2p_on_device) * m * vp if pp > 1 else 0.0,
+        "dp_allreduce_s": reduce_s + gather_s - dp_time,
     }
     if host is not None:
         # The busiest host's issue time (it overlaps with the device where the device is the
@@ -175,21 +254,26 @@ def transformer_iteration(
             sum(host.fwd_s[c * pp + s] + host.bwd_s[c * pp + s] for c in range(vp))
             for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
-                                zero1=zero1)
+                                zero1=zero1, grad_bytes=grad_bytes(software), cp=cp,
+                                extra_layers=extra_layers)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
         time_s=total,
         breakdown=breakdown,
-        flops_per_iteration=model_flops(L, h, s, V, spec.global_batch_size, ffn, False),
-        hardware_flops_per_iteration=model_flops(L, h, s, V, spec.global_batch_size, ffn,
-                                                 recompute),
+        flops_per_iteration=spec_model_flops(spec, False),
+        hardware_flops_per_iteration=spec_model_flops(spec, recompute),
         memory_per_device_bytes=used,
         memory_breakdown=memory,
         microbatches=m,
         energy_J=energy,
         detail={"block_forward_s": block_f.__dict__, "block_backward_s": block_b.__dict__,
-                "p2p_s": p2p,
+                "p2p_s": p2p, "hidden_comm_s": hidden,
+                "exposed_comm_s": {"tp_comm_s": breakdown["tp_comm_s"],
+                                   "cp_comm_s": breakdown["cp_comm_s"],
+                                   "pp_p2p_s": breakdown["pp_p2p_s"],
+                                   "dp_allreduce_s": dp_time},
+                "attention": spec.attention_backend or "unfused",
                 "schedule": schedule, "pipeline_makespan_s": pipe.makespan_s},
     )
 
@@ -205,7 +289,7 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
     a node, the NIC between nodes).  Static power is not included.
     """
     act = spec.micro_batch_size * spec.seq_length * spec.hidden_size * BYTES_PER_ELEMENT[
-        spec.precision]
+        spec.activation_precision]
     kernels = tp * dp * m * (spec.num_layers * (block[0].energy_J + block[1].energy_J)
                              + sum(p.energy_J for p in ends))
     intra = arch.links.get("intra")
@@ -219,22 +303,24 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
     return kernels + adam_J * tp * pp * dp + links
 
 
-def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll):
+def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1):
     """Forward / backward times of one block, of the embedding and of the head (per
-    micro-batch, one tensor-parallel rank), priced from the workload graph's nodes."""
+    micro-batch, one tensor-parallel and context-parallel rank), priced from the workload
+    graph's nodes.  Context parallelism divides every node's tokens (its batch key; the
+    attention core's heads, which gives its queries' share of the s×s work) by ``cp``."""
     graph = transformer_graph(_one_block(spec))
-    strategy = Strategy.megatron(tp=tp, sp=sp)
+    strategy = Strategy.megatron(tp=tp, sp=sp, dp=cp)
     groups: dict[tuple[int, bool], list[dict]] = {}
     for _, attrs in graph.nodes(data=True):
         if attrs["phase"] == "optimizer":
             continue  # priced below as mixed-precision Adam
         backward = attrs["phase"] != "fwd"
         groups.setdefault((attrs["layer"], backward), []).append(shard_node(attrs, strategy))
-    tokens = spec.micro_batch_size * spec.seq_length
+    tokens = spec.micro_batch_size * spec.seq_length // cp
     comm_f, comm_b = block_collectives(tokens=tokens, hidden=spec.hidden_size,
-                                       precision=spec.precision, sp=sp,
+                                       precision=spec.activation_precision, sp=sp,
                                        recompute=spec.activation_recompute, collective=coll)
-    act = tokens * spec.hidden_size * BYTES_PER_ELEMENT[spec.precision]
+    act = tokens * spec.hidden_size * BYTES_PER_ELEMENT[spec.activation_precision]
     vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
     on = tp > 1
     count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute)
@@ -290,15 +376,35 @@ def _one_block(spec):
     return spec.model_copy(update={"num_layers": 1})
 
 
-def stage_parameters(spec, *, tp: int, pp: int) -> float:
+def chunk_layers(L: int, chunks: int, extra_layers: tuple[int, int] = (0, 0)) -> list[int]:
+    """Layers of each pipeline chunk, first to last: an even split, or Megatron-Core's
+    uneven one where the embedding (loss) takes a layer's slot in the first (last) chunk."""
+    first, last = extra_layers
+    per = (L + first + last) // chunks
+    layers = [per] * chunks
+    layers[0] -= first
+    layers[-1] -= last
+    return layers
+
+
+def stage_parameters(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
+                     vp: int = 1) -> float:
     """Parameters per device: the busiest stage (the first, with the embedding table)."""
-    L, h, V, ffn = spec.num_layers, spec.hidden_size, spec.vocab_size, spec.ffn
-    layer_params = 12 * h * h + 13 * h if ffn == 4 * h else 4 * h * h + 2 * h * ffn + 9 * h + ffn
-    return (L // pp) * layer_params / tp + V * h / tp
+    L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
+    first = sum(chunk_layers(L, pp * vp, extra_layers)[::pp])  # the first device's chunks
+    return first * block_params(spec) / tp + V * h / tp
+
+
+def grad_bytes(software) -> int:
+    """Bytes per parameter of the gradient buffer under ``software`` (a SoftwareSpec or
+    None: Megatron's fp32 ``main_grad``)."""
+    return software.main_grad_bytes if software is not None else MAIN_GRAD_BYTES
 
 
 def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
-                       schedule: str = "1f1b", zero1: bool = False) -> dict[str, float]:
+                       schedule: str = "1f1b", zero1: bool = False,
+                       grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
+                       extra_layers: tuple[int, int] = (0, 0)) -> dict[str, float]:
     """Bytes per device of :func:`transformer_iteration` with these options, without
     pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
     memory_check`)."""
@@ -306,11 +412,13 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
-                   stage_params=stage_parameters(spec, tp=tp, pp=pp), m=m, schedule=schedule)
+                   stage_params=stage_parameters(spec, tp=tp, pp=pp,
+                                                 extra_layers=extra_layers, vp=vp),
+                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp)
 
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
-            schedule) -> dict[str, float]:
+            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1) -> dict[str, float]:
     """Bytes on the first pipeline stage's device (the fullest).
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
@@ -323,11 +431,28 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     s, b, h, a, L = (spec.seq_length, spec.micro_batch_size, spec.hidden_size,
                      spec.num_attention_heads, spec.num_layers)
     rc = spec.activation_recompute
+    # Korthikanti's 34 bytes per token and hidden unit: 10 that tensor parallelism does not
+    # split (layernorm inputs, dropout masks) and 24 it does: 16 in the MLP (the fc1 and
+    # GeLU outputs, 2·4h each), 6 the q, k, v, 2 the attention output.  A gated MLP keeps
+    # its 2·ffn-wide fc1 output and the ffn-wide SwiGLU output; GQA keeps smaller k, v.
+    mlp = (6 if spec.gated_linear_unit else 4) * spec.ffn / h
+    qkv = 2 * spec.qkv_width / h
+    split = 2 + qkv + mlp
     if rc == "full":
         per_layer = 2 * s * b * h / (tp if sp else 1)
     else:
-        attention = 0.0 if rc == "selective" else 5 * a * s / (h * tp)
-        base = 34 / tp if sp else 10 + 24 / tp
+        flash = (spec.attention_backend or "unfused") == "flash"
+        # the s×s scores, probabilities and dropout mask; none with a flash kernel (it keeps
+        # only the softmax statistics) or under selective recomputation
+        attention = 0.0 if rc == "selective" or flash else 5 * a * s / (h * tp)
+        base = (10 + split) / tp if sp else 10 + split / tp
+        if spec.precision == "fp8":
+            # Transformer Engine saves the FP8 copies of the GEMM inputs it made anyway for
+            # the weight gradients: the qkv and fc1 inputs (layernorm outputs) and the fc2
+            # input take 1 byte instead of 2 (the attention output stays bf16: the flash
+            # backward reads it)
+            base -= 2 / tp if sp else 2
+            base -= spec.ffn / h / tp
         per_layer = s * b * h * (base + attention)
     if schedule == "gpipe":
         in_flight = m  # every micro-batch's activations wait for the backward pass
@@ -335,11 +460,13 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         in_flight = pp * (1 + (pp - 1) / (pp * vp))
     else:
         in_flight = min(pp, m)
-    activations = per_layer * (L / pp) * in_flight
-    shard = dp if zero1 else 1
+    activations = per_layer * (L / pp) * in_flight / cp  # a rank holds 1/cp of each sequence
+    shard = dp * cp if zero1 else 1
+    # FP8 (Transformer Engine without FP8 primary weights): the weights stay bf16; their
+    # FP8 casts are transient workspaces, not counted
     return {
         "weights_bytes": stage_params * WEIGHT_BYTES,
-        "gradients_bytes": stage_params * GRAD_BYTES,
+        "gradients_bytes": stage_params * grad_bytes,
         "optimizer_state_bytes": stage_params * OPTIMIZER_BYTES / shard,
         "activations_bytes": activations,
     }

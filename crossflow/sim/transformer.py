@@ -27,10 +27,12 @@ class PassTimes:
     """Seconds per category of one pass (forward or backward) over a group of nodes, and
     the dynamic energy of its kernels."""
 
-    compute: float = 0.0  # GEMMs
+    compute: float = 0.0  # GEMMs and fused (flash) attention
     memory: float = 0.0  # memory-bound ops
     tp_comm: float = 0.0
     energy_J: float = 0.0
+    #: of ``compute``: the attention core (flash kernel, or the batched score GEMMs)
+    attention: float = 0.0
     #: kernels issued by forward code (forward and recomputed ops), by the autograd engine
     #: (backward ops), and collectives: what the host dispatches (software-stack layer)
     forward_ops: int = 0
@@ -47,14 +49,16 @@ class PassTimes:
 
 def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
                 collectives: int = 0) -> PassTimes:
-    compute = memory = energy = 0.0
+    compute = memory = energy = attention = 0.0
     backward = 0
     trace = []
     for attrs in nodes:
         t, e = node_cost(arch, attrs)
         energy += e
-        if attrs["op"] == "gemm":
+        if attrs["op"] in ("gemm", "attention"):  # tensor-core work: GEMMs, flash attention
             compute += t
+            if attrs["op"] == "attention" or attrs["batch_key"] == "count":
+                attention += t
         else:
             memory += t
         is_bwd = attrs["phase"] == "bwd"
@@ -64,8 +68,8 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
         every = len(trace) / collectives
         for i in range(collectives, 0, -1):
             trace.insert(round(i * every), (2, tp_comm / collectives))
-    return PassTimes(compute, memory, tp_comm, energy, len(nodes) - backward, backward,
-                     collectives, tuple(trace))
+    return PassTimes(compute, memory, tp_comm, energy, attention, len(nodes) - backward,
+                     backward, collectives, tuple(trace))
 
 
 def collective_count(*, sp: bool, recompute: str) -> tuple[int, int]:

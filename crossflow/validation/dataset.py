@@ -72,6 +72,10 @@ class DataSet:
     rows: tuple[Row, ...]
     max_mape: float
     min_spearman: float
+    #: row label -> group name, for data sets whose tolerance holds per group too: the mean
+    #: signed error of every group must stay within ``max_group_bias``
+    group_of: tuple[tuple[str, str], ...] = ()
+    max_group_bias: float | None = None
 
     @property
     def mape(self) -> float:
@@ -82,15 +86,36 @@ class DataSet:
         return spearman([r.predicted for r in self.rows], [r.measured for r in self.rows])
 
     @property
+    def group_bias(self) -> dict[str, float]:
+        """Mean signed error per group (empty without groups)."""
+        groups: dict[str, list[float]] = {}
+        names = dict(self.group_of)
+        for r in self.rows:
+            if r.label in names:
+                groups.setdefault(names[r.label], []).append(r.error)
+        return {g: float(np.mean(e)) for g, e in groups.items()}
+
+    @property
     def passed(self) -> bool:
         rho = self.spearman
-        return self.mape <= self.max_mape and (math.isnan(rho) or rho >= self.min_spearman)
+        biased = self.max_group_bias is not None and any(
+            abs(b) > self.max_group_bias for b in self.group_bias.values())
+        return (self.mape <= self.max_mape and (math.isnan(rho) or rho >= self.min_spearman)
+                and not biased)
+
+    def _groups_line(self) -> str:
+        if not self.group_of:
+            return ""
+        bias = ", ".join(f"{g} {b * 100:+.1f}%" for g, b in self.group_bias.items())
+        bound = (f" (tolerance ±{self.max_group_bias * 100:.0f}%)"
+                 if self.max_group_bias is not None else "")
+        return f"; mean signed error by group: {bias}{bound}"
 
     def summary(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
         return (f"{self.name}: MAPE {self.mape * 100:.1f}% (tolerance {self.max_mape * 100:.0f}%),"
                 f" Spearman {self.spearman:.3f} (floor {self.min_spearman}), {len(self.rows)}"
-                f" rows -> {verdict}")
+                f" rows{self._groups_line()} -> {verdict}")
 
     def render(self) -> str:
         width = max(len(r.label) for r in self.rows)
@@ -108,6 +133,6 @@ class DataSet:
         lines.append(
             f"   {self.quantity}: MAPE {self.mape * 100:.1f}% (tolerance {self.max_mape * 100:.0f}%),"
             f" Spearman {self.spearman:.3f} (floor {self.min_spearman}), {len(self.rows)} rows"
-            f" -> {verdict}"
+            f"{self._groups_line()} -> {verdict}"
         )
         return "\n".join(lines)

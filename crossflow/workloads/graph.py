@@ -12,6 +12,9 @@ elementwise elements, inputs, outputs,                ``ops.elementwise(...)``
 softmax     rows, cols                                ``ops.softmax(arch, rows, cols, ...)``
 layernorm   rows, cols                                ``ops.layernorm(arch, rows, cols, ...)``
 embedding   tokens, hidden, vocab (table rows)        ``ops.embedding(arch, tokens, hidden, ...)``
+attention   heads, seq, head_dim, gemms, causal       ``ops.fused_attention(...)``: a flash
+                                                      kernel (``gemms`` s×s×d products per
+                                                      head: 2 forward, 5 backward)
 ========== ========================================== =========================================
 
 Other node attributes: ``name`` (e.g. ``"qkv.dW"``), ``phase`` (fwd / bwd / recompute /
@@ -46,7 +49,8 @@ import networkx as nx
 from crossflow.arch.microarch import BYTES_PER_ELEMENT
 from crossflow.kernels.ops import LAYERNORM_FLOPS_PER_ELEMENT, SOFTMAX_FLOPS_PER_ELEMENT
 
-OPS: tuple[str, ...] = ("gemm", "elementwise", "softmax", "layernorm", "embedding")
+OPS: tuple[str, ...] = ("gemm", "elementwise", "softmax", "layernorm", "embedding",
+                        "attention")
 PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "optimizer")
 EDGE_KINDS: tuple[str, ...] = ("act", "grad", "stash", "wgrad", "control")
 SHAPE_KEYS: dict[str, tuple[str, ...]] = {
@@ -55,6 +59,7 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "softmax": ("rows", "cols"),
     "layernorm": ("rows", "cols"),
     "embedding": ("tokens", "hidden", "vocab"),
+    "attention": ("heads", "seq", "head_dim", "gemms", "causal"),
 }
 #: How pipeline parallelism cuts the units (``unit`` node attribute, 0..units-1):
 #: "megatron" — units 1..L are the blocks, cut into lp·vp equal chunks (lp·vp | L); unit 0
@@ -73,6 +78,8 @@ def output_elements(a: dict[str, Any]) -> int:
         return a["elements"] * a["outputs"]
     if op == "embedding":
         return a["tokens"] * a["hidden"]
+    if op == "attention":
+        return a["heads"] * a["seq"] * a["head_dim"]
     return a["rows"] * a["cols"]
 
 
@@ -87,7 +94,15 @@ def node_flops(a: dict[str, Any]) -> float:
         return float(a["rows"] * a["cols"] * SOFTMAX_FLOPS_PER_ELEMENT)
     if op == "layernorm":
         return float(a["rows"] * a["cols"] * LAYERNORM_FLOPS_PER_ELEMENT)
+    if op == "attention":
+        return attention_flops(a["heads"], a["seq"], a["head_dim"], a["gemms"], a["causal"])
     return 0.0
+
+
+def attention_flops(heads: int, seq: int, head_dim: int, gemms: int, causal: int) -> float:
+    """FLOPs of a flash-attention kernel: ``gemms`` (seq × seq × head_dim) products per
+    head, half of them skipped under a causal mask (the kernel skips masked tiles)."""
+    return 2.0 * gemms * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
 
 
 def graph_flops(g: nx.DiGraph, *, ops: Iterable[str] | None = None,
@@ -148,6 +163,12 @@ class GraphBuilder:
                   **kw: Any) -> str:
         shape = {"tokens": tokens, "hidden": hidden, "vocab": vocab}
         return self._add(node, "embedding", name, shape, batch="tokens", **kw)
+
+    def attention(self, node: str, name: str, heads: int, seq: int, head_dim: int, *,
+                  gemms: int, causal: int, **kw: Any) -> str:
+        shape = {"heads": heads, "seq": seq, "head_dim": head_dim, "gemms": gemms,
+                 "causal": causal}
+        return self._add(node, "attention", name, shape, batch="heads", **kw)
 
     def edge(self, u: str, v: str, kind: str, nbytes: float | None = None) -> None:
         """Edge u -> v; ``nbytes`` defaults to u's output (0 for control edges)."""
