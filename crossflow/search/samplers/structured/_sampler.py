@@ -77,8 +77,7 @@ class StructuredSampler(BaseSampler):
         self._seed = 0 if seed is None else int(seed)
         # after the plan's end (a space with nothing continuous, screened), Optuna's
         # multivariate TPE goes on from the study's trials
-        self._after = TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                 warn_independent_sampling=False)
+        self._after = TPESampler(seed=seed, multivariate=True, constant_liar=True)
         self._init_state()
 
     def _init_state(self) -> None:
