@@ -174,6 +174,8 @@ def _run_task(task: tuple) -> dict[str, Any]:
     if r.get("interrupted"):
         raise KeyboardInterrupt
     Path(r["storage"]).unlink(missing_ok=True)  # the values are in the JSON
+    if len(r["values"]) != top:  # a run's trial count must be its evaluation count
+        raise RuntimeError(f"{r['study']}: {len(r['values'])} evaluations, not {top}")
     for budget in budgets:
         values = r["values"][:budget]
         best = min(values, default=math.inf)
