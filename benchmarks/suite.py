@@ -174,6 +174,8 @@ def _run_task(task: tuple) -> dict[str, Any]:
     if r.get("interrupted"):
         raise KeyboardInterrupt
     Path(r["storage"]).unlink(missing_ok=True)  # the values are in the JSON
+    if len(r["values"]) != top:  # a run's trial count must be its evaluation count
+        raise RuntimeError(f"{r['study']}: {len(r['values'])} evaluations, not {top}")
     for budget in budgets:
         values = r["values"][:budget]
         best = min(values, default=math.inf)
@@ -386,7 +388,8 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
                                                    "design)" if s["no_feasible"] else "")
                 cells += [_gap(s["median_gap_pct"]),
                           f"{_gap(s['worst_gap_pct'])} ({s['worst_study']})"]
-            lines.append(f"| {half} | {sampler} | " + " | ".join(cells) + f" | {n or '—'} |")
+            if n is not None:  # a half with no runs of this sampler has no row
+                lines.append(f"| {half} | {sampler} | " + " | ".join(cells) + f" | {n} |")
     lines += ["", "| # | study | half | kind | reference (s) | from | "
               + " | ".join(f"{s} @{b}" for b in budgets for s in samplers) + " |",
               "|---|---|---|---|---|---|" + "---|" * (len(budgets) * len(samplers))]
