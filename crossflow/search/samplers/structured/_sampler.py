@@ -53,6 +53,8 @@ POINT = "structured:point"
 #: memory-only verdicts.
 START = "structured.start"
 MEMORY = "structured.memory_rejected"
+#: Points of a batch priced ahead in one call.
+CHUNK = 512
 #: The phase of trials after the plan's end (sampled by TPE).
 DONE = "tpe"
 
@@ -86,6 +88,7 @@ class StructuredSampler(BaseSampler):
         self._batch: list[dict[str, Any]] = []
         self._phase = ""
         self._base = 0           # plan index of the current batch's first point
+        self._priced = 0         # plan index up to which the batch is priced ahead
         self._study_key: tuple[int, int] | None = None
         self._points: dict[tuple[int, int], dict[str, Any]] = {}
         self._handed: set[tuple[int, int]] = set()   # trials TPE samples (the plan ended)
@@ -174,6 +177,7 @@ class StructuredSampler(BaseSampler):
         slot = free[0] if free else min(
             (j for j in batch if _value(holders[j]) is None),
             key=lambda j: min(t.number for t in holders[j]))
+        self._prefetch(slot)
         return slot, self._batch[slot - self._base], self._phase
 
     def _advance(self, study: Study, holders: dict[int, list[FrozenTrial]]) -> None:
@@ -204,13 +208,22 @@ class StructuredSampler(BaseSampler):
             study.set_user_attr(MEMORY, records)
         self._prefetch()
 
-    def _prefetch(self) -> None:
-        """Price the new batch in one call (shared kernel prices and memory checks); the
-        objective takes each result when its trial runs."""
-        if len(self._batch) > 1:
+    def _prefetch(self, at: int | None = None) -> None:
+        """Price the batch's next :data:`CHUNK` points from plan index ``at`` (default: the
+        batch's start) in one call (shared kernel prices and memory checks); the objective
+        takes each result when its trial runs.  In chunks, so that a short launch on a
+        large screen does not price points it will never reach."""
+        start = self._base if at is None else at
+        if at is None:
+            self._priced = self._base
+        if start < self._priced or len(self._batch) <= 1:
+            return
+        part = self._batch[start - self._base:start - self._base + CHUNK]
+        self._priced = start + len(part)
+        if len(part) > 1:
             from crossflow.search.objective import prefetch
 
-            prefetch(self._setup, [self._setup.design(p) for p in self._batch])
+            prefetch(self._setup, [self._setup.design(p) for p in part])
 
 
 def _incumbent(study: Study) -> dict[str, Any] | None:
