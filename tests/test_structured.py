@@ -154,9 +154,22 @@ def test_two_workers_share_one_plan(tmp_path):
     assert best < result.study.trials[0].value                 # beats the template
 
 
-def test_a_space_with_nothing_continuous_is_screened_whole_then_the_plan_ends(tmp_path):
-    """gemm-32k-256-strategy of the suite: strategy and order only; every order class of
-    every memory-feasible strategy is priced once, then trials are sampled at random."""
+def _plan_points(P, settings):
+    gen = plan(P, seed=0, settings=settings, records=[])
+    points = []
+    try:
+        _, batch = next(gen)
+        while True:
+            points += batch
+            _, batch = gen.send([1.0] * len(batch))
+    except StopIteration:
+        return points
+
+
+def test_a_space_with_nothing_continuous_is_screened_then_handed_to_tpe(tmp_path):
+    """gemm-32k-256-strategy of the suite: strategy and order only.  With ``screen_cap:
+    all`` every order class of every memory-feasible strategy is priced once; by default the
+    plan ends after its screen, and TPE samples the rest of the study's trials."""
     import sys
     from pathlib import Path
 
@@ -167,21 +180,16 @@ def test_a_space_with_nothing_continuous_is_screened_whole_then_the_plan_ends(tm
     setup = load_study(entry["spec"])
     P = Problem(setup)
     classes = sum(len(P.order_classes(c)) for c in P.combos())
-    gen = plan(P, seed=0, records=[])
-    points = []
-    try:
-        _, batch = next(gen)
-        while True:
-            points += batch
-            _, batch = gen.send([1.0] * len(batch))
-    except StopIteration:
-        pass
+    whole = _plan_points(P, Settings(screen_cap="all"))
     keys = {(p["strategy"], order_representative(p["strategy"], p["mapping_order"]))
-            for p in points}
-    assert len(points) == len(keys) == classes
-    study = _run(setup, tmp_path, classes + 5, name="strategies").study
+            for p in whole}
+    assert len(whole) == len(keys) == classes
+    screen = _plan_points(P, Settings())
+    assert len(P.combos()) <= len(screen) < classes
+    n = len(setup.baseline_trials()) + len(screen) + 5
+    study = _run(setup, tmp_path, n, name="strategies").study
     phases = [t.user_attrs.get(PHASE) for t in sorted(study.trials, key=lambda t: t.number)]
-    assert phases[-5:] == [DONE] * 5
+    assert phases[-5:] == [DONE] * 5 and DONE not in phases[:-5]
 
 
 def test_every_evaluation_is_a_trial_with_one_mlflow_run(tmp_path):
