@@ -17,6 +17,9 @@ How trials share the plan (one worker or many, on one machine or several):
 * Switched to from another sampler, the plan starts from the study's best trial (its point
   is stored as the study attribute ``structured.start`` so that every later replay starts
   from the same point).
+* The plan's seed is the first launch's, stored as ``structured.seed``: a later launch
+  (seeded ``seed + k``) or another ``--seed`` replays the plan whose points the study
+  evaluated, not another one fed their values.
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ from crossflow.search.storage import (
 SLOT = "structured:slot"
 #: Trial system attribute: the point (every parameter).
 POINT = "structured:point"
-#: Study user attributes: the plan's start point (None: the template's) and its
-#: memory-only verdicts.
+#: Study user attributes: the plan's start point (None: the template's), its seed and
+#: its memory-only verdicts.
 START = "structured.start"
+SEED = "structured.seed"
 MEMORY = "structured.memory_rejected"
 #: The phase of trials after the plan's end.
 DONE = "done"
@@ -61,7 +65,8 @@ class StructuredSampler(BaseSampler):
     Args:
         setup: the study (a :class:`crossflow.search.study.StudySetup`); the driver reads
             its template, search space and workload to screen and to find the AGE's steps.
-        seed: seed of the plan's random choices (every worker of a launch uses the same).
+        seed: seed of the plan's random choices (every worker of a launch uses the same;
+            a study keeps its first launch's, :data:`SEED`).
         screen_cap, top_k, contenders, race: the plan's settings
             (:class:`._plan.Settings`, where each is described).
     """
@@ -185,8 +190,11 @@ class StructuredSampler(BaseSampler):
         self._study_key = study_key(study)
         if START not in study.user_attrs:
             study.set_user_attr(START, _incumbent(study))
+        if SEED not in study.user_attrs:
+            study.set_user_attr(SEED, self._seed)
+        seed = int(study.user_attrs[SEED])
         records: list[dict[str, Any]] = []
-        self._gen = plan(Problem(self._setup), seed=self._seed, settings=self._settings,
+        self._gen = plan(Problem(self._setup), seed=seed, settings=self._settings,
                          start=study.user_attrs.get(START), records=records)
         self._base = 0
         self._phase, self._batch = next(self._gen)
