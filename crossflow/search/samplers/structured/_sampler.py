@@ -212,16 +212,19 @@ class StructuredSampler(BaseSampler):
 
 
 def _incumbent(study: Study) -> dict[str, Any] | None:
-    """The parameters of the best feasible trial of another sampler (or an enqueued
-    baseline that is not the template's own point); None when there is none."""
+    """The parameters of the study's best feasible trial that the driver did not plan (of
+    another sampler); None when there is none, or when the best is an enqueued point (the
+    baseline: the template's split under each technology, which the plan's own start
+    screens again), so that the driver never starts from a point worse than the study's
+    incumbent."""
     from crossflow.search.study import is_feasible
 
     done = [t for t in all_trials(study) if t.state == TrialState.COMPLETE and t.values
-            and is_feasible(t) and SLOT not in t.system_attrs
-            and "fixed_params" not in t.system_attrs]
+            and is_feasible(t) and SLOT not in t.system_attrs]
     if not done:
         return None
-    return dict(min(done, key=lambda t: (t.values[0], t.number)).params)
+    best = min(done, key=lambda t: (t.values[0], t.number))
+    return None if "fixed_params" in best.system_attrs else dict(best.params)
 
 
 def _value(trials: list[FrozenTrial]) -> float | None:
