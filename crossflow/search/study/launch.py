@@ -430,7 +430,8 @@ def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str
         tick()
         bar.close()
         end = census(study, total, heartbeats=is_url(url))
-        for line in check_workers(procs, interrupted=interrupted, finished=end.finished):
+        for line in check_workers(procs, interrupted=interrupted, finished=end.finished,
+                                  study=study):
             print(f"crossflow: warning: {line}", file=sys.stderr)
         best = best_design(setup, study)
         if tracker is not None:
