@@ -139,7 +139,10 @@ def test_ctrl_c_stops_a_structured_launch_within_seconds_and_it_resumes(tmp_path
     assert proc.returncode == 130, err[-3000:]
     assert stopped_in < 5, stopped_in
     assert "Traceback" not in err
-    assert f"run 'crossflow study run quickstart --trials {total}' again to resume" in err
+    # the command to resume is the one that ran (the file's sampler is tpe, and its
+    # storage another file)
+    assert (f"run 'crossflow study run quickstart --sampler structured --trials {total} "
+            f"--storage {journal}' again to resume") in err
     stopped = _count(journal)
     assert 10 <= stopped < total
     assert _count(journal, "RUNNING") == 0         # the trial in progress was finished
