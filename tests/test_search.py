@@ -55,7 +55,14 @@ def test_paper_studies_search_what_the_paper_searches():
     assert gpt.template is None and not gpt.space.simplexes       # no hardware dimensions
     assert gpt.space.dimension("micro_batch_size").choices == (1, 2, 4, 8)
     assert "t8-d24-p8" in gpt.space.dimension("strategy").choices
-    assert gpt.objectives == ("iteration_time_s", "energy_J")
+    assert gpt.objectives == ("iteration_time_s",)
+    assert gpt.spec.sampler == "structured"
+    assert {"recompute_granularity", "use_distributed_optimizer"} <= {
+        d.name for d in gpt.space.dimensions}
+    vps = {int(s.split("-v")[1].split("-")[0]) for s in gpt.space.dimension("strategy").choices
+           if "-v" in s}
+    assert max(vps) == 48                    # 96 layers, 2 stages: up to 48 virtual stages
+    assert load_study("gpt3-175b-a100-pareto").objectives == ("iteration_time_s", "energy_J")
 
 
 def test_quickstart_fixes_the_links_and_rescales_the_rest():
@@ -74,11 +81,14 @@ def test_quickstart_fixes_the_links_and_rescales_the_rest():
 def test_design_decodes_to_overrides_and_parallelism():
     setup = load_study("gpt3-175b-a100")
     params = {"strategy": "t8-d24-p8", "mapping_order": "dp-kp1-kp2-lp",
-              "micro_batch_size": 2}
+              "micro_batch_size": 2, "recompute_granularity": "selective",
+              "use_distributed_optimizer": True}
     d = setup.design(params)
     assert (d.strategy, d.mapping_order) == ("t8-d24-p8", "dp-kp1-kp2-lp")
     assert setup.parallelism(d) == {"kind": "parallelism", "strategy": "t8-d24-p8",
-                                    "micro_batch_size": 2}
+                                    "micro_batch_size": 2,
+                                    "recompute_granularity": "selective",
+                                    "use_distributed_optimizer": True}
     q = load_study("quickstart")
     params = {p: 0.0 for s in q.space.simplexes for p in s.param_names} | {"logic_node": "N7"}
     over = q.design(params).overrides()

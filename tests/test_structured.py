@@ -179,7 +179,9 @@ def test_two_workers_share_one_plan(tmp_path):
     assert len(finished) == 40
     slots = sorted({t.system_attrs[SLOT] for t in finished if SLOT in t.system_attrs})
     assert slots == list(range(len(slots)))                    # the plan's points, in order
-    assert len(slots) >= 30                                    # few points evaluated twice
+    # the local search is sequential (one point a batch): a second worker then evaluates
+    # the point in flight again rather than wait, so some points are evaluated twice
+    assert len(slots) >= 20
     assert result.study.trials[0].user_attrs.get("baseline")
     best = min(t.value for t in finished if is_feasible(t))
     assert best < result.study.trials[0].value                 # beats the template
@@ -369,9 +371,7 @@ def test_exchange_freezes_a_coordinate_whose_moves_change_nothing(flat_limit):
 def test_a_multi_objective_study_is_refused_before_anything_is_created(tmp_path):
     from crossflow.errors import ConfigError
 
-    setup = load_study("gpt3-175b-a100")
-    setup = dataclasses.replace(setup, spec=setup.spec.model_copy(
-        update={"objectives": ("iteration_time_s", "energy_J")}))
+    setup = load_study("gpt3-175b-a100-pareto")
     journal = tmp_path / "gpt3.journal"
     for sampler in ("structured", "gd", "gd-paper"):
         with pytest.raises(ConfigError, match="optimises one objective"):

@@ -47,7 +47,7 @@ def test_objective_records_feasible_and_infeasible_trials(tmp_path):
 
 
 def test_memory_infeasibility_is_graded(tmp_path):
-    setup = load_study("gpt3-175b-a100")
+    setup = load_study("gpt3-175b-a100-pareto")
     result = _run(setup, tmp_path, 40, sampler="random", seed=3)
     trials = result.study.trials
     memory = [t for t in trials if "memory per device" in t.user_attrs.get(
@@ -261,7 +261,7 @@ def test_cli_ui_starts_mlflow_on_localhost(monkeypatch, cli):
 
 
 def test_best_design_of_a_multi_objective_study(tmp_path):
-    setup = load_study("gpt3-175b-a100")
+    setup = load_study("gpt3-175b-a100-pareto")
     result = _run(setup, tmp_path, 30)
     best = best_design(setup, result.study)
     assert set(best["objectives"]) == {"iteration_time_s", "energy_J"}

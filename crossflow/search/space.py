@@ -39,7 +39,8 @@ keep the template's fractions, and the searched ones share what those leave
 Named parameters: AGE overrides of :data:`crossflow.arch.age.OVERRIDE_KEYS`
 (``logic_node``, ``dram``, ``intra_link``, ``inter_link``, ``memory.<level>``, ``tdp_W``,
 ``chip_area_mm2``, ``node_area_mm2``; these need an architecture template) and parallelism
-options (``micro_batch_size``, ``schedule``, ``zero1``, ``overlap_grad_reduce``).
+options (``micro_batch_size``, ``schedule``, ``zero1`` or Megatron's
+``use_distributed_optimizer``, ``overlap_grad_reduce``, ``recompute_granularity``).
 
 The file is checked on its own when loaded (:class:`SearchSpaceSpec`); what depends on the
 study — template component names, technology names, the strategies of the device count —
@@ -68,7 +69,8 @@ SIMPLEXES = ("area", "power", "perimeter")
 #: The AGE override each simplex fills.
 SIMPLEX_OVERRIDE = {s: f"{s}_fractions" for s in SIMPLEXES}
 #: Named dimensions that go into the parallelism file.
-PARALLELISM_PARAMS = ("micro_batch_size", "schedule", "zero1", "overlap_grad_reduce")
+PARALLELISM_PARAMS = ("micro_batch_size", "schedule", "zero1", "overlap_grad_reduce",
+                      "recompute_granularity", "use_distributed_optimizer")
 _NUMERIC = (*SCALAR_DIMS, "micro_batch_size")
 STRATEGY = "strategy"
 MAPPING_ORDER = "mapping_order"
@@ -119,7 +121,9 @@ class StrategySpaceSpec(Spec):
     kernel_types: tuple[Literal["RC", "CR", "TP"], ...] | None = Field(default=None,
                                                                        min_length=1)
     max_tp: int | None = Field(default=None, ge=1)
-    virtual_stages: tuple[int, ...] = Field(default=(1,), min_length=1)
+    #: interleaved virtual stages per pipeline stage; ``all``: every count Megatron allows
+    #: (up to layers ÷ pipeline stages, dividing it)
+    virtual_stages: tuple[int, ...] | Literal["all"] = Field(default=(1,), min_length=1)
     sequence_parallel: tuple[bool, ...] = Field(default=(False,), min_length=1)
 
     @model_validator(mode="after")
@@ -131,7 +135,7 @@ class StrategySpaceSpec(Spec):
                 raise ConfigError("give either 'choices' or enumeration options, not both",
                                   key=given[0])
             _unique("choices", self.choices)
-        for i, vp in enumerate(self.virtual_stages):
+        for i, vp in enumerate(() if self.virtual_stages == "all" else self.virtual_stages):
             if vp < 1:
                 raise ConfigError("must be >= 1", key=f"virtual_stages[{i}]", value=vp)
         return self
@@ -254,8 +258,10 @@ def _check_param(name: str, dist: tuple[Choice, ...] | RangeSpec) -> None:
     _unique(key, dist)
     for i, v in enumerate(dist):
         where = f"{key}[{i}]"
-        if name in ("zero1", "overlap_grad_reduce"):
+        if name in ("zero1", "overlap_grad_reduce", "use_distributed_optimizer"):
             ok, allowed = isinstance(v, bool), "true, false"
+        elif name == "recompute_granularity":
+            ok, allowed = v in ("none", "selective", "full"), "none, selective, full"
         elif name == "schedule":
             ok, allowed = v in ("1f1b", "gpipe"), "1f1b, gpipe"
         elif name == "micro_batch_size":
@@ -584,7 +590,7 @@ def _strategies(spec: SearchSpaceSpec, options: StrategySpaceSpec, workload: Spe
         for mbs in mbs_values:  # the union: a pair that does not fit is an infeasible trial
             for s in enumerate_strategies(
                     workload, devices, kernel_types=options.kernel_types,
-                    max_tp=options.max_tp, virtual_stages=options.virtual_stages,
+                    max_tp=options.max_tp, virtual_stages=_virtual_stages(options, workload),
                     sequence_parallel=options.sequence_parallel, micro_batch_size=mbs):
                 found[str(s)] = None
     except ConfigError as exc:
@@ -594,6 +600,14 @@ def _strategies(spec: SearchSpaceSpec, options: StrategySpaceSpec, workload: Spe
         raise err(f"no strategy fits workload {workload.name!r} on {devices} devices with "
                   "these options", "strategy")
     return tuple(found)
+
+
+def _virtual_stages(options: StrategySpaceSpec, workload: Spec) -> tuple[int, ...]:
+    """The virtual-stage counts to enumerate (``all``: 1 … the workload's layers; those
+    that do not divide a strategy's layers per stage are left out by the enumeration)."""
+    if options.virtual_stages != "all":
+        return options.virtual_stages
+    return tuple(range(1, int(getattr(workload, "num_layers", 1) or 1) + 1))
 
 
 register_kind("search_space", "search_spaces", SearchSpaceSpec)

@@ -16,8 +16,9 @@ Phases (every point yielded is one model evaluation, one trial):
    order (the first of its classes of equivalent orders); more than ``screen_cap`` of
    them, a seeded subset of that size (the start's own combination always in).
 3. **Order classes**: the ``top_k`` best combinations in one order of every other class.
-   A space with nothing continuous goes on to screen every other combination and order
-   class, and ends there.
+   A space with nothing continuous ends the plan there (the sampler goes on with TPE,
+   which learns from the screen's trials), after every other order class of every
+   combination when ``screen_cap`` is ``all``.
 4. **Race** (successive halving): the ``contenders`` best (combination, order) pairs each
    run the local search (:func:`._inner.exchange`, a pattern search whose moves land on the
    AGE's step edges) from the start split, in installments of ``race`` evaluations per
@@ -62,8 +63,8 @@ class Settings:
     table); a knob that moved no median there was removed.
     """
 
-    #: combinations priced in the first screen (a seeded subset beyond; in a space without
-    #: continuous dimensions the rest follow); ``"all"``: every one at once
+    #: combinations priced in the first screen (a seeded subset beyond); ``"all"``: every
+    #: one at once, and in a space with nothing continuous every order class of each
     screen_cap: int | Literal["all"] = 256
     #: best combinations priced in every class of mapping orders
     top_k: int = 4
@@ -132,12 +133,10 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         feasible.append(combo)
     if not feasible:
         feasible = combos  # nothing fits: evaluate anyway (infeasible trials say why)
-    rest: list[dict[str, Any]] = []
     if S.cap is not None and len(feasible) > S.cap:
         keep = [c for c in feasible if c == own]
         others = [c for c in feasible if c != own]
-        picks = set(rng.choice(len(others), size=S.cap - len(keep), replace=False))
-        rest = [c for i, c in enumerate(others) if i not in picks]
+        picks = rng.choice(len(others), size=S.cap - len(keep), replace=False)
         feasible = keep + [others[i] for i in sorted(picks)]
 
     # 2. screen at the start split, one order per combination (the start's own order for
@@ -158,9 +157,11 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
                 value[i], order[i] = v, o
         ranking = sorted(value, key=value.__getitem__)
     if not P.coords:
-        # nothing continuous to search: the rest of the discrete space, exhaustively
-        yield from _exhaust(P, ask, x0, [feasible[i] for i in ranking] + rest,
-                            S.cap or len(feasible))
+        # nothing continuous to search: with ``screen_cap: all``, every other order class
+        # too; the plan ends there (the sampler hands the study to TPE, which learns from
+        # the screen's trials)
+        if S.cap is None:
+            yield from _exhaust(P, ask, x0, [feasible[i] for i in ranking], len(feasible))
         return
 
     def combo(i: int) -> dict[str, Any]:

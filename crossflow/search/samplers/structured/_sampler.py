@@ -13,7 +13,9 @@ How trials share the plan (one worker or many, on one machine or several):
   with the first answer.  Two workers that claim at the same instant may evaluate the same
   point; that costs one evaluation, never a wrong plan.
 * The plan has no budget (it is an anytime search), so ``--trials N`` on a finished study
-  goes on where it stopped, and a resumed study replays exactly.
+  goes on where it stopped, and a resumed study replays exactly.  A plan that ends (a
+  space with nothing continuous, screened) hands the study to Optuna's multivariate TPE,
+  which learns from the screen's trials.
 * Switched to from another sampler, the plan starts from the study's best trial (its point
   is stored as the study attribute ``structured.start`` so that every later replay starts
   from the same point).
@@ -30,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler, RandomSampler
+from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
@@ -55,8 +57,8 @@ POINT = "structured:point"
 START = "structured.start"
 SEED = "structured.seed"
 MEMORY = "structured.memory_rejected"
-#: The phase of trials after the plan's end.
-DONE = "done"
+#: The phase of trials after the plan's end (sampled by TPE).
+DONE = "tpe"
 
 
 class StructuredSampler(BaseSampler):
@@ -78,7 +80,10 @@ class StructuredSampler(BaseSampler):
                                   race=race)
         self._setup = setup
         self._seed = 0 if seed is None else int(seed)
-        self._fallback = RandomSampler(seed=seed)
+        # after the plan's end (a space with nothing continuous, screened), Optuna's
+        # multivariate TPE goes on from the study's trials
+        self._after = TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                 warn_independent_sampling=False)
         self._init_state()
 
     def _init_state(self) -> None:
@@ -89,10 +94,11 @@ class StructuredSampler(BaseSampler):
         self._base = 0           # plan index of the current batch's first point
         self._study_key: tuple[int, int] | None = None
         self._points: dict[tuple[int, int], dict[str, Any]] = {}
+        self._handed: set[tuple[int, int]] = set()   # trials TPE samples (the plan ended)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_gen", "_batch", "_points"):
+        for key in ("_lock", "_gen", "_batch", "_points", "_handed"):
             del state[key]
         return state
 
@@ -107,14 +113,18 @@ class StructuredSampler(BaseSampler):
     # ---- BaseSampler ------------------------------------------------------------------
 
     def reseed_rng(self) -> None:
-        self._fallback.reseed_rng()
+        self._after.reseed_rng()
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial
                                     ) -> dict[str, BaseDistribution]:
+        if trial_key(study, trial) in self._handed:
+            return self._after.infer_relative_search_space(study, trial)
         return {}
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if trial_key(study, trial) in self._handed:
+            return self._after.sample_relative(study, trial, search_space)
         return {}
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
@@ -126,8 +136,7 @@ class StructuredSampler(BaseSampler):
             value = point[param_name]
             if contains(param_distribution, value):
                 return value
-        return self._fallback.sample_independent(study, trial, param_name,
-                                                 param_distribution)
+        return self._after.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         if len(study.directions) > 1:
@@ -138,8 +147,9 @@ class StructuredSampler(BaseSampler):
             return  # an enqueued trial (the baseline), or a retry that keeps its point
         with self._lock:
             claim = self._claim(study, trial)
-        if claim is None:  # nothing left to plan: the random sampler's points
+        if claim is None:  # the plan has ended: TPE's points
             set_trial_attrs(study, trial, user={PHASE: DONE})
+            self._handed.add(trial_key(study, trial))
             return
         slot, point, phase = claim
         set_trial_attrs(study, trial, system={POINT: point, SLOT: slot}, user={PHASE: phase})
@@ -148,13 +158,14 @@ class StructuredSampler(BaseSampler):
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
         self._points.pop(trial_key(study, trial), None)
+        self._handed.discard(trial_key(study, trial))
 
     # ---- the plan, rebuilt from the storage --------------------------------------------
 
     def _claim(self, study: Study, trial: FrozenTrial
                ) -> tuple[int, dict[str, Any], str] | None:
         """The slot, point and phase of a new trial (see the module docstring); None when
-        the plan has ended (a space without continuous dimensions, all of it evaluated)."""
+        the plan has ended (a space without continuous dimensions, screened)."""
         holders: dict[int, list[FrozenTrial]] = {}
         for t in all_trials(study):
             slot = t.system_attrs.get(SLOT)
