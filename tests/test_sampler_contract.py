@@ -149,7 +149,11 @@ def test_a_stopped_launch_resumes_to_its_total(sampler, setups, reference, tmp_p
         assert _history(resumed.study) == reference(sampler)
     else:  # launch 1 is seeded seed + 1 (see the module docstring)
         assert resumed.launch["seed"] == 1
-        assert _history(resumed.study)[:N] == reference(sampler)[:N]
+        history = _history(resumed.study)
+        assert history[:N] == reference(sampler)[:N]
+        # and it does not replay the first launch's draws
+        first = [repr(sorted(p.items())) for _, _, p, _ in history[:N]]
+        assert not {repr(sorted(p.items())) for _, _, p, _ in history[N:]} & set(first)
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
