@@ -551,8 +551,9 @@ def _cmd_study(args: argparse.Namespace) -> int:
               f"{result.total} in the study ({redact(args.storage or setup.storage)})")
         _print_best(setup, result.best)
         if result.interrupted:
-            print(f"crossflow: interrupted; run '{studies.resume_command(args.name, args.trials)}'"
-                  " again to resume", file=sys.stderr)
+            again = studies.resume_command(args.name, args.trials, sampler=args.sampler,
+                                           storage=args.storage)
+            print(f"crossflow: interrupted; run '{again}' again to resume", file=sys.stderr)
             return 130
         print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
         return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)

@@ -14,7 +14,14 @@ from crossflow.search.samplers.structured import Settings, StructuredSampler
 from crossflow.search.samplers.structured._inner import exchange
 from crossflow.search.samplers.structured._plan import plan
 from crossflow.search.samplers.structured._problem import Cont, Problem
-from crossflow.search.samplers.structured._sampler import DONE, MEMORY, PHASE, SLOT, START
+from crossflow.search.samplers.structured._sampler import (
+    DONE,
+    MEMORY,
+    PHASE,
+    SEED,
+    SLOT,
+    START,
+)
 from crossflow.search.space import SearchSpace, Simplex
 from crossflow.search.study import is_feasible, load_study, run_study
 from crossflow.system import order_classes, order_representative
@@ -98,6 +105,32 @@ def test_the_plan_is_anytime_resumed_and_extended_studies_replay_it(tmp_path):
     twice = _run(setup, tmp_path / "b", 60, name="q-twice").study
     assert len(_history(once)) == 60 and _history(once) == _history(twice)
     assert min(t.value for t in twice.trials if is_feasible(t)) < best_first
+
+
+def test_a_resumed_launch_replays_the_plan_of_the_first_launchs_seed(tmp_path, monkeypatch):
+    """Launch k of a study is seeded seed + k, and a user may give another --seed: the plan
+    keeps the seed its first launch stored, or a resume past the plan's first random choice
+    (trial 294 of quickstart) would rebuild another plan and feed it the first one's
+    values (quickstart 300 + 40 trials differed from 340 at trial 300)."""
+    from crossflow.search.samplers.structured import _sampler
+
+    seeds: list[int] = []
+    real = _sampler.plan
+
+    def spy(*args, seed, **kwargs):
+        seeds.append(seed)
+        return real(*args, seed=seed, **kwargs)
+
+    monkeypatch.setattr(_sampler, "plan", spy)
+    setup = load_study("quickstart")
+    _run(setup, tmp_path, 5, name="q-seed")                   # launch 0: seed 0
+    study = _run(setup, tmp_path, 8, name="q-seed").study     # launch 1: seed 1
+    run_study(dataclasses.replace(setup, spec=setup.spec.model_copy(update={"name": "q-seed"})),
+              n_trials=10, sampler="structured", seed=9, progress=False, track=False,
+              storage=str(tmp_path / "q-seed.journal"))
+    assert [v["seed"] for k, v in sorted(study.user_attrs.items())
+            if k.startswith("launch.")] == [0, 1, 11]           # (launch 2: 9 + 2)
+    assert study.user_attrs[SEED] == 0 and seeds == [0, 0, 0]
 
 
 def test_switching_to_the_driver_starts_from_the_incumbent(tmp_path):

@@ -110,3 +110,11 @@ def test_resume_hint_keeps_the_launchs_trials(tmp_path, monkeypatch, cli):
     assert "run 'crossflow study run quickstart --trials 50' again to resume" in err
     code, _, err = cli("study", "run", "quickstart", "--no-tracking")
     assert code == 130 and "run 'crossflow study run quickstart' again to resume" in err
+    # the sampler and the storage it ran with (not the file's), a password masked
+    code, _, err = cli("study", "run", "quickstart", "--sampler", "structured", "--storage",
+                       "q.journal", "--no-tracking")
+    assert code == 130
+    assert ("run 'crossflow study run quickstart --sampler structured --storage q.journal' "
+            "again to resume") in err
+    assert studies.resume_command("q", 9, storage="postgresql://u:pw@h/db") == \
+        "crossflow study run q --trials 9 --storage postgresql://u:***@h/db"

@@ -421,8 +421,9 @@ def stop_workers(workers: list[WorkerProcess], grace_s: float = STOP_GRACE_S) ->
 
 
 def check_workers(workers: list[WorkerProcess], *, interrupted: bool,
-                  finished: bool) -> list[str]:
-    """The workers that exited for a reason other than Ctrl-C, as lines to warn about;
+                  finished: bool, study=None) -> list[str]:
+    """The workers that exited for a reason other than Ctrl-C, as lines to warn about (each
+    says what became of the trial it left, read from ``study``'s storage when given);
     raises CrossflowError when they left the study unfinished (with a log's tail)."""
     ok = (0, 130, -signal.SIGINT, -signal.SIGTERM, 143) if interrupted else (0,)
     bad = [w for w in workers if w.proc.returncode not in ok]
@@ -435,5 +436,31 @@ def check_workers(workers: list[WorkerProcess], *, interrupted: bool,
         raise CrossflowError(f"{len(bad)} of {len(workers)} worker processes failed and the "
                              f"study is not finished; worker {w.index} exited with status "
                              f"{w.proc.returncode}; its log ({w.log}) ends:\n{w.tail()}")
-    return [f"worker {w.index} (pid {w.proc.pid}) exited with status {w.proc.returncode}; "
-            f"its trials were retried by the others (log: {w.log})" for w in bad]
+    return [f"worker {w.index} (pid {w.proc.pid}) exited with status {w.proc.returncode}"
+            f"{_left_behind(study, w.proc.pid)} (log: {w.log})" for w in bad]
+
+
+def _left_behind(study, pid: int) -> str:
+    """What worker process ``pid`` of this machine left unfinished, and whether each such
+    trial was run again (a clause of :func:`check_workers`' line; empty without a study)."""
+    if study is None:
+        return ""
+    from optuna.trial import TrialState
+
+    name = f"{socket.gethostname()}:{pid}"
+    trials = study.get_trials(deepcopy=False)
+    left = [t.number for t in trials if t.user_attrs.get(WORKER) == name
+            and t.state == TrialState.FAIL and not t.user_attrs.get(SURPLUS)]
+    if not left:
+        return " with no trial in progress"
+    again = {t.system_attrs.get("failed_trial") for t in trials}
+    done = [f"#{n}" for n in left if n in again]
+    lost = [f"#{n}" for n in left if n not in again]
+    out = []
+    if done:
+        out.append(f"its trial{'s' if len(done) > 1 else ''} in progress ({', '.join(done)}) "
+                   f"failed and {'were' if len(done) > 1 else 'was'} run again by the others")
+    if lost:
+        out.append(f"trial{'s' if len(lost) > 1 else ''} {', '.join(lost)} failed and "
+                   f"{'were' if len(lost) > 1 else 'was'} not run again")
+    return "; " + "; ".join(out)

@@ -77,10 +77,15 @@ class RunResult:
     launch: Mapping[str, Any] = field(default_factory=dict)
 
 
-def resume_command(ref: str, n_trials: int | None = None) -> str:
+def resume_command(ref: str, n_trials: int | None = None, *, sampler: str | None = None,
+                   storage: str | None = None) -> str:
     """The command that resumes an interrupted ``crossflow study run REF`` (with the
-    ``--trials`` it was given, or the resumed launch would stop at the study file's)."""
-    return f"crossflow study run {ref}" + (f" --trials {n_trials}" if n_trials else "")
+    ``--trials`` it was given, or the resumed launch would stop at the study file's; the
+    ``--sampler`` and ``--storage`` it was given, or it would resume another sampler, or
+    another study; a password in the storage URL masked)."""
+    return (f"crossflow study run {ref}" + (f" --sampler {sampler}" if sampler else "")
+            + (f" --trials {n_trials}" if n_trials else "")
+            + (f" --storage {redact(storage)}" if storage else ""))
 
 
 def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None) -> list[str]:
@@ -430,7 +435,8 @@ def _supervise(setup: StudySetup, study, url: str, key: str, launch: Mapping[str
         tick()
         bar.close()
         end = census(study, total, heartbeats=is_url(url))
-        for line in check_workers(procs, interrupted=interrupted, finished=end.finished):
+        for line in check_workers(procs, interrupted=interrupted, finished=end.finished,
+                                  study=study):
             print(f"crossflow: warning: {line}", file=sys.stderr)
         best = best_design(setup, study)
         if tracker is not None:

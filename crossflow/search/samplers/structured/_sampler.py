@@ -19,6 +19,9 @@ How trials share the plan (one worker or many, on one machine or several):
 * Switched to from another sampler, the plan starts from the study's best trial (its point
   is stored as the study attribute ``structured.start`` so that every later replay starts
   from the same point).
+* The plan's seed is the first launch's, stored as ``structured.seed``: a later launch
+  (seeded ``seed + k``) or another ``--seed`` replays the plan whose points the study
+  evaluated, not another one fed their values.
 """
 
 from __future__ import annotations
@@ -49,9 +52,10 @@ from crossflow.search.storage import (
 SLOT = "structured:slot"
 #: Trial system attribute: the point (every parameter).
 POINT = "structured:point"
-#: Study user attributes: the plan's start point (None: the template's) and its
-#: memory-only verdicts.
+#: Study user attributes: the plan's start point (None: the template's), its seed and
+#: its memory-only verdicts.
 START = "structured.start"
+SEED = "structured.seed"
 MEMORY = "structured.memory_rejected"
 #: Points of a batch priced ahead in one call.
 CHUNK = 512
@@ -65,7 +69,8 @@ class StructuredSampler(BaseSampler):
     Args:
         setup: the study (a :class:`crossflow.search.study.StudySetup`); the driver reads
             its template, search space and workload to screen and to find the AGE's steps.
-        seed: seed of the plan's random choices (every worker of a launch uses the same).
+        seed: seed of the plan's random choices (every worker of a launch uses the same;
+            a study keeps its first launch's, :data:`SEED`).
         screen_cap, top_k, contenders, race: the plan's settings
             (:class:`._plan.Settings`, where each is described).
     """
@@ -199,8 +204,11 @@ class StructuredSampler(BaseSampler):
         self._study_key = study_key(study)
         if START not in study.user_attrs:
             study.set_user_attr(START, _incumbent(study))
+        if SEED not in study.user_attrs:
+            study.set_user_attr(SEED, self._seed)
+        seed = int(study.user_attrs[SEED])
         records: list[dict[str, Any]] = []
-        self._gen = plan(Problem(self._setup), seed=self._seed, settings=self._settings,
+        self._gen = plan(Problem(self._setup), seed=seed, settings=self._settings,
                          start=study.user_attrs.get(START), records=records)
         self._base = 0
         self._phase, self._batch = next(self._gen)
@@ -227,16 +235,19 @@ class StructuredSampler(BaseSampler):
 
 
 def _incumbent(study: Study) -> dict[str, Any] | None:
-    """The parameters of the best feasible trial of another sampler (or an enqueued
-    baseline that is not the template's own point); None when there is none."""
+    """The parameters of the study's best feasible trial that the driver did not plan (of
+    another sampler); None when there is none, or when the best is an enqueued point (the
+    baseline: the template's split under each technology, which the plan's own start
+    screens again), so that the driver never starts from a point worse than the study's
+    incumbent."""
     from crossflow.search.study import is_feasible
 
     done = [t for t in all_trials(study) if t.state == TrialState.COMPLETE and t.values
-            and is_feasible(t) and SLOT not in t.system_attrs
-            and "fixed_params" not in t.system_attrs]
+            and is_feasible(t) and SLOT not in t.system_attrs]
     if not done:
         return None
-    return dict(min(done, key=lambda t: (t.values[0], t.number)).params)
+    best = min(done, key=lambda t: (t.values[0], t.number))
+    return None if "fixed_params" in best.system_attrs else dict(best.params)
 
 
 def _value(trials: list[FrozenTrial]) -> float | None:
