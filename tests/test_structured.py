@@ -165,6 +165,16 @@ def test_a_worker_never_waits_for_a_point_another_worker_holds(tmp_path):
     study.sampler = StructuredSampler(setup=setup, seed=0)
     dead = study.ask(setup.space.distributions())          # claims a point, never told
     held = study._storage.get_trial(dead._trial_id).system_attrs[SLOT]
+    # its worker: a process of this machine that is gone (so the launch fails the trial at
+    # once instead of waiting for an unclaimed trial's timeout)
+    import socket
+    import subprocess
+
+    from crossflow.search.workers import WORKER
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead.set_user_attr(WORKER, f"{socket.gethostname()}:{gone.pid}")
     rest = _run(setup, tmp_path, 40, name="q-held", storage=url).study
     slots = [t.system_attrs.get(SLOT) for t in rest.trials
              if t.state == TrialState.COMPLETE and SLOT in t.system_attrs]
