@@ -6,6 +6,8 @@ settings on the benchmark suite: the same points and values as a study with the
         --variants '{"default": {}, "race-2": {"race": 2}}' [--seeds 1] [--studies a,b]
         [--best-known benchmarks/results/best_known] [--references FILE.json]
         [--out FILE.json]
+    python benchmarks/bench_plan.py --shipped gpt3-175b-a100 --budgets 4900,30000 \
+        --variants '{"all": {"screen_cap": "all"}}'   # the study's trials vs its whole space
 
 Every variant (a name -> :class:`~crossflow.search.samplers.structured.Settings` fields)
 runs on every selected study of ``benchmarks/suite/studies.yaml``.  A study's reference is
@@ -75,6 +77,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--half", default="tuning", choices=("tuning", "checking", "all"))
     ap.add_argument("--studies", default="")
+    ap.add_argument("--shipped", default="",
+                    help="shipped studies (comma-separated names) instead of the suite's")
     ap.add_argument("--budgets", default="300,1000")
     ap.add_argument("--variants", default='{"default": {}}')
     ap.add_argument("--seeds", type=int, default=1)
@@ -86,8 +90,11 @@ def main() -> None:
     args = ap.parse_args()
     budgets = sorted(int(b) for b in args.budgets.split(","))
     variants = json.loads(args.variants)
-    studies = suite.select(suite.load_table(), args.half,
-                           [s for s in args.studies.split(",") if s] or None)
+    if args.shipped:
+        studies = [{"name": n, "half": "shipped", "spec": n} for n in args.shipped.split(",")]
+    else:
+        studies = suite.select(suite.load_table(), args.half,
+                               [s for s in args.studies.split(",") if s] or None)
     tasks = [(e, v, variants[v], seed, budgets[-1]) for e in studies for v in variants
              for seed in range(args.seeds)]
     t0 = time.perf_counter()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from crossflow.errors import CrossflowError
-from crossflow.search import encoding
+from crossflow.search import encoding, orders
 from crossflow.search.space import MAPPING_ORDER, STRATEGY
 
 #: Smallest share a simplex coordinate may take (the encoding's floor is exp(-2·SPAN)).
@@ -125,21 +125,8 @@ class Problem:
     def order_classes(self, combo: Mapping[str, Any]) -> list[str]:
         """One mapping order per class of orders that give the same time for the combo's
         strategy (they differ only where size-1 grid dimensions sit); ``[None]`` when the
-        study does not search the order."""
-        if not self.has_order:
-            return [None]
-        from crossflow.system import order_classes
-
-        allowed = set(next(d for d in self.discrete if d.name == MAPPING_ORDER).values())
-        strategy = combo.get(STRATEGY)
-        if strategy is None:
-            return sorted(allowed)
-        reps = []
-        for rep, members in order_classes(strategy):
-            inside = [o for o in (rep, *members) if o in allowed]
-            if inside:
-                reps.append(inside[0])
-        return reps
+        study does not search the order (:func:`crossflow.search.orders.order_classes`)."""
+        return orders.order_classes(self.discrete, combo)
 
     def canonical_order(self, combo: Mapping[str, Any]) -> str | None:
         return self.order_classes(combo)[0]
