@@ -268,8 +268,9 @@ def test_a_study_file_sets_the_settings_and_unknown_ones_are_refused():
     assert sampler.settings == Settings(screen_cap="all", top_k=2)
     with pytest.raises(ConfigError, match="sampler_options.sigma0"):
         check_options("structured", {"sigma0": 1.0})
-    with pytest.raises(ConfigError, match="rejects these options"):
+    with pytest.raises(ConfigError, match="top_k >= 1. must hold") as bad:
         make_sampler("structured", seed=1, options={"top_k": 0}, setup=setup)
+    assert bad.value.key == "sampler_options.top_k"         # caught by `check` too
 
 
 # ---- the local search on a toy problem with a cliff ------------------------------------

@@ -111,6 +111,16 @@ def check_options(name: str, options: Mapping[str, Any], *, file: str | None = N
             raise ConfigError(f"wrong type for this option of the {name} sampler", file=file,
                               key=f"sampler_options.{key}", value=value,
                               allowed=_type_name(hints[key]))
+    if name == "structured":  # the values too, as the launch will (check = run)
+        from crossflow.search.samplers.structured import Settings
+
+        try:
+            Settings(**dict(options))
+        except ValueError as exc:
+            bad = next((k for k in options if f"`{k}" in str(exc)), None)
+            raise ConfigError(str(exc), file=file,
+                              key=f"sampler_options.{bad}" if bad else "sampler_options",
+                              value=options.get(bad) if bad else dict(options)) from None
 
 
 def _hints(cls) -> dict[str, Any]:
