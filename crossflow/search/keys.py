@@ -18,6 +18,15 @@ CONSTRAINT = "infeasibility"
 CHAIN = "gd:chain"
 #: User attribute: the phase of the structured driver that proposed the trial.
 PHASE = "driver_phase"
+#: System attributes of a structured driver's trial: the plan's index of its point, and
+#: the point (every parameter).
+DRIVER_SLOT = "structured:slot"
+DRIVER_POINT = "structured:point"
+#: Study user attributes of the structured driver: its plan's start point (None: the
+#: template's), its seed, and its memory-only verdicts (the combinations never evaluated).
+DRIVER_START = "structured.start"
+DRIVER_SEED = "structured.seed"
+DRIVER_MEMORY = "structured.memory_rejected"
 #: MLflow tag: the trial number a run belongs to.
 TRIAL_NUMBER_TAG = "trial_number"
 

@@ -26,31 +26,48 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from crossflow.errors import ConfigError
 
-#: Every sampler a study can name: the one list (the study file's schema, ``study run
-#: --sampler``, ``crossflow compare`` and the reports read it from here).
-NAMES = ("structured", "gd", "tpe", "cmaes", "random", "nsga2")
+
+@dataclass(frozen=True)
+class SamplerInfo:
+    """What the rest of CrossFlow needs to know about one sampler."""
+
+    name: str
+    #: optimises several objectives too (else one only)
+    multi_objective: bool
+    #: run by ``crossflow compare`` by default
+    compared: bool
+    #: every worker of a launch uses the launch's seed (the workers share one plan, or one
+    #: set of chains, keyed by it); else worker k is seeded seed + k
+    shared_seed: bool = False
+    #: keyword arguments a study's sampler_options can override
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: Every sampler a study can name, in the order help and tables list them: the one record
+#: (the study file's schema, ``study run --sampler``, ``crossflow compare``, the launch's
+#: seeds and the reports read it from here).
+SAMPLERS: dict[str, SamplerInfo] = {s.name: s for s in (
+    SamplerInfo("structured", multi_objective=False, compared=True, shared_seed=True),
+    SamplerInfo("gd", multi_objective=False, compared=True, shared_seed=True),
+    SamplerInfo("tpe", multi_objective=True, compared=True,
+                defaults={"multivariate": True, "constant_liar": True}),
+    SamplerInfo("cmaes", multi_objective=False, compared=True),
+    SamplerInfo("random", multi_objective=True, compared=True),
+    # a multi-objective method: no contender on one objective
+    SamplerInfo("nsga2", multi_objective=True, compared=False),
+)}
+NAMES = tuple(SAMPLERS)
 #: Older names still accepted, and what they stand for now.
 ALIASES = {"gd-paper": "gd"}
-#: Defaults a study's sampler_options can override.
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "tpe": {"multivariate": True, "constant_liar": True},
-    "cmaes": {},
-    "random": {},
-    "nsga2": {},
-    "structured": {},
-    "gd": {},
-}
-#: Samplers of one objective only.
-SINGLE_OBJECTIVE = ("structured", "gd", "cmaes")
-#: Samplers of several objectives too.
-MULTI_OBJECTIVE = tuple(n for n in NAMES if n not in SINGLE_OBJECTIVE)
-#: The samplers ``crossflow compare`` runs by default (``nsga2`` is a multi-objective
-#: method: no contender on one objective).
-COMPARED = ("structured", "gd", "tpe", "cmaes", "random")
+DEFAULTS: dict[str, dict[str, Any]] = {n: dict(s.defaults) for n, s in SAMPLERS.items()}
+SINGLE_OBJECTIVE = tuple(n for n, s in SAMPLERS.items() if not s.multi_objective)
+MULTI_OBJECTIVE = tuple(n for n, s in SAMPLERS.items() if s.multi_objective)
+COMPARED = tuple(n for n, s in SAMPLERS.items() if s.compared)
 
 
 def canonical(name: str) -> str:

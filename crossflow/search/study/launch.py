@@ -116,10 +116,14 @@ def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):
 
 def worker_seed(sampler: str, seed: int | None, index: int) -> int | None:
     """The sampler seed of worker ``index`` of a launch seeded ``seed``.  Worker 0 keeps the
-    launch's seed (one worker is reproducible); ``structured`` and ``gd`` keep
-    it on every worker (the workers share one plan, or one set of chains, keyed by it);
+    launch's seed (one worker is reproducible); a sampler whose record says
+    ``shared_seed`` (``structured``, ``gd``) keeps it on every worker (the workers share
+    one plan, or one set of chains, keyed by it);
     other samplers get distinct seeds, or the workers would propose the same points."""
-    if seed is None or sampler in ("structured", "gd") or index == 0:
+    from crossflow.search.samplers import SAMPLERS, canonical
+
+    info = SAMPLERS.get(canonical(sampler))
+    if seed is None or (info is not None and info.shared_seed) or index == 0:
         return seed
     return (seed + 7919 * index) % 2**32  # numpy's seed range
 

@@ -307,7 +307,7 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
         "workers": max((int(v.get("workers") or 1) for v in launches), default=0),
         "processes": len({t.user_attrs[WORKER] for t in trials if WORKER in t.user_attrs}),
         # the structured driver's memory screen and the trials of each of its phases
-        "memory_rejected": len(study.user_attrs.get("structured.memory_rejected", [])),
+        "memory_rejected": len(study.user_attrs.get(keys.DRIVER_MEMORY, [])),
         "phases": dict(Counter(t.user_attrs[keys.PHASE] for t in trials
                                if keys.PHASE in t.user_attrs)),
     }

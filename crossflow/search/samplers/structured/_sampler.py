@@ -36,6 +36,7 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from crossflow.search import keys
 from crossflow.search.keys import PHASE
 from crossflow.search.samplers.structured._plan import Settings, plan
 from crossflow.search.samplers.structured._problem import Problem
@@ -48,15 +49,9 @@ from crossflow.search.storage import (
     trial_key,
 )
 
-#: Trial system attribute: the plan's index of the point the trial evaluates.
-SLOT = "structured:slot"
-#: Trial system attribute: the point (every parameter).
-POINT = "structured:point"
-#: Study user attributes: the plan's start point (None: the template's), its seed and
-#: its memory-only verdicts.
-START = "structured.start"
-SEED = "structured.seed"
-MEMORY = "structured.memory_rejected"
+#: The driver's trial and study attributes (named in :mod:`crossflow.search.keys`).
+SLOT, POINT = keys.DRIVER_SLOT, keys.DRIVER_POINT
+START, SEED, MEMORY = keys.DRIVER_START, keys.DRIVER_SEED, keys.DRIVER_MEMORY
 #: Points of a batch priced ahead in one call.
 CHUNK = 512
 #: The phase of trials after the plan's end (sampled by TPE).
