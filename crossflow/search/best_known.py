@@ -123,6 +123,7 @@ the same key evaluates nothing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -171,11 +172,28 @@ def cache_path(name: str, root: str | Path | None = None) -> Path:
 
 def cache_key(setup, settings: Mapping[str, Any]) -> str:
     doc = {"spec": setup.spec.model_dump(mode="json"), "space": setup.space.describe(),
-           "version": __version__, "settings": dict(settings)}
+           "version": __version__, "model": model_fingerprint(), "settings": dict(settings)}
     for k in ("n_trials", "sampler", "sampler_options", "seed", "storage", "tracking_uri"):
         doc["spec"].pop(k, None)  # how a study is run does not change its optimum
     blob = json.dumps(doc, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@functools.cache
+def model_fingerprint() -> str:
+    """A hash of the model's code and shipped data (every module below ``search`` and every
+    preset): a cached optimum is stale as soon as the model it was found with changes,
+    whatever the package version says."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if (path.is_file() and path.suffix in (".py", ".yaml", ".csv")
+                and not rel.startswith(("search/", "reports/", "cli.py"))
+                and "__pycache__" not in rel):
+            h.update(rel.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def best_known(setup, *, root: str | Path | None = None, refresh: bool = False,
