@@ -147,3 +147,13 @@ def test_order_classes_match_the_structured_driver(tiny):
         assert orders.order_classes(problem.discrete, combo) == problem.order_classes(combo)
         assert orders.canonical_order(problem.discrete, combo) == \
             problem.canonical_order(combo)
+
+
+def test_a_cached_optimum_is_stale_once_the_model_changes(monkeypatch):
+    """The cache key covers the model's code and presets, not only the package version:
+    a value found with another model is searched again."""
+    setup = load_study("quickstart")
+    key = bk.cache_key(setup, bk.SETTINGS)
+    assert bk.cache_key(setup, bk.SETTINGS) == key                 # deterministic
+    monkeypatch.setattr(bk, "model_fingerprint", lambda: "another-model")
+    assert bk.cache_key(setup, bk.SETTINGS) != key
