@@ -190,40 +190,6 @@ class Problem:
         x[frm.index] -= delta
         return Cont({**moved.simplexes, to.block: x}, moved.floats)
 
-    def unit_transfer(self, cont: Cont, to: Coord, frm: Coord,
-                      discrete: Mapping[str, Any], *, drop: bool = False) -> Cont:
-        """One more unit of what ``to`` buys (a register bank per MCU, a DRAM device, …)
-        paid for by ``frm`` alone, the other shares held: the smallest exchange that buys
-        it, both coordinates' effects on the units counted
-        (:func:`crossflow.arch.cliffs.transfer_amount`).  With ``drop``, one unit fewer
-        of what ``frm`` buys instead, everything it can give while keeping the rest going
-        to ``to`` (a DRAM device's power to the core).  ``cont`` unchanged where the
-        component buys no units or the exchange cannot be made."""
-        if to.index < 0 or frm.block != to.block or self.setup.template is None:
-            return cont
-        from crossflow.arch.cliffs import transfer_amount, unit_quantity
-
-        unit = unit_quantity(self.setup.template, (frm if drop else to).name)
-        if unit is None or frm.index >= len(self.simplexes[to.block].components):
-            return cont
-        overrides = self.setup.overrides(self.setup.design(self.params(cont, discrete)))
-        key = ("unit", to.block, to.name, frm.name, drop, _freeze(overrides))
-        if key not in self._edge_cache:
-            try:
-                found = transfer_amount(self.setup.template, overrides, to.block, to.name,
-                                        frm.name, unit, -1 if drop else 1)
-            except CrossflowError:
-                found = None
-            self._edge_cache[key] = [] if found is None else [found]
-        got = self._edge_cache[key]
-        share = self.simplexes[to.block].share
-        x = np.array(cont.simplexes[to.block], dtype=float)
-        if not got or x[frm.index] - got[0] / share <= _FLOOR:
-            return cont
-        x[to.index] += got[0] / share
-        x[frm.index] -= got[0] / share
-        return Cont({**cont.simplexes, to.block: x}, cont.floats)
-
     def _with(self, cont: Cont, coord: Coord, target: float) -> Cont:
         x = np.array(cont.simplexes[coord.block], dtype=float)
         rest = 1.0 - x[coord.index]
