@@ -35,7 +35,6 @@ Points already evaluated by the plan are answered from its memo, not evaluated a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Generator, Mapping
@@ -89,10 +88,6 @@ class Settings:
     def cap(self) -> int | None:
         return None if self.screen_cap == "all" else int(self.screen_cap)
 
-    @classmethod
-    def fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
 
 #: CMA-ES's first step: a quarter of the logits' range (Hansen's advice for the initial
 #: step: about a quarter to a third of the range; the suite's tuning half showed no effect
@@ -117,8 +112,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     S = settings
     rng = np.random.default_rng(seed)
     x0, d0 = P.split(start) if start is not None else P.start()
-    memo: dict[str, float] = {}
-    ask = _Asker(P, memo)
+    ask = _Asker(P)
 
     # 1. memory screen
     combos = P.combos()
@@ -177,7 +171,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         alive = sorted(alive, key=lambda i: runs[i].value)[:math.ceil(len(alive) / 2)]
         installment *= 2
     lead = runs[alive[0]]
-    x, fx, discrete = lead.best, lead.value, lead.discrete
+    discrete = lead.discrete
 
     # 5. the search: the local search to its end, then CMA-ES from the incumbent (its
     # population doubled at every turn: IPOP-CMA-ES) and the local search again from the
@@ -189,7 +183,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         x, fx = lead.best, lead.value
         cma = _Cma(P, discrete, x, fx, rng, popsize=popsize)
         while not cma.stalled():
-            yield from _generation(ask, SEARCH, [cma])
+            yield from cma.generation(ask, SEARCH)
         popsize = 2 * cma.cma.population_size
         if cma.value < fx:
             x, fx = cma.best, cma.value
@@ -211,22 +205,11 @@ def _exhaust(P: Problem, ask: _Asker, x: Cont, combos: list[dict[str, Any]], siz
         yield from ask(SCREEN, x, points[k:k + size])
 
 
-def _generation(ask: _Asker, phase: str, runs: list[_Cma]):
-    """One generation of each run, all in one batch."""
-    xs = [r.ask() for r in runs]
-    flat = [(r, x) for r, batch in zip(runs, xs, strict=True) for x in batch]
-    got = yield from ask.points(phase, [(r.discrete, r.decode(x)) for r, x in flat])
-    k = 0
-    for r, batch in zip(runs, xs, strict=True):
-        r.tell(batch, got[k:k + len(batch)])
-        k += len(batch)
-
-
 class _Asker:
     """Turns continuous points into the plan's batches, answering repeats from the memo."""
 
-    def __init__(self, P: Problem, memo: dict[str, float]) -> None:
-        self.P, self.memo = P, memo
+    def __init__(self, P: Problem) -> None:
+        self.P, self.memo = P, {}     # parameters (JSON) -> value
         self.fresh = 0    # points the last batch evaluated (the others were repeats)
 
     def __call__(self, phase: str, x: Cont, discretes: list[dict[str, Any]]):
@@ -323,8 +306,11 @@ class _Cma:
                 k += 1
         return Cont(simplexes, floats)
 
-    def ask(self) -> list[np.ndarray]:
-        return [self.cma.ask() for _ in range(self.cma.population_size)]
+    def generation(self, ask: _Asker, phase: str):
+        """One generation: its points in one batch, their values told to CMA-ES."""
+        xs = [self.cma.ask() for _ in range(self.cma.population_size)]
+        got = yield from ask.points(phase, [(self.discrete, self.decode(x)) for x in xs])
+        self.tell(xs, got)
 
     def tell(self, xs: list[np.ndarray], values: list[float]) -> None:
         finite = [v for v in values if math.isfinite(v)]
