@@ -191,7 +191,7 @@ class StructuredSampler(BaseSampler):
             self._base += len(self._batch)
             try:
                 self._phase, self._batch = self._gen.send(values)
-            except StopIteration:  # the whole (discrete) space is evaluated
+            except StopIteration:  # nothing continuous, screened: TPE from here on
                 self._phase, self._batch = DONE, []
             self._prefetch()
 
