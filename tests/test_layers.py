@@ -151,6 +151,69 @@ def test_no_optuna_or_mlflow_below_search():
     assert not found, "\n".join(found)
 
 
+#: The search package's own layers, lowest first (docs/architecture.md, "The search
+#: package"): the key is the component below ``crossflow.search``; the package itself
+#: (its lazy public facade) is above them all.
+SEARCH_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("names", ("keys", "encoding", "knobs", "locations", "children", "trials")),
+    ("problem", ("space", "objective", "lattice", "orders")),
+    ("samplers", ("samplers",)),
+    ("runtime", ("storage", "journal", "workers", "tracking", "_plots")),
+    ("study", ("study",)),
+    ("compare", ("compare", "compare_plot", "best_known", "best_known_phases")),
+)
+SEARCH_RANK = {key: rank for rank, (_, keys) in enumerate(SEARCH_LAYERS) for key in keys}
+SEARCH_MODULES = [p for p in MODULES if module_name(p).startswith("crossflow.search")
+                  and layer_of(module_name(p)) == SEARCH]
+
+
+def search_layer_of(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) == 2:
+        return len(SEARCH_LAYERS)  # the package's facade
+    if parts[2] not in SEARCH_RANK:
+        raise AssertionError(f"{module} is in no layer of the search package: add "
+                             f"{parts[2]!r} to SEARCH_LAYERS")
+    return SEARCH_RANK[parts[2]]
+
+
+def _search_edges() -> list[tuple[str, str, str]]:
+    """(importer, imported, where) for every import between two modules of the search
+    layer (function-local imports included)."""
+    edges = []
+    for path in SEARCH_MODULES:
+        module = module_name(path)
+        for target, line in imports(path):
+            if target.startswith("crossflow.search") and layer_of(target) == SEARCH \
+                    and target != module:
+                edges.append((module, target, f"{path.relative_to(ROOT)}:{line}"))
+    return edges
+
+
+def test_the_search_package_imports_down_its_own_layers():
+    """names < problem < samplers < runtime < study < compare: a sampler never reaches
+    for the storage or the study runner, the runtime never for a sampler."""
+    upward = [f"{where}: {a} ({SEARCH_LAYERS[search_layer_of(a)][0]}) imports {b} "
+              f"({SEARCH_LAYERS[search_layer_of(b)][0]})"
+              for a, b, where in _search_edges()
+              if search_layer_of(b) < len(SEARCH_LAYERS)
+              and search_layer_of(b) > search_layer_of(a)]
+    assert not upward, "imports that go up the search package's layers:\n" + "\n".join(upward)
+
+
+def test_the_search_package_has_no_import_loops():
+    """No module of the search package reaches itself through its imports (a package's
+    import of its own submodules aside, which is how it re-exports them)."""
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    for a, b, _ in _search_edges():
+        if not b.startswith(a + "."):
+            graph.add_edge(a, b)
+    loops = list(nx.simple_cycles(graph))
+    assert not loops, "import loops:\n" + "\n".join(" -> ".join(c + [c[0]]) for c in loops)
+
+
 # Spelled in pieces so that this file does not contain them.
 FORBIDDEN = ("../" + "shared", "/work/" + "shared", "DESIGN" + ".md")
 

@@ -27,6 +27,9 @@ DRIVER_POINT = "structured:point"
 DRIVER_START = "structured.start"
 DRIVER_SEED = "structured.seed"
 DRIVER_MEMORY = "structured.memory_rejected"
+#: User attributes: the worker that ran a trial (host:pid), a trial that found no slot.
+WORKER = "worker"
+SURPLUS = "surplus"
 #: MLflow tag: the trial number a run belongs to.
 TRIAL_NUMBER_TAG = "trial_number"
 

@@ -16,13 +16,12 @@
     ``reconnect_s`` seconds (SQLAlchemy's ``pool_pre_ping`` replaces dead pooled
     connections), so a database away for a few seconds does not end the study.
 
-This is the one module that reaches into Optuna's internals (``optuna.storages._rdb``, a
-study's private ``_storage`` / ``_study_id`` and a trial's ``_trial_id``): the resilient
-storage, :func:`fail_trial`, :func:`retry_trial`, :func:`live_below` and
-:func:`claim_trials` for the worker code, and for the samplers the calls Optuna's own
-samplers make (:func:`set_trial_attrs`, :func:`stored_trial`, :func:`all_trials`,
-:func:`study_key`, :func:`trial_key`, :func:`contains`); the journal file's backend is
-:mod:`crossflow.search.journal`.
+With :mod:`crossflow.search.trials` (the calls Optuna's own samplers make, for the
+samplers), this is the one module that reaches into Optuna's internals
+(``optuna.storages._rdb``, a study's private ``_storage`` / ``_study_id`` and a trial's
+``_trial_id``): the resilient storage, :func:`fail_trial`, :func:`retry_trial`,
+:func:`live_below` and :func:`claim_trials` for the worker code; the journal file's
+backend is :mod:`crossflow.search.journal`.
 ``tests/test_storage_contract.py`` runs Optuna's own storage contract on the storages made
 here.  Nothing here imports optuna at module import time.
 """
@@ -39,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import ConfigError
+from crossflow.search.keys import WORKER
 from crossflow.search.locations import is_url, redact
-from crossflow.search.workers import WORKER
 
 #: Seconds between two heartbeats of a running trial (RDB storages).  A killed worker's
 #: trial is retried after about GRACE_BEATS heartbeats; each beat is one small UPDATE.
@@ -526,44 +525,3 @@ def claim_trials(study, key: str, value: str) -> None:
     sampler.before_trial = before_trial
     sampler._crossflow_claims = (key, value)
 
-
-# --- what samplers need of a study's storage (Optuna's own samplers use the same calls) -----
-
-
-def study_key(study) -> tuple[int, int]:
-    """A key of ``study`` unique in this process: (its storage object, its id there)."""
-    return id(study._storage), study._study_id
-
-
-def trial_key(study, trial) -> tuple[int, int]:
-    """A key of ``trial`` unique in this process: (its storage object, its trial id)."""
-    return id(study._storage), trial._trial_id
-
-
-def set_trial_attrs(study, trial, *, system: dict | None = None,
-                    user: dict | None = None) -> None:
-    """Write system then user attributes of the running ``trial`` straight to the storage
-    (in the order given: a sampler's last key may mark the others as complete)."""
-    for key, value in (system or {}).items():
-        study._storage.set_trial_system_attr(trial._trial_id, key, value)
-    for key, value in (user or {}).items():
-        study._storage.set_trial_user_attr(trial._trial_id, key, value)
-
-
-def stored_trial(study, trial):
-    """``trial`` as the storage has it now (another process may have written to it)."""
-    return study._storage.get_trial(trial._trial_id)
-
-
-def all_trials(study) -> list:
-    """Every trial of ``study`` without copying them (read-only)."""
-    return study._storage.get_all_trials(study._study_id, deepcopy=False)
-
-
-def contains(distribution, value) -> bool:
-    """Whether ``value`` (external representation) is a valid value of ``distribution``
-    (Optuna's own check, a private method of its distributions)."""
-    try:
-        return bool(distribution._contains(distribution.to_internal_repr(value)))
-    except (ValueError, TypeError):
-        return False

@@ -43,6 +43,7 @@ from typing import Any
 
 from crossflow.errors import CrossflowError
 from crossflow.search.children import group_members, kill_group, spawn_child
+from crossflow.search.keys import SURPLUS, WORKER
 
 #: A RUNNING trial older than this, of no live worker of this machine, is taken as left
 #: behind by a dead worker (journal files have no heartbeat) and no longer holds a slot.
@@ -51,9 +52,6 @@ STALE_RUNNING = timedelta(minutes=10)
 #: trial and the objective starting, when it writes :data:`WORKER`) is taken as dead after
 #: this long: a live worker records itself as soon as the sampler has proposed the point.
 UNCLAIMED_RUNNING = timedelta(minutes=2)
-#: User attributes: the worker that ran a trial (host:pid), a trial that found no slot.
-WORKER = "worker"
-SURPLUS = "surplus"
 #: Seconds between two looks at the storage while waiting for trials running elsewhere.
 POLL_S = 0.5
 

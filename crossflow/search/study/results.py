@@ -14,12 +14,12 @@ from crossflow.config.base import Spec, read_yaml
 from crossflow.config.loader import load_spec, local_names, preset_names
 from crossflow.errors import ConfigError
 from crossflow.search import keys
+from crossflow.search.keys import SURPLUS, WORKER
 from crossflow.search.knobs import write_hardware
 from crossflow.search.locations import default_storage, is_url
 from crossflow.search.space import SIMPLEX_OVERRIDE
 from crossflow.search.storage import make_storage
 from crossflow.search.study.setup import StudySetup, _relative
-from crossflow.search.workers import SURPLUS, WORKER
 
 
 def is_feasible(trial) -> bool:

@@ -16,9 +16,14 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from crossflow.search.keys import CHAIN, FEASIBLE, REASON, TRIAL_NUMBER_TAG
+from crossflow.search.keys import (
+    CHAIN,
+    FEASIBLE,
+    REASON,
+    SURPLUS,  # a trial never evaluated: it gets no run
+    TRIAL_NUMBER_TAG,
+)
 from crossflow.search.locations import redact_text
-from crossflow.search.workers import SURPLUS  # a trial never evaluated: it gets no run
 
 #: User attributes with these name endings are metrics (their unit is in the name).
 METRIC_SUFFIXES = ("_s", "_J", "_W", "_bytes", "_flops_per_s")

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from crossflow.search.keys import SURPLUS  # a trial never evaluated: it gets no run
 from crossflow.search.locations import git_revision, redact
 from crossflow.search.tracking.logger import _gather, _Logger, bound_http
 from crossflow.search.tracking.paths import resolve_locations
@@ -32,7 +33,6 @@ from crossflow.search.tracking.records import (
     is_logged,
     trial_record,
 )
-from crossflow.search.workers import SURPLUS  # a trial never evaluated: it gets no run
 
 #: At the end of a launch, the logger has this long to log what it was sent (a bound: a
 #: tracking store that stops answering must not hold the launch; each of its requests is

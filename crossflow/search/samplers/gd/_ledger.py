@@ -17,11 +17,9 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from crossflow.search.keys import CHAIN
-
-# a trial the study runner did not evaluate because other workers had taken the whole
-# budget: not an attempt of its role
-from crossflow.search.workers import SURPLUS
+# SURPLUS: a trial the study runner did not evaluate because other workers had taken the
+# whole budget: not an attempt of its role
+from crossflow.search.keys import CHAIN, SURPLUS
 
 STEP = "gd:step"
 ROLE = "gd:role"

@@ -25,7 +25,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from crossflow.search.storage import contains
+from crossflow.search.trials import contains
 
 #: Ordered numbers move over about this many grid points across their range.
 GRID_POINTS = 20

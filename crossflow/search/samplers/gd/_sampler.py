@@ -35,7 +35,7 @@ from crossflow.search.samplers.gd._ledger import (
 from crossflow.search.samplers.gd._moves import as_external, draw, neighbour
 from crossflow.search.samplers.gd._simplex import mix_towards_vertex
 from crossflow.search.samplers.gd._update import eq6_step, tiered_gradient
-from crossflow.search.storage import all_trials, contains, set_trial_attrs, study_key, trial_key
+from crossflow.search.trials import all_trials, contains, set_trial_attrs, study_key, trial_key
 
 _logger = optuna.logging.get_logger(__name__)
 

@@ -40,7 +40,7 @@ from crossflow.search import keys
 from crossflow.search.keys import PHASE
 from crossflow.search.samplers.structured._plan import Settings, plan
 from crossflow.search.samplers.structured._problem import Problem
-from crossflow.search.storage import (
+from crossflow.search.trials import (
     all_trials,
     contains,
     set_trial_attrs,
@@ -235,10 +235,8 @@ def _incumbent(study: Study) -> dict[str, Any] | None:
     baseline: the template's split under each technology, which the plan's own start
     screens again), so that the driver never starts from a point worse than the study's
     incumbent."""
-    from crossflow.search.study import is_feasible
-
     done = [t for t in all_trials(study) if t.state == TrialState.COMPLETE and t.values
-            and is_feasible(t) and SLOT not in t.system_attrs]
+            and keys.is_feasible(t) and SLOT not in t.system_attrs]
     if not done:
         return None
     best = min(done, key=lambda t: (t.values[0], t.number))
@@ -248,12 +246,10 @@ def _incumbent(study: Study) -> dict[str, Any] | None:
 def _value(trials: list[FrozenTrial]) -> float | None:
     """The value of a point from its trials (the first complete one; inf when infeasible
     or when every trial of it failed), None while one is pending or none was seen yet."""
-    from crossflow.search.study import is_feasible
-
     done = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.number)
     if done:
         t = done[0]
-        return float(t.values[0]) if is_feasible(t) and t.values else math.inf
+        return float(t.values[0]) if keys.is_feasible(t) and t.values else math.inf
     if not trials or any(t.state in (TrialState.RUNNING, TrialState.WAITING)
                          for t in trials):
         return None
