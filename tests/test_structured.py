@@ -107,6 +107,20 @@ def test_the_plan_is_anytime_resumed_and_extended_studies_replay_it(tmp_path):
     assert min(t.value for t in twice.trials if is_feasible(t)) < best_first
 
 
+def test_paper_lstm_512_extended_from_120_to_400_trials_improves(tmp_path):
+    """The shipped paper-LSTM study at its screening-sized budget, then ``--trials 400``:
+    the 280 new trials go on with the local search of the race's winner and improve the
+    incumbent (before the anytime plan, they were spent polishing an infeasible strategy)."""
+    setup = load_study("paper-lstm-512")
+    first = _run(setup, tmp_path, 120).study
+    best_120 = min(t.value for t in first.trials if is_feasible(t))
+    extended = _run(setup, tmp_path, 400).study
+    assert len(extended.trials) == 400
+    new = [t for t in extended.trials if t.number >= 120]
+    assert {t.user_attrs[PHASE] for t in new} <= {"race", "search"}
+    assert min(t.value for t in new if is_feasible(t)) < 0.9 * best_120
+
+
 def test_a_resumed_launch_replays_the_plan_of_the_first_launchs_seed(tmp_path, monkeypatch):
     """Launch k of a study is seeded seed + k, and a user may give another --seed: the plan
     keeps the seed its first launch stored, or a resume past the plan's first random choice
