@@ -369,11 +369,15 @@ def _cmd_help(parser: argparse.ArgumentParser, topic: Sequence[str]) -> int:
     """``crossflow help [COMMAND [SUB-COMMAND]]``: that parser's --help."""
     for i, word in enumerate(topic):
         commands = _subcommands(parser)
+        if word not in commands and any(word in (a.choices or ()) for a in parser._actions
+                                        if not a.option_strings):
+            break  # a value of the command's own argument (`calibrate cpu`): its help says it
         if word not in commands:
             what = " ".join(["crossflow", *topic[:i]])
+            values = [c for a in parser._actions if not a.option_strings
+                      for c in (a.choices or ()) if c != "help"]
             raise ConfigError(f"'{what}' has no command {word!r}", file="command line",
-                              allowed=", ".join(c for c in commands if c != "help")
-                              or "none (it has no sub-commands)")
+                              allowed=", ".join(values) or "none (it has no sub-commands)")
         parser = commands[word]
     parser.print_help()
     return EXIT_OK
@@ -494,13 +498,20 @@ def _cmd_study(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(rows, indent=2))
             return EXIT_OK
+        name_w = max((len(r["name"]) for r in rows), default=0)
+        sampler_w = max((len(r.get("sampler") or "") for r in rows), default=0)
+        trials_w = max((len(str(r.get("n_trials"))) for r in rows if "error" not in r),
+                       default=0)
+        done = {id(r): "[not run]" if r.get("trials") is None else f"[{r['trials']} trials]"
+                for r in rows if "error" not in r}
+        done_w = max((len(d) for d in done.values()), default=0)
         for row in rows:
             if "error" in row:
-                print(f"{row['name']:<20} ERROR {row['error']}")
+                print(f"{row['name']:<{name_w}}  ERROR {row['error']}")
                 continue
-            done = "not run" if row["trials"] is None else f"{row['trials']} trials"
-            print(f"{row['name']:<20} {row['sampler']:<7} {row['n_trials']:>6} trials  "
-                  f"[{done}]  {row['description']}")
+            print(f"{row['name']:<{name_w}}  {row['sampler']:<{sampler_w}}  "
+                  f"{row['n_trials']:>{trials_w}} trials  {done[id(row)]:<{done_w}}  "
+                  f"{row['description']}")
         return EXIT_OK
     if args.study_command == "worker" and args.storage is None:
         from crossflow.search.workers import STORAGE_ENV

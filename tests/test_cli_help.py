@@ -45,8 +45,16 @@ def test_help_command_shows_a_command_or_sub_command(cli):
     assert code == 0 and out.startswith("usage: crossflow study") and "worker" in out
 
 
+def test_help_on_a_value_of_a_commands_argument_shows_that_command(cli):
+    """``crossflow help calibrate cpu``: ``cpu`` is a value of calibrate's argument, not a
+    sub-command; the help of ``calibrate`` says what it does."""
+    code, out, _ = cli("help", "calibrate", "cpu")
+    assert code == 0 and out.startswith("usage: crossflow calibrate")
+
+
 @pytest.mark.parametrize("topic,listed", [(["nope"], "predict, check"),
-                                          (["study", "nope"], "list, run, worker")])
+                                          (["study", "nope"], "list, run, worker"),
+                                          (["calibrate", "nope"], "cpu, software")])
 def test_help_on_an_unknown_command_is_exit_2(cli, topic, listed):
     code, out, err = cli("help", *topic)
     assert code == 2 and not out
