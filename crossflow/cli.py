@@ -431,10 +431,18 @@ def _print_prediction(p) -> None:
         print(f"  strategy      {d['strategy']} on {d['devices']} devices"
               + (f", mapping order {d['mapping_order']}" if "mapping_order" in d else ""))
     print(f"  time          {fmt_time(p.time_s)}")
+    if "activation_recompute" in d:
+        print(f"  recompute     {d['activation_recompute']}")
+    # the achieved rate counts the FLOPs the device runs, recomputed ones included; MFU
+    # counts the model's FLOPs only (Megatron's convention), so the two differ by the
+    # recomputation
+    recomputes = d.get("activation_recompute", "none") != "none"
     print(f"  achieved      {fmt_rate(p.achieved_flops_per_s)}"
-          + (" per device" if "strategy" in d else ""))
+          + (" per device" if "strategy" in d else "")
+          + (" (hardware FLOPs: recomputation included)" if recomputes else ""))
     if "model_flops_utilization" in d:
-        print(f"  MFU           {d['model_flops_utilization'] * 100:.1f} %")
+        print(f"  MFU           {d['model_flops_utilization'] * 100:.1f} %"
+              + (" (model FLOPs only)" if recomputes else ""))
     print(f"  bottleneck    {p.bottleneck}")
     print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}")
     print(f"  energy        {p.energy_J:.4g} J")

@@ -391,6 +391,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         hardware_flops=r.hardware_flops_per_iteration, model_flops=r.flops_per_iteration,
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
                  "context_parallel": par.context_parallel if par else 1,
+                 "activation_recompute": spec.activation_recompute,
                  "model_flops_per_iteration": r.flops_per_iteration, **r.detail},
     )
 

@@ -551,3 +551,16 @@ def test_gpipe_has_the_1f1b_bubble_but_stashes_every_micro_batch():
         f1b.breakdown["pipeline_bubble_s"], rel=1e-6)
     assert (gpipe.details["memory_breakdown"]["activations_bytes"]
             == pytest.approx(16 * f1b.details["memory_breakdown"]["activations_bytes"]))
+
+
+def test_predict_says_the_recompute_mode_and_what_each_rate_counts(cli):
+    """The achieved rate counts recomputed FLOPs, MFU only the model's: the output says so,
+    and the recompute mode is in the text and the JSON."""
+    args = ("predict", "--workload", "gpt3-175b", "--system", DGX,
+            "--parallelism", "gpt3-175b-t8-p8-d24-v3-sp")
+    code, out, _ = cli(*args)
+    assert code == 0
+    assert "recompute     full" in out
+    assert "(hardware FLOPs: recomputation included)" in out and "(model FLOPs only)" in out
+    code, out, _ = cli(*args, "--json")
+    assert code == 0 and json.loads(out)["activation_recompute"] == "full"
