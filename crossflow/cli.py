@@ -291,7 +291,7 @@ def _parser() -> argparse.ArgumentParser:
                         **_about("compare"))
     cp.add_argument("name", help="study name or YAML file")
     cp.add_argument("--samplers", default=",".join(COMPARED),
-                    help="comma-separated samplers, of " + ", ".join(SAMPLERS))
+                    help="comma-separated samplers, of " + ", ".join(COMPARED))
     cp.add_argument("--seeds", type=int, default=3, metavar="N",
                     help="seeds per sampler (0 .. N-1)")
     cp.add_argument("--budget", type=int, default=200, metavar="N",

@@ -140,7 +140,13 @@ def test_cli_compare_with_workers(cli, tmp_path, monkeypatch):
         rows = list(csv.DictReader(fh))
     assert len(rows) == 4 and {r["evaluations"] for r in rows} == {"8"}
     code, _, err = cli("compare", "quickstart", "--samplers", "nsga2", "--budget", "5")
-    assert code == 2 and "samplers" in err
+    assert code == 2 and "optimises several objectives" in err
+    # the help, the check and the refusal name one list: the samplers compare runs
+    from crossflow.search.samplers import COMPARED
+
+    assert f"allowed: {', '.join(COMPARED)}" in err
+    code, out, _ = cli("help", "compare")
+    assert "of " + ", ".join(COMPARED) in " ".join(out.split())
 
 
 def _drawn(monkeypatch, tmp_path, runs, reference, budget_name="p.png"):

@@ -176,8 +176,10 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     ``table`` (text), ``files`` (name -> path) and ``mlflow_run_id`` (the parent run)."""
     samplers = list(dict.fromkeys(canonical(s) for s in samplers))
     for s in samplers:
-        if s not in NAMES or s == "nsga2":
-            raise ConfigError("unknown or multi-objective sampler", key="samplers", value=s,
+        if s not in COMPARED:
+            why = ("optimises several objectives; a comparison measures one" if s in NAMES
+                   else "is no sampler")
+            raise ConfigError(f"sampler {s!r} {why}", key="samplers", value=s,
                               allowed=", ".join(COMPARED))
         if s == setup.spec.sampler:
             check_options(s, setup.spec.sampler_options)
