@@ -280,3 +280,21 @@ def test_baseline_trials_cover_every_technology_choice():
     assert sorted(nodes) == sorted(setup.space.dimension("logic_node").choices)
     simplex = {k: v for k, v in trials[0].items() if k != "logic_node"}
     assert all({k: v for k, v in t.items() if k != "logic_node"} == simplex for t in trials)
+
+
+def test_the_pareto_front_lists_each_design_once():
+    """A design proposed twice (NSGA-II's offspring often equal a parent) is one point of
+    the front, shown by its first trial."""
+    import optuna
+
+    from crossflow.search.study import best_trials
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    for x, values in ((1, (1.0, 3.0)), (1, (1.0, 3.0)), (2, (2.0, 2.0)), (3, (3.0, 3.0)),
+                      (2, (2.0, 2.0))):
+        study.enqueue_trial({"x": x})
+        trial = study.ask()
+        trial.suggest_int("x", 0, 5)
+        study.tell(trial, values)
+    front = best_trials(study)
+    assert [(t.params["x"], t.number) for t in front] == [(1, 0), (2, 2)]

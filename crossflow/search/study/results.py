@@ -4,6 +4,7 @@ predict``, and the summaries ``crossflow study show`` / ``study list`` print
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,18 @@ def best_trials(study) -> list:
         return []
     if len(study.directions) == 1:
         return [min(trials, key=lambda t: (t.values[0], t.number))]
-    front = [trials[i] for i in pareto_front([t.values for t in trials])]
-    return sorted(front, key=lambda t: (t.values, t.number))
+    front = sorted((trials[i] for i in pareto_front([t.values for t in trials])),
+                   key=lambda t: (t.values, t.number))
+    # one trial per design: a sampler that proposes a design again (NSGA-II's offspring
+    # often equal a parent) adds a trial, not a point of the front
+    seen: set[str] = set()
+    distinct = []
+    for t in front:
+        key = json.dumps(t.params, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            distinct.append(t)
+    return distinct
 
 
 def pareto_front(points: Sequence[Sequence[float]]) -> list[int]:
