@@ -1,0 +1,135 @@
+"""A hostile user's inputs (issue 21) are refused quickly, in one paragraph, exit 2: YAML
+that expands past any config's size, YAML 1.1 number forms, numbers too large to compute
+with, sizes that would make one prediction unbounded, and odd arguments.  Each child process
+runs under a time and address-space limit, so a regression fails instead of hanging."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from crossflow.search.workers import child_env
+
+#: Seconds and bytes one refused command may take (an answer takes ~1 s and ~200 MB).
+LIMIT_S = 30
+LIMIT_BYTES = 3 * 2**30
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_BYTES, LIMIT_BYTES))
+
+
+def crossflow(*args: str, cwd: Path, timeout: float = LIMIT_S) -> tuple[int, str, str]:
+    """``python -m crossflow ARGS`` in its own session under the limits; its whole group is
+    killed past ``timeout`` (the test then fails on the exit status)."""
+    proc = subprocess.Popen([sys.executable, "-m", "crossflow", *map(str, args)], cwd=cwd,
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, preexec_fn=_limits)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return -1, out, f"timed out after {timeout} s\n{err}"
+    return proc.returncode, out, err
+
+
+def refused(code: int, err: str, *said: str) -> None:
+    assert code == 2, err
+    assert err.startswith("crossflow: error: ") and "Traceback" not in err, err
+    assert err.strip().count("\n") == 0, err
+    for text in said:
+        assert text in err, (text, err)
+
+
+# --- 1. billion laughs ----------------------------------------------------------------------
+
+
+def _laughs(kind: str) -> str:
+    lines = [f"kind: {kind}", "lol0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"lol{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 10)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("kind", ["gemm", "system", "study"])
+def test_billion_laughs_is_refused_at_once(kind, tmp_path):
+    (tmp_path / "lol.yaml").write_text(_laughs(kind))
+    t0 = time.monotonic()
+    code, _, err = crossflow("check", "lol.yaml", cwd=tmp_path)
+    refused(code, err, "lol.yaml", "expands to more than 100,000 values")
+    assert time.monotonic() - t0 < 15
+
+
+def test_billion_laughs_in_a_study_run_is_refused(tmp_path):
+    (tmp_path / "lol.yaml").write_text(_laughs("study"))
+    code, _, err = crossflow("study", "run", "lol.yaml", "--no-tracking", "--quiet",
+                             cwd=tmp_path)
+    refused(code, err, "lol.yaml", "expands to more than")
+    assert not list(tmp_path.glob("*.journal*")) and not (tmp_path / "mlruns").exists()
+
+
+def test_an_alias_inside_itself_is_refused(tmp_path):
+    (tmp_path / "self.yaml").write_text("kind: gemm\na: &x [1, *x]\n")
+    code, _, err = crossflow("check", "self.yaml", cwd=tmp_path)
+    refused(code, err, "self.yaml", "alias refers to a node that contains it")
+
+
+def test_aliases_within_the_bound_still_work(tmp_path):
+    from crossflow.config.base import read_yaml
+
+    path = tmp_path / "aliases.yaml"
+    path.write_text("base: &b {m: 64, n: 64}\ncopy: *b\nmore: [*b, *b]\n")
+    data = read_yaml(path)
+    assert data["copy"] == {"m": 64, "n": 64} and data["more"][1]["n"] == 64
+
+
+# --- 4. YAML 1.2 numbers --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1:30", "1:30"), ("1_000", "1_000"), ("017", 17), ("0o17", 15), ("0x1F", 31),
+    ("1e5", 1e5), ("-2.5", -2.5), ("+7", 7), ("inf", "inf"), ("0b101", "0b101"),
+])
+def test_numbers_follow_yaml_1_2_core(text, value, tmp_path):
+    from crossflow.config.base import read_yaml
+
+    (tmp_path / "n.yaml").write_text(f"x: {text}\n")
+    got = read_yaml(tmp_path / "n.yaml")["x"]
+    assert got == value and type(got) is type(value)
+
+
+def test_sexagesimal_is_refused_where_a_number_is_wanted(tmp_path):
+    (tmp_path / "g.yaml").write_text("kind: gemm\nm: 1:30\nn: 8\nk: 8\n")
+    code, _, err = crossflow("check", "g.yaml", cwd=tmp_path)
+    refused(code, err, "g.yaml", "key 'm' = '1:30'", "YAML 1.2")
+
+
+# --- 5. numbers too large -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+def test_a_huge_integer_is_refused_by_check_and_predict(digits, tmp_path):
+    (tmp_path / "g.yaml").write_text(f"kind: gemm\nm: {'9' * digits}\nn: 8\nk: 8\n")
+    code, _, err = crossflow("check", "g.yaml", cwd=tmp_path)
+    refused(code, err, "g.yaml", "key 'm'", "too large", "1e+24")
+    code, _, err = crossflow("predict", "--hardware", "a100-sxm4-80gb", "--workload",
+                             "g.yaml", cwd=tmp_path)
+    refused(code, err, "g.yaml", "key 'm'", "too large")
+
+
+@pytest.mark.parametrize("text", ["1e400", "1e300", "-2e30"])
+def test_a_huge_float_is_refused(text, tmp_path):
+    from crossflow.config.loader import load_spec
+    from crossflow.errors import ConfigError
+
+    (tmp_path / "g.yaml").write_text(f"kind: gemm\nm: 8\nn: 8\nk: 8\nprecision: fp16\n"
+                                     f"name: g\ncount: {text}\n")
+    with pytest.raises(ConfigError, match="too large"):
+        load_spec(str(tmp_path / "g.yaml"))
