@@ -133,3 +133,64 @@ def test_a_huge_float_is_refused(text, tmp_path):
                                      f"name: g\ncount: {text}\n")
     with pytest.raises(ConfigError, match="too large"):
         load_spec(str(tmp_path / "g.yaml"))
+
+
+# --- 2. sizes that would make one prediction unbounded --------------------------------------
+
+
+def _preset(family: str, name: str, tmp_path: Path, **values: object) -> str:
+    """A copy of a shipped preset with top-level ``values`` changed."""
+    from importlib import resources
+
+    import yaml
+
+    path = Path(str(resources.files("crossflow") / "presets" / family / f"{name}.yaml"))
+    data = yaml.safe_load(path.read_text())
+    data.update(values)
+    out = tmp_path / f"{name}-changed.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out.name
+
+
+def test_a_billion_devices_per_node_is_refused(tmp_path):
+    system = _preset("systems", "dgx-a100", tmp_path, devices_per_node=10**9)
+    code, _, err = crossflow("check", system, cwd=tmp_path)
+    refused(code, err, system, "key 'devices_per_node' = 1000000000", "1,048,576")
+    code, _, err = crossflow("predict", "--system", system, "--workload", "llama2-7b",
+                             "--parallelism", "t8-p1-d1", cwd=tmp_path)
+    refused(code, err, system, "devices_per_node")
+
+
+def test_too_many_nodes_of_a_system_are_refused(tmp_path):
+    system = _preset("systems", "dgx-a100", tmp_path, num_nodes=2**18)
+    code, _, err = crossflow("check", system, cwd=tmp_path)
+    refused(code, err, system, "key 'num_nodes'", "2,097,152 devices", "at most 131,072 nodes")
+
+
+def test_a_strategy_of_too_many_devices_is_refused(tmp_path):
+    workload = _preset("workloads", "llama2-7b", tmp_path, global_batch_size=2**22)
+    code, _, err = crossflow("predict", "--system", "dgx-a100", "--workload", workload,
+                             "--parallelism", "t8-p1-d262144", cwd=tmp_path)
+    refused(code, err, "key 'parallelism'", "2,097,152 devices", "1,048,576")
+
+
+def test_millions_of_micro_batches_are_refused_before_simulating(tmp_path):
+    workload = _preset("workloads", "gpt3-175b", tmp_path, global_batch_size=96_000_000,
+                       micro_batch_size=1)
+    t0 = time.monotonic()
+    code, _, err = crossflow("predict", "--system", "dgx-a100", "--workload", workload,
+                             "--parallelism", "gpt3-175b-t8-p8-d24", cwd=tmp_path)
+    refused(code, err, "key 'global_batch_size' = 96000000", "4,000,000 micro-batches",
+            "at most 1,500,000")
+    assert time.monotonic() - t0 < 15
+
+
+def test_the_pipeline_simulator_counts_its_passes_first():
+    from crossflow.errors import ConfigError
+    from crossflow.sim.pipeline import MAX_PASSES, simulate_pipeline
+
+    m = MAX_PASSES // 16 + 1
+    with pytest.raises(ConfigError, match="micro-batches per pipeline"):
+        simulate_pipeline(stages=8, microbatches=m, fwd_s=[1.0] * 8, bwd_s=[1.0] * 8)
+    assert simulate_pipeline(stages=8, microbatches=m - 1, fwd_s=[1.0] * 8,
+                             bwd_s=[1.0] * 8).makespan_s > 0
