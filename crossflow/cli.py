@@ -157,7 +157,7 @@ def _about(command: str) -> dict[str, str]:
     if command == "crossflow":
         epilog += ("\n\nexit status: 0 success, 1 a validation data set missed its tolerance, "
                    "2 bad input\n(one paragraph on stderr; --debug for a traceback), 3 the "
-                   "design is infeasible.\n\n'crossflow help COMMAND' or 'crossflow COMMAND "
+                   "design is infeasible,\n130 interrupted (Ctrl-C, SIGTERM or SIGHUP).\n\n'crossflow help COMMAND' or 'crossflow COMMAND "
                    "--help' shows a command's options.")
     return {"description": description, "epilog": epilog}
 
@@ -484,6 +484,39 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _launch(args: argparse.Namespace, setup) -> int:
+    """``study run`` / ``study worker``, their arguments checked."""
+    from crossflow.search import study as studies
+    from crossflow.search.locations import redact
+
+    if args.study_command == "worker":
+        result = studies.join_study(
+            setup, storage=args.storage, launch=args.launch, worker_index=args.worker_index,
+            tracking_uri=args.tracking_uri, track=not args.no_tracking,
+            progress=not args.quiet, heartbeat_s=args.heartbeat)
+        print(f"{setup.name}: this worker ran {result.trials_run} trials in "
+              f"{result.elapsed_s:.1f} s; {result.total} in the study")
+        # 1: finished trials lack an MLflow run (said on stderr), so scripts notice
+        return 130 if result.interrupted else 1 if result.untracked else EXIT_OK
+    if args.study_command == "run":
+        result = studies.run_study(
+            setup, n_trials=args.trials, sampler=args.sampler,
+            seed=args.seed if args.seed is not None else "study", storage=args.storage,
+            tracking_uri=args.tracking_uri, track=not args.no_tracking,
+            progress=not args.quiet, workers=args.workers, heartbeat_s=args.heartbeat)
+        print(f"{setup.name}: {result.trials_run} trials run in {result.elapsed_s:.1f} s, "
+              f"{result.total} in the study ({redact(args.storage or setup.storage)})")
+        _print_best(setup, result.best)
+        if result.interrupted:
+            again = studies.resume_command(args.name, args.trials, sampler=args.sampler,
+                                           storage=args.storage)
+            print(f"crossflow: interrupted; run '{again}' again to resume", file=sys.stderr)
+            return 130
+        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
+        return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)
+    raise AssertionError(args.study_command)
+
+
 def _cmd_study(args: argparse.Namespace) -> int:
     # optuna / mlflow are imported by crossflow.search only when a study is opened
     from crossflow.search import study as studies
@@ -532,31 +565,11 @@ def _cmd_study(args: argparse.Namespace) -> int:
             and not args.heartbeat >= 1:
         raise ConfigError("must be at least 1 second", file="command line",
                           key="--heartbeat", value=args.heartbeat)
-    if args.study_command == "worker":
-        result = studies.join_study(
-            setup, storage=args.storage, launch=args.launch, worker_index=args.worker_index,
-            tracking_uri=args.tracking_uri, track=not args.no_tracking,
-            progress=not args.quiet, heartbeat_s=args.heartbeat)
-        print(f"{setup.name}: this worker ran {result.trials_run} trials in "
-              f"{result.elapsed_s:.1f} s; {result.total} in the study")
-        # 1: finished trials lack an MLflow run (said on stderr), so scripts notice
-        return 130 if result.interrupted else 1 if result.untracked else EXIT_OK
-    if args.study_command == "run":
-        result = studies.run_study(
-            setup, n_trials=args.trials, sampler=args.sampler,
-            seed=args.seed if args.seed is not None else "study", storage=args.storage,
-            tracking_uri=args.tracking_uri, track=not args.no_tracking,
-            progress=not args.quiet, workers=args.workers, heartbeat_s=args.heartbeat)
-        print(f"{setup.name}: {result.trials_run} trials run in {result.elapsed_s:.1f} s, "
-              f"{result.total} in the study ({redact(args.storage or setup.storage)})")
-        _print_best(setup, result.best)
-        if result.interrupted:
-            again = studies.resume_command(args.name, args.trials, sampler=args.sampler,
-                                           storage=args.storage)
-            print(f"crossflow: interrupted; run '{again}' again to resume", file=sys.stderr)
-            return 130
-        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
-        return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)
+    if args.study_command in ("run", "worker"):
+        from crossflow.search.workers import interrupts_as_ctrl_c
+
+        with interrupts_as_ctrl_c():
+            return _launch(args, setup)
     study = studies.open_study(setup, args.storage, create=False)
     if args.study_command == "show":
         summary = studies.study_summary(setup, study)

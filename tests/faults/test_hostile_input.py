@@ -194,3 +194,44 @@ def test_the_pipeline_simulator_counts_its_passes_first():
         simulate_pipeline(stages=8, microbatches=m, fwd_s=[1.0] * 8, bwd_s=[1.0] * 8)
     assert simulate_pipeline(stages=8, microbatches=m - 1, fwd_s=[1.0] * 8,
                              bwd_s=[1.0] * 8).makespan_s > 0
+
+
+# --- 3. SIGTERM and SIGHUP to a single-process study run ------------------------------------
+
+
+def _trials(journal: Path) -> dict[str, int]:
+    from crossflow.search.study import load_study, open_study
+
+    study = open_study(load_study("quickstart"), str(journal), create=False)
+    states: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+    return states
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_a_stop_signal_ends_a_study_run_like_ctrl_c(sig, tmp_path):
+    journal = tmp_path / "q.journal"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crossflow", "study", "run", "quickstart", "--trials", "100000",
+         "--storage", str(journal), "--no-tracking", "--quiet"],
+        cwd=tmp_path, env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                journal.is_file() and _trials(journal).get("COMPLETE", 0) >= 3):
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert f"crossflow: {sig.name}: stopping after the trial in progress" in err, err
+    assert "interrupted; run 'crossflow study run quickstart" in err and "Traceback" not in err
+    states = _trials(journal)
+    assert states.get("COMPLETE", 0) >= 3 and set(states) == {"COMPLETE"}, states
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")]
