@@ -561,10 +561,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
         from crossflow.search.storage import check_storage
 
         check_storage(args.storage, key="--storage")
-    if args.study_command in ("run", "worker") and args.heartbeat is not None \
-            and not args.heartbeat >= 1:
-        raise ConfigError("must be at least 1 second", file="command line",
-                          key="--heartbeat", value=args.heartbeat)
+    if args.study_command in ("run", "worker"):
+        from crossflow.search.storage import check_heartbeat
+
+        check_heartbeat(args.heartbeat, key="--heartbeat")
     if args.study_command in ("run", "worker"):
         from crossflow.search.workers import interrupts_as_ctrl_c
 

@@ -235,3 +235,19 @@ def test_a_stop_signal_ends_a_study_run_like_ctrl_c(sig, tmp_path):
     states = _trials(journal)
     assert states.get("COMPLETE", 0) >= 3 and set(states) == {"COMPLETE"}, states
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")]
+
+
+# --- 5. --heartbeat out of range ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("beat", ["inf", "1e308", "nan", "0.5", "3601"])
+def test_a_heartbeat_out_of_range_is_refused_before_the_storage(beat, tmp_path, monkeypatch,
+                                                                 capsys):
+    from crossflow.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["study", "run", "quickstart", "--trials", "2", "--storage",
+                 "sqlite:///s.db", "--no-tracking", "--quiet", "--heartbeat", beat])
+    err = capsys.readouterr().err
+    refused(code, err, "--heartbeat", "from 1 to 3600 seconds")
+    assert not list(tmp_path.iterdir())
