@@ -342,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_help(parser, args.topic)
         if args.command == "study" and args.study_command is None:
             return _cmd_help(parser, ["study"])
+        _check_cwd()
         return _COMMANDS[args.command](args)
     except CrossflowError as exc:
         if debug:
@@ -358,6 +359,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def _check_cwd() -> None:
+    """Commands resolve relative paths (``mlruns/``, ``studies/``, the files given) against
+    the working directory: one that was deleted under the shell is said up front, not met as
+    a FileNotFoundError deep inside."""
+    try:
+        os.getcwd()
+    except OSError as exc:
+        raise ConfigError(f"the current directory cannot be read ({exc.strerror or exc}; was "
+                          f"it deleted?): relative paths such as mlruns/ and studies/ are "
+                          f"resolved against it", file="working directory",
+                          allowed="run crossflow from an existing directory (cd there first)"
+                          ) from None
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -251,3 +251,27 @@ def test_a_heartbeat_out_of_range_is_refused_before_the_storage(beat, tmp_path, 
     err = capsys.readouterr().err
     refused(code, err, "--heartbeat", "from 1 to 3600 seconds")
     assert not list(tmp_path.iterdir())
+
+
+# --- 6. a deleted working directory ---------------------------------------------------------
+
+_IN_A_DELETED_FOLDER = """
+import os, sys, tempfile
+folder = tempfile.mkdtemp()
+os.chdir(folder)
+os.rmdir(folder)
+from crossflow.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["study", "run", "quickstart", "--trials", "2", "--no-tracking", "--quiet"],
+    ["check", "gemm-64k"],
+], ids=["study-run", "check"])
+def test_a_deleted_working_directory_is_said(argv, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", _IN_A_DELETED_FOLDER, *argv], cwd=tmp_path,
+                          env=child_env(), capture_output=True, text=True, timeout=LIMIT_S,
+                          preexec_fn=_limits)
+    refused(proc.returncode, proc.stderr, "working directory", "was it deleted?",
+            "run crossflow from an existing directory")
