@@ -275,3 +275,19 @@ def test_a_deleted_working_directory_is_said(argv, tmp_path):
                           preexec_fn=_limits)
     refused(proc.returncode, proc.stderr, "working directory", "was it deleted?",
             "run crossflow from an existing directory")
+
+
+# --- 7. duplicate names ---------------------------------------------------------------------
+
+
+def test_two_memory_levels_of_one_name_are_refused(tmp_path):
+    from importlib import resources
+
+    import yaml
+
+    preset = resources.files("crossflow") / "presets" / "hardware" / "a100-sxm4-80gb.yaml"
+    data = yaml.safe_load(preset.read_text())
+    data["memory"][2]["name"] = data["memory"][1]["name"]
+    (tmp_path / "dup.yaml").write_text(yaml.safe_dump(data))
+    code, _, err = crossflow("check", "dup.yaml", cwd=tmp_path)
+    refused(code, err, "dup.yaml", "key 'memory[2].name' = 'L1'", "must be unique")
