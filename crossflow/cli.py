@@ -343,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "study" and args.study_command is None:
             return _cmd_help(parser, ["study"])
         _check_cwd()
+        _check_options(parser, args)
         return _COMMANDS[args.command](args)
     except CrossflowError as exc:
         if debug:
@@ -359,6 +360,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> its option string (``--tracking-uri``), over every (sub-)command."""
+    out: dict[str, str] = {}
+    for action in parser._actions:
+        if action.option_strings:
+            out.setdefault(action.dest, max(action.option_strings, key=len))
+    for sub in _subcommands(parser).values():
+        for dest, option in _options(sub).items():
+            out.setdefault(dest, option)
+    return out
+
+
+def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every option's text names something (a file, a folder, a URI, a preset): an empty
+    one is refused, not read as the current folder or the default; and ``--no-tracking``
+    with ``--tracking-uri`` is a contradiction, not a silent choice."""
+    options = _options(parser)
+    for dest, value in vars(args).items():
+        if dest in options and isinstance(value, str) and not value.strip():
+            label = options[dest].lstrip("-").replace("-", " ")
+            raise ConfigError(f"an empty {label}: the option names something and cannot be "
+                              f"empty", file="command line", key=options[dest], value=value,
+                              allowed="leave the option out for its default")
+    if getattr(args, "no_tracking", False) and getattr(args, "tracking_uri", None) is not None:
+        raise ConfigError("--no-tracking and --tracking-uri contradict each other: nothing is "
+                          "logged with --no-tracking", file="command line",
+                          key="--tracking-uri", value=args.tracking_uri,
+                          allowed="one of the two")
 
 
 def _check_cwd() -> None:

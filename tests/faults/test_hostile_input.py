@@ -291,3 +291,29 @@ def test_two_memory_levels_of_one_name_are_refused(tmp_path):
     (tmp_path / "dup.yaml").write_text(yaml.safe_dump(data))
     code, _, err = crossflow("check", "dup.yaml", cwd=tmp_path)
     refused(code, err, "dup.yaml", "key 'memory[2].name' = 'L1'", "must be unique")
+
+
+# --- 8. empty and contradictory options -----------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["calibrate", "cpu", "--quick", "--output", ""], ["--output", "an empty output"]),
+    (["study", "run", "quickstart", "--trials", "2", "--tracking-uri", ""],
+     ["--tracking-uri", "an empty tracking uri"]),
+    (["study", "run", "quickstart", "--trials", "2", "--tracking-uri", "  "],
+     ["--tracking-uri", "an empty tracking uri"]),
+    (["study", "run", "quickstart", "--trials", "2", "--no-tracking", "--tracking-uri",
+      "foo://x"], ["--tracking-uri", "'foo://x'", "contradict"]),
+    (["compare", "quickstart", "--no-tracking", "--tracking-uri", "sqlite:///t.db"],
+     ["--no-tracking and --tracking-uri contradict"]),
+    (["study", "run", "quickstart", "--storage", ""], ["--storage", "an empty storage"]),
+], ids=["calibrate-output", "tracking-empty", "tracking-blank", "no-tracking-with-uri",
+        "compare-no-tracking-with-uri", "storage-empty"])
+def test_empty_and_contradictory_options_are_refused(argv, said, tmp_path, monkeypatch,
+                                                     capsys):
+    from crossflow.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(argv)
+    refused(code, capsys.readouterr().err, *said)
+    assert not list(tmp_path.iterdir())  # nothing written, measured or created
