@@ -459,7 +459,7 @@ MAX_DEPTH = 64
 #: The largest magnitude a config number may have: a yotta (1e24) is beyond any quantity a
 #: model takes (sizes, rates and counts are below ~1e18), and products of a few such
 #: numbers stay far from float overflow (~1.8e308) and exact in Python ints.
-MAX_MAGNITUDE = 1e24
+MAX_MAGNITUDE = 10**24
 
 
 def check_numbers(data: Any, key: str = "", depth: int = 0) -> None:

@@ -124,6 +124,17 @@ def test_a_huge_integer_is_refused_by_check_and_predict(digits, tmp_path):
     refused(code, err, "g.yaml", "key 'm'", "too large")
 
 
+def test_the_bound_itself_is_a_valid_number(tmp_path):
+    from crossflow.config.loader import load_spec
+    from crossflow.errors import ConfigError
+
+    (tmp_path / "g.yaml").write_text(f"kind: gemm\nm: {10**24}\nn: 8\nk: 1.0e24\n")
+    with pytest.raises(ConfigError, match="valid integer"):  # not too large: k is an int
+        load_spec(str(tmp_path / "g.yaml"))
+    (tmp_path / "g.yaml").write_text(f"kind: gemm\nm: {10**24}\nn: 8\nk: 8\n")
+    assert load_spec(str(tmp_path / "g.yaml")).m == 10**24
+
+
 @pytest.mark.parametrize("text", ["1e400", "1e300", "-2e30"])
 def test_a_huge_float_is_refused(text, tmp_path):
     from crossflow.config.loader import load_spec
