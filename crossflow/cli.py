@@ -382,8 +382,8 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     for dest, value in vars(args).items():
         if dest in options and isinstance(value, str) and not value.strip():
             label = options[dest].lstrip("-").replace("-", " ")
-            raise ConfigError(f"an empty {label}: the option names something and cannot be "
-                              f"empty", file="command line", key=options[dest], value=value,
+            raise ConfigError(f"an empty {label}: an empty name is no file, folder, preset or "
+                              f"URI", file="command line", key=options[dest], value=value,
                               allowed="leave the option out for its default")
     if getattr(args, "no_tracking", False) and getattr(args, "tracking_uri", None) is not None:
         raise ConfigError("--no-tracking and --tracking-uri contradict each other: nothing is "

@@ -414,7 +414,7 @@ def _error_from_pydantic(
             key=_path(parent_path, shown) if parent_path else shown,
         )
     if err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), str) \
-            and _YAML11_NUMBER.match(err["input"]):
+            and _YAML11_NUMBER.match(err["input"]) and any(c in err["input"] for c in "_:"):
         msg += (" (configs are read as YAML 1.2: sexagesimal 1:30, 1_000 and similar YAML 1.1 "
                 "forms are text, not numbers; write the plain number)")
     if loc in keymap:
