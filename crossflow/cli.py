@@ -157,7 +157,7 @@ def _about(command: str) -> dict[str, str]:
     if command == "crossflow":
         epilog += ("\n\nexit status: 0 success, 1 a validation data set missed its tolerance, "
                    "2 bad input\n(one paragraph on stderr; --debug for a traceback), 3 the "
-                   "design is infeasible.\n\n'crossflow help COMMAND' or 'crossflow COMMAND "
+                   "design is infeasible,\n130 interrupted (Ctrl-C, SIGTERM or SIGHUP).\n\n'crossflow help COMMAND' or 'crossflow COMMAND "
                    "--help' shows a command's options.")
     return {"description": description, "epilog": epilog}
 
@@ -342,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_help(parser, args.topic)
         if args.command == "study" and args.study_command is None:
             return _cmd_help(parser, ["study"])
+        _check_cwd()
+        _check_options(parser, args)
         return _COMMANDS[args.command](args)
     except CrossflowError as exc:
         if debug:
@@ -358,6 +360,50 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> its option string (``--tracking-uri``), over every (sub-)command."""
+    out: dict[str, str] = {}
+    for action in parser._actions:
+        if action.option_strings:
+            out.setdefault(action.dest, max(action.option_strings, key=len))
+    for sub in _subcommands(parser).values():
+        for dest, option in _options(sub).items():
+            out.setdefault(dest, option)
+    return out
+
+
+def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every option's text names something (a file, a folder, a URI, a preset): an empty
+    one is refused, not read as the current folder or the default; and ``--no-tracking``
+    with ``--tracking-uri`` is a contradiction, not a silent choice."""
+    options = _options(parser)
+    for dest, value in vars(args).items():
+        if dest in options and isinstance(value, str) and not value.strip():
+            label = options[dest].lstrip("-").replace("-", " ")
+            raise ConfigError(f"an empty {label}: an empty name is no file, folder, preset or "
+                              f"URI", file="command line", key=options[dest], value=value,
+                              allowed="leave the option out for its default")
+    if getattr(args, "no_tracking", False) and getattr(args, "tracking_uri", None) is not None:
+        raise ConfigError("--no-tracking and --tracking-uri contradict each other: nothing is "
+                          "logged with --no-tracking", file="command line",
+                          key="--tracking-uri", value=args.tracking_uri,
+                          allowed="one of the two")
+
+
+def _check_cwd() -> None:
+    """Commands resolve relative paths (``mlruns/``, ``studies/``, the files given) against
+    the working directory: one that was deleted under the shell is said up front, not met as
+    a FileNotFoundError deep inside."""
+    try:
+        os.getcwd()
+    except OSError as exc:
+        raise ConfigError(f"the current directory cannot be read ({exc.strerror or exc}; was "
+                          f"it deleted?): relative paths such as mlruns/ and studies/ are "
+                          f"resolved against it", file="working directory",
+                          allowed="run crossflow from an existing directory (cd there first)"
+                          ) from None
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -496,6 +542,39 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _launch(args: argparse.Namespace, setup) -> int:
+    """``study run`` / ``study worker``, their arguments checked."""
+    from crossflow.search import study as studies
+    from crossflow.search.locations import redact
+
+    if args.study_command == "worker":
+        result = studies.join_study(
+            setup, storage=args.storage, launch=args.launch, worker_index=args.worker_index,
+            tracking_uri=args.tracking_uri, track=not args.no_tracking,
+            progress=not args.quiet, heartbeat_s=args.heartbeat)
+        print(f"{setup.name}: this worker ran {result.trials_run} trials in "
+              f"{result.elapsed_s:.1f} s; {result.total} in the study")
+        # 1: finished trials lack an MLflow run (said on stderr), so scripts notice
+        return 130 if result.interrupted else 1 if result.untracked else EXIT_OK
+    if args.study_command == "run":
+        result = studies.run_study(
+            setup, n_trials=args.trials, sampler=args.sampler,
+            seed=args.seed if args.seed is not None else "study", storage=args.storage,
+            tracking_uri=args.tracking_uri, track=not args.no_tracking,
+            progress=not args.quiet, workers=args.workers, heartbeat_s=args.heartbeat)
+        print(f"{setup.name}: {result.trials_run} trials run in {result.elapsed_s:.1f} s, "
+              f"{result.total} in the study ({redact(args.storage or setup.storage)})")
+        _print_best(setup, result.best)
+        if result.interrupted:
+            again = studies.resume_command(args.name, args.trials, sampler=args.sampler,
+                                           storage=args.storage)
+            print(f"crossflow: interrupted; run '{again}' again to resume", file=sys.stderr)
+            return 130
+        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
+        return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)
+    raise AssertionError(args.study_command)
+
+
 def _cmd_study(args: argparse.Namespace) -> int:
     # optuna / mlflow are imported by crossflow.search only when a study is opened
     from crossflow.search import study as studies
@@ -547,35 +626,15 @@ def _cmd_study(args: argparse.Namespace) -> int:
         from crossflow.search.storage import check_storage
 
         check_storage(args.storage, key="--storage")
-    if args.study_command in ("run", "worker") and args.heartbeat is not None \
-            and not args.heartbeat >= 1:
-        raise ConfigError("must be at least 1 second", file="command line",
-                          key="--heartbeat", value=args.heartbeat)
-    if args.study_command == "worker":
-        result = studies.join_study(
-            setup, storage=args.storage, launch=args.launch, worker_index=args.worker_index,
-            tracking_uri=args.tracking_uri, track=not args.no_tracking,
-            progress=not args.quiet, heartbeat_s=args.heartbeat)
-        print(f"{setup.name}: this worker ran {result.trials_run} trials in "
-              f"{result.elapsed_s:.1f} s; {result.total} in the study")
-        # 1: finished trials lack an MLflow run (said on stderr), so scripts notice
-        return 130 if result.interrupted else 1 if result.untracked else EXIT_OK
-    if args.study_command == "run":
-        result = studies.run_study(
-            setup, n_trials=args.trials, sampler=args.sampler,
-            seed=args.seed if args.seed is not None else "study", storage=args.storage,
-            tracking_uri=args.tracking_uri, track=not args.no_tracking,
-            progress=not args.quiet, workers=args.workers, heartbeat_s=args.heartbeat)
-        print(f"{setup.name}: {result.trials_run} trials run in {result.elapsed_s:.1f} s, "
-              f"{result.total} in the study ({redact(args.storage or setup.storage)})")
-        _print_best(setup, result.best)
-        if result.interrupted:
-            again = studies.resume_command(args.name, args.trials, sampler=args.sampler,
-                                           storage=args.storage)
-            print(f"crossflow: interrupted; run '{again}' again to resume", file=sys.stderr)
-            return 130
-        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
-        return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)
+    if args.study_command in ("run", "worker"):
+        from crossflow.search.storage import check_heartbeat
+
+        check_heartbeat(args.heartbeat, key="--heartbeat")
+    if args.study_command in ("run", "worker"):
+        from crossflow.search.workers import interrupts_as_ctrl_c
+
+        with interrupts_as_ctrl_c():
+            return _launch(args, setup)
     study = studies.open_study(setup, args.storage, create=False)
     if args.study_command == "show":
         summary = studies.study_summary(setup, study)

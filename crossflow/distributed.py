@@ -23,7 +23,7 @@ from typing import Any
 from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import MicroArch
 from crossflow.config.loader import load_spec
-from crossflow.config.system import SWITCHED
+from crossflow.config.system import MAX_DEVICES, SWITCHED
 from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.parallel import Strategy, check_strategy, parse_parallelism
 from crossflow.prediction import Prediction, infeasible
@@ -277,6 +277,12 @@ class _Batch:
             networks = [("local", _Local())]
         else:
             grows = sys_spec.inter is not None and sys_spec.inter.topology in SWITCHED
+            if devices > MAX_DEVICES:  # before a network of that many devices is built
+                raise ConfigError(
+                    f"the strategy {strategy} needs {devices:,} devices, more than one "
+                    f"prediction models ({MAX_DEVICES:,}; each device costs memory and time "
+                    f"in the network model)", key="parallelism", value=str(strategy),
+                    allowed=f"strategies of at most {MAX_DEVICES:,} devices")
             if devices > sys_spec.num_devices and not grows:
                 # a switched fabric between nodes takes any number of nodes (the node count
                 # follows the strategy's devices); a direct network has the shape its file gives

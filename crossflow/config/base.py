@@ -11,6 +11,7 @@ them*, and raised as one :class:`~crossflow.errors.ConfigError`.
 from __future__ import annotations
 
 import math
+import re
 import stat
 import sys
 import types
@@ -41,8 +42,62 @@ class Spec(BaseModel):
 # --- YAML ------------------------------------------------------------------------------------
 
 
+#: The most values (scalars, lists and mappings, aliases counted at every place they are
+#: used) a config document may hold: the largest shipped one holds ~200, and every later
+#: step walks the expanded document, so ten nested levels of ten-fold aliases ("billion
+#: laughs", 1e10 values from a few hundred bytes) must be refused before they are built.
+MAX_NODES = 100_000
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one) and
+    documents that expand to more than :data:`MAX_NODES` values."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return self.construct_document(node)
+
+
+class _Refused(yaml.constructor.ConstructorError):
+    """Well-formed YAML that is no config (too large once its aliases are expanded)."""
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a node graph whose expansion (each alias counted where it is used) holds more
+    than :data:`MAX_NODES` nodes, or that contains itself.  Linear in the graph's size: a
+    node's expanded count is computed once, however many aliases point to it."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    # iterative post-order walk: deep nesting is refused by size or depth, not RecursionError
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        ident = id(node)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            open_.discard(ident)
+            sizes[ident] = size = 1 + sum(sizes[id(c)] for c in children)
+            if size > MAX_NODES:
+                raise _Refused(
+                    None, None, f"the document expands to more than {MAX_NODES:,} values "
+                    f"(aliases counted each place they are used); a config holds a few "
+                    f"hundred", node.start_mark)
+            continue
+        if ident in sizes:
+            continue
+        if ident in open_:
+            raise _Refused(
+                None, None, "an alias refers to a node that contains it", node.start_mark)
+        open_.add(ident)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
@@ -65,6 +120,65 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
 )
+
+# --- numbers: the YAML 1.2 core schema ---
+# PyYAML resolves plain scalars by YAML 1.1, where ``1:30`` is the sexagesimal 90, ``017``
+# is octal 15, ``1_000`` is 1000 and ``1e5`` is a string.  Config numbers follow YAML 1.2
+# core instead: decimal, ``0o`` octal, ``0x`` hex and plain floats; anything else is text,
+# which validation then refuses where a number is wanted.
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(  # before floats: the float pattern matches "17" too
+    _INT_TAG, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789"))
+_UniqueKeyLoader.add_implicit_resolver(
+    _FLOAT_TAG,
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+#: Digits beyond which an integer is not parsed: far past :data:`MAX_MAGNITUDE`, and
+#: Python refuses to parse more than 4300 digits at all.
+_MAX_DIGITS = 40
+
+
+class TooLarge(str):
+    """A number written with more digits than any config value has (kept as its text, so
+    :func:`check_numbers` can name the key that holds it)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int | TooLarge:
+    text = loader.construct_scalar(node)
+    body = text.lstrip("+-")
+    sign = -1 if text.startswith("-") else 1
+    if body.startswith("0o"):
+        body, base = body[2:], 8
+    elif body.startswith("0x"):
+        body, base = body[2:], 16
+    else:
+        base = 10
+    if len(body.lstrip("0")) > _MAX_DIGITS:
+        return TooLarge(text)
+    return sign * int(body, base)
+
+
+def _construct_float(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> float | TooLarge:
+    text = loader.construct_scalar(node)
+    low = text.lower()
+    if low.endswith((".inf", ".nan")):
+        return float(low.replace(".", ""))  # -.inf -> -inf, .nan -> nan
+    value = float(text)
+    return TooLarge(text) if math.isinf(value) else value
+
+
+_UniqueKeyLoader.add_constructor(_INT_TAG, _construct_int)
+_UniqueKeyLoader.add_constructor(_FLOAT_TAG, _construct_float)
 
 
 #: The largest config file read (bytes): the biggest shipped preset is ~10 KB; a larger
@@ -114,7 +228,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"malformed YAML{where}: {problem}", file=str(path)) from None
+        what = "YAML refused" if isinstance(exc, _Refused) else "malformed YAML"
+        raise ConfigError(f"{what}{where}: {problem}", file=str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"the file must hold a YAML mapping (key: value lines), but holds {type(data).__name__}",
@@ -272,6 +387,10 @@ def _tuples(value: Any) -> Any:
     return value
 
 
+#: Text that YAML 1.1 (but not 1.2) reads as a number: digit groups with ``_`` or ``:``.
+_YAML11_NUMBER = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])*(?:\.[0-9_]*)?$")
+
+
 def _error_from_pydantic(
     exc: ValidationError, keymap: dict[tuple, tuple[str, Any]], file: str | None
 ) -> ConfigError:
@@ -294,6 +413,10 @@ def _error_from_pydantic(
             file=file,
             key=_path(parent_path, shown) if parent_path else shown,
         )
+    if err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), str) \
+            and _YAML11_NUMBER.match(err["input"]) and any(c in err["input"] for c in "_:"):
+        msg += (" (configs are read as YAML 1.2: sexagesimal 1:30, 1_000 and similar YAML 1.1 "
+                "forms are text, not numbers; write the plain number)")
     if loc in keymap:
         path, value = keymap[loc]
         return ConfigError(msg, file=file, key=path, value=value)
@@ -333,14 +456,26 @@ def build(model: type[Spec], data: Mapping[str, Any], file: str | None = None) -
 MAX_DEPTH = 64
 
 
+#: The largest magnitude a config number may have: a yotta (1e24) is beyond any quantity a
+#: model takes (sizes, rates and counts are below ~1e18), and products of a few such
+#: numbers stay far from float overflow (~1.8e308) and exact in Python ints.
+MAX_MAGNITUDE = 10**24
+
+
 def check_numbers(data: Any, key: str = "", depth: int = 0) -> None:
-    """Reject every number no physical quantity takes: infinities, NaN and denormals (below
-    ~2.2e-308, a value that underflows the arithmetic of the model), and nesting deeper
-    than :data:`MAX_DEPTH`.  Each error names the key path."""
+    """Reject every number no physical quantity takes: infinities, NaN, magnitudes above
+    :data:`MAX_MAGNITUDE` (they overflow the model's arithmetic), denormals (below ~2.2e-308,
+    a value that underflows it), and nesting deeper than :data:`MAX_DEPTH`.  Each error
+    names the key path."""
     if depth > MAX_DEPTH:
         raise ConfigError(f"nested more than {MAX_DEPTH} levels deep", key=key or None)
     if isinstance(data, bool):
         return
+    if isinstance(data, TooLarge) or (
+            isinstance(data, int) and abs(data) > MAX_MAGNITUDE) or (
+            isinstance(data, float) and math.isfinite(data) and abs(data) > MAX_MAGNITUDE):
+        raise ConfigError("is too large to compute with", key=key or None, value=data,
+                          allowed=f"a magnitude of at most {MAX_MAGNITUDE:.0e}")
     if isinstance(data, float):
         if not math.isfinite(data):
             raise ConfigError("must be a finite number", key=key or None, value=data)

@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
 from crossflow.config.device import PRECISIONS, SCOPES, Link, MemoryLevel, MicroArch
+from crossflow.errors import ConfigError
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -79,6 +80,14 @@ class MicroArchSpec(Spec):
 
     @model_validator(mode="after")
     def _scopes_widen_outwards(self) -> MicroArchSpec:
+        names = [level.name for level in self.memory]
+        for i, name in enumerate(names):
+            if names.index(name) != i:  # levels are keyed by name in every breakdown
+                raise ConfigError(
+                    f"memory level name {name!r} is also memory[{names.index(name)}]'s: each "
+                    "level is reported (time, traffic, energy) under its name, so names must "
+                    "be unique", key=f"memory[{i}].name", value=name,
+                    allowed=f"a name other than {', '.join(repr(n) for n in names[:i])}")
         order = [SCOPES.index(level.scope) for level in self.memory]
         if order != sorted(order):
             raise ValueError(

@@ -279,6 +279,17 @@ class SoftwareSpec(Spec):
                     or self.iteration_s)
 
 
+#: The most devices one prediction models (a system, a parallel grid).  A model keeps a few
+#: kilobytes per device (link capacities, the mapping of the grid), so 2**20 devices take
+#: ~0.5 GB and ~2 s; the largest machines built are ~2e5 accelerators.
+MAX_DEVICES = 2**20
+
+
+def _too_many(n: int, what: str = "") -> str:
+    return (f"{what}{n:,} devices: more than one prediction models ({MAX_DEVICES:,}; each "
+            f"device costs memory and time in the network model)")
+
+
 class SystemSpec(Spec):
     kind: Literal["system"]
     name: str
@@ -299,6 +310,15 @@ class SystemSpec(Spec):
 
     @model_validator(mode="after")
     def _levels_fit(self) -> SystemSpec:
+        for key in ("devices_per_node", "num_nodes"):  # each alone, then their product
+            if getattr(self, key) > MAX_DEVICES:
+                raise ConfigError(_too_many(getattr(self, key)), key=key,
+                                  value=getattr(self, key), allowed=f"at most {MAX_DEVICES:,}")
+        if self.num_devices > MAX_DEVICES:
+            raise ConfigError(_too_many(self.num_devices, "devices_per_node × num_nodes = "),
+                              key="num_nodes", value=self.num_nodes,
+                              allowed=f"at most {MAX_DEVICES // self.devices_per_node:,} "
+                              f"nodes of {self.devices_per_node} devices")
         if self.devices_per_node > 1 and self.intra is None:
             raise ConfigError(f"{self.devices_per_node} devices per node need an intra-node "
                               "network", key="intra", allowed="intra: {topology: switch, …}")

@@ -46,6 +46,18 @@ from crossflow.search.locations import is_url, redact
 HEARTBEAT_S = 10
 #: Heartbeats a trial may miss before it is taken as dead (Optuna's grace period).
 GRACE_BEATS = 3
+#: The longest heartbeat asked for: a dead worker's trial waits ~GRACE_BEATS of them before
+#: it is retried, so an hour's beat already leaves it for three hours.
+MAX_HEARTBEAT_S = 3600
+
+
+def check_heartbeat(seconds: float | None, key: str = "--heartbeat") -> None:
+    """A heartbeat of 1 to :data:`MAX_HEARTBEAT_S` seconds (None: the default), or a
+    ConfigError naming ``key`` (NaN and infinity included)."""
+    if seconds is not None and not 1 <= seconds <= MAX_HEARTBEAT_S:
+        raise ConfigError(f"must be from 1 to {MAX_HEARTBEAT_S} seconds (a dead worker's "
+                          f"trial is retried after about {GRACE_BEATS} heartbeats)",
+                          key=key, value=seconds, allowed=f"1 to {MAX_HEARTBEAT_S}")
 #: How long a storage call keeps retrying while the database cannot be reached.
 RECONNECT_S = 60.0
 #: Attempts to retry a storage call lost with its connection wait this long first (s),
@@ -442,6 +454,7 @@ def make_storage(url: str, *, heartbeat_s: float | None = None,
     import optuna
 
     check_storage(url)
+    check_heartbeat(heartbeat_s, key="heartbeat_s")
     if is_url(url):
         if url.startswith("sqlite:///"):
             path = Path(url[len("sqlite:///"):])

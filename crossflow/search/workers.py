@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -81,36 +82,74 @@ class Surplus(Exception):
     """A trial that found every slot of the budget taken (raised before evaluating it)."""
 
 
+#: Signals that stop a launch as Ctrl-C does: a terminal's Ctrl-C, a service manager's or
+#: ``kill``'s SIGTERM, a closed terminal's or SSH session's SIGHUP.
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _as_ctrl_c(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_as_ctrl_c() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so one path
+    serves all three: Optuna records the trial in progress, the storage's locks are released
+    by their ``finally``, the command says it was interrupted and exits 130 (the default
+    action of SIGTERM would leave a RUNNING trial and a stale journal lock).  Main thread
+    only."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in INTERRUPTS[1:]:
+            previous[sig] = signal.signal(sig, _as_ctrl_c)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class GracefulStop:
-    """Ctrl-C (SIGINT) stops the work after the trial in progress, so no trial is left
-    half-written; a second Ctrl-C interrupts at once (Optuna records that trial FAIL).
-    Only in the main thread.  Also an Optuna callback (stops the study when requested)."""
+    """Ctrl-C (SIGINT), SIGTERM or SIGHUP stops the work after the trial in progress, so no
+    trial is left half-written; a second signal interrupts at once (Optuna records that
+    trial FAIL).  Only in the main thread.  Also an Optuna callback (stops the study when
+    requested)."""
 
     def __init__(self, message: str = "stopping after the trial in progress") -> None:
         self.requested = False
         self.message = message
-        self._previous = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for sig in INTERRUPTS:
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
-            signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+            self._restore()
             raise KeyboardInterrupt
         self.requested = True
-        print(f"\ncrossflow: {self.message} (Ctrl-C again to abort)", file=sys.stderr,
-              flush=True)
+        again = "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
+        name = "" if signum == signal.SIGINT else f"{signal.Signals(signum).name}: "
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            print(f"\ncrossflow: {name}{self.message} ({again} to abort)", file=sys.stderr,
+                  flush=True)
 
     def __call__(self, study, trial) -> None:
         if self.requested:
             study.stop()
 
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            if handler is None:  # installed outside Python: Python's own defaults
+                handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, handler)
+        self._previous = {}
+
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        self._restore()
 
 
 # --- the budget -----------------------------------------------------------------------------

@@ -38,6 +38,16 @@ from crossflow.sim.engine import After, Schedule, Task, simulate
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
+#: The most passes (micro-batches × model chunks × forward and backward) one pipeline
+#: simulation runs: 1e6 passes take ~1.6 s and ~250 MB; a real iteration has at most a few
+#: ten thousand (hundreds of micro-batches over at most a few hundred chunks).
+MAX_PASSES = 1_000_000
+
+
+def passes(p: int, v: int, m: int) -> int:
+    """Forward and backward passes of ``m`` micro-batches over ``p·v`` chunks."""
+    return 2 * m * p * v
+
 
 def span(kernels: Sequence[tuple[float, float]]) -> float:
     """``max_j (h_1 + … + h_j + d_j + … + d_n)`` over ``kernels`` = ``[(h, d), …]``: from the
@@ -156,6 +166,12 @@ def _check(schedule: str, p: int, v: int, m: int, fwd_s, bwd_s) -> None:
         )
     if len(fwd_s) != p * v or len(bwd_s) != p * v:
         raise ValueError(f"fwd_s and bwd_s need p*v = {p * v} entries")
+    if passes(p, v, m) > MAX_PASSES:
+        raise ConfigError(f"the pipeline would simulate {passes(p, v, m):,} passes ({m:,} "
+                          f"micro-batches × {p * v} chunks × forward and backward), more "
+                          f"than one prediction runs ({MAX_PASSES:,})", key="microbatches",
+                          value=m, allowed=f"at most {MAX_PASSES // (2 * p * v):,} "
+                          f"micro-batches per pipeline")
 
 
 def pipeline_tasks(*, stages: int, microbatches: int, fwd_s: Sequence[float],

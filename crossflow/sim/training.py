@@ -16,10 +16,19 @@ from typing import Protocol
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
 from crossflow.config.system import OverlapSpec
+from crossflow.errors import ConfigError
 from crossflow.kernels import ops
 from crossflow.parallel import Strategy, shard_node
 from crossflow.sim.memory import check_capacity
-from crossflow.sim.pipeline import Host, chain, repeat, simulate_pipeline, span
+from crossflow.sim.pipeline import (
+    MAX_PASSES,
+    Host,
+    chain,
+    passes,
+    repeat,
+    simulate_pipeline,
+    span,
+)
 from crossflow.sim.transformer import block_collectives, collective_count, price_nodes
 from crossflow.workloads import transformer_graph
 from crossflow.workloads.transformer import block_params
@@ -124,6 +133,14 @@ def transformer_iteration(
     prec, b = spec.activation_precision, spec.micro_batch_size
     m = spec.global_batch_size // (dp * b)
     chunks = pp * vp
+    if passes(pp, vp, m) > MAX_PASSES:  # counted before any pass is priced or simulated
+        raise ConfigError(
+            f"{m:,} micro-batches per pipeline (global_batch_size / (data_parallel × "
+            f"micro_batch_size)) over {chunks} model chunks are {passes(pp, vp, m):,} forward "
+            f"and backward passes to simulate, more than one prediction runs ({MAX_PASSES:,})",
+            key="global_batch_size", value=spec.global_batch_size,
+            allowed=f"at most {MAX_PASSES // (2 * chunks) * dp * b:,} with data_parallel "
+            f"{dp} × micro_batch_size {b} over {chunks} chunks (or a larger micro-batch)")
     layers = chunk_layers(L, chunks, extra_layers)
     per_chunk = max(layers)
     nbytes = BYTES_PER_ELEMENT[prec]

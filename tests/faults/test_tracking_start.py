@@ -139,10 +139,19 @@ def test_a_read_only_default_mlruns_is_refused(tmp_path, capsys, monkeypatch):
 
 
 def test_no_tracking_skips_the_check(tmp_path, capsys, monkeypatch):
-    """``--no-tracking`` with an unusable tracking URI: the study runs (exit 0)."""
+    """``--no-tracking`` with a study file whose tracking URI is unusable: the study runs
+    (exit 0).  (``--no-tracking`` with ``--tracking-uri`` is a contradiction, refused:
+    tests/faults/test_hostile_input.py.)"""
+    import shutil
+
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "studies").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[2] / "studies" / "quickstart.yaml",
+                tmp_path / "studies")
+    with (tmp_path / "studies" / "quickstart.yaml").open("a") as fh:
+        fh.write("tracking_uri: foo://bar\n")
     code = cli.main(["study", "run", "quickstart", "--trials", "2", "--quiet", "--no-tracking",
-                     "--storage", str(tmp_path / "q.journal"), "--tracking-uri", "foo://bar"])
+                     "--storage", str(tmp_path / "q.journal")])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "q.journal").exists() and not (tmp_path / "mlruns").exists()
 
