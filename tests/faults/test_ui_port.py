@@ -97,3 +97,25 @@ def test_the_command_exits_at_once_with_no_process_left(busy_port, tmp_path, cli
     assert time.monotonic() - start < 120
     with pytest.raises(ProcessLookupError):  # nothing of its process group is left
         os.killpg(pid, 0)
+
+
+def test_the_ui_says_its_url_and_the_plain_mlflow_command(monkeypatch, capsys):
+    """Before the server's own log lines: where to browse, and the equivalent ``mlflow ui``
+    (a password in the store's URL redacted)."""
+    from crossflow.search import children
+    from crossflow.search.tracking import ui
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    class Server:
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(children, "spawn_group", lambda cmd, *a, **k: Server())
+    monkeypatch.setattr(children, "kill_group", lambda proc, *a, **k: 0)  # no group to end
+    assert ui.launch_ui("postgresql://bob:secret@127.0.0.1:5432/mlflow", port=port) == 0
+    err = capsys.readouterr().err
+    assert f"http://127.0.0.1:{port}" in err and "Ctrl-C" in err
+    assert "mlflow ui --backend-store-uri postgresql://bob:" in err and "secret" not in err

@@ -8,6 +8,7 @@ import socket
 import sys
 
 from crossflow.errors import ConfigError
+from crossflow.search.locations import redact
 from crossflow.search.tracking.paths import resolve_locations
 
 
@@ -59,7 +60,13 @@ def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: in
     from crossflow.search.children import forward_signals, spawn_group
 
     check_port(port, host)
-    proc = spawn_group(ui_command(tracking_uri, host, port, workers))
+    cmd = ui_command(tracking_uri, host, port, workers)
+    uri = redact(cmd[cmd.index("--backend-store-uri") + 1])
+    # the server's own banner is buried in its log lines: say where to look, first
+    print(f"crossflow ui: the MLflow UI of {uri} at http://{host}:{port} (Ctrl-C stops it)\n"
+          f"  the same with MLflow alone: mlflow ui --backend-store-uri {uri}",
+          file=sys.stderr, flush=True)
+    proc = spawn_group(cmd)
     with forward_signals(proc) as received:
         code = proc.wait()
     if received:
