@@ -221,3 +221,24 @@ def test_dense_predictions_are_unchanged(case):
     assert (p.time_s, p.memory_per_device_bytes, p.energy_J,
             p.details["model_flops_utilization"]) == DENSE_BEFORE[case]
     assert "ep_comm_s" not in p.breakdown
+
+
+def test_expert_parallel_is_a_searchable_parallelism_option():
+    from crossflow.parallel import parse_parallelism
+    from crossflow.search.study import load_study
+
+    setup = load_study("qwen3-30b-a3b-h100")
+    assert setup.space.dimension("expert_parallel").choices == (1, 2, 4, 8, 16)
+    design = setup.space.decode({"strategy": "t1-d16-p1", "mapping_order": "kp1-kp2-dp-lp",
+                                 "expert_parallel": 8, "micro_batch_size": 1,
+                                 "use_distributed_optimizer": True})
+    par = setup.parallelism(design)
+    assert par["strategy"] == "t1-d16-p1" and par["expert_parallel"] == 8
+    p = crossflow.predict(workload=setup.workload, system=SYSTEM, parallelism=par)
+    assert p.feasible and p.details["expert_parallel"] == 8
+    # a degree that does not divide tensor × data parallel of the strategy names both
+    with pytest.raises(ConfigError, match="t2-d1-p8-sp = 2 ranks") as err:
+        parse_parallelism({"strategy": "t2-d1-p8-sp", "expert_parallel": 4})
+    assert err.value.key == "expert_parallel"
+    with pytest.raises(ConfigError, match="kernel parallelism"):
+        parse_parallelism({"strategy": "RC-2-2-d4-p1", "expert_parallel": 2})
