@@ -44,6 +44,9 @@ class _Local:
     def p2p(self, nbytes: float, dim: str) -> float:
         return 0.0
 
+    def all_to_all(self, nbytes: float, size: int) -> float:
+        return 0.0
+
 
 def with_software(arch: MicroArch, software) -> MicroArch:
     """The device as the system's training framework drives it: fitted efficiencies, the
@@ -110,6 +113,7 @@ def _strategy(spec, parallelism):
                 key="context_parallel", value=cp,
                 allowed="a degree whose double divides the workload's seq_length"
                 + ("" if spec.kind == "transformer" else " (transformers only)"))
+        _check_experts(spec, par, strategy)
     checked, cp, extra = spec, 1, 0
     if par is not None and spec.kind == "transformer":
         cp, extra = par.context_parallel, sum(par.pipeline_extra_layers)
@@ -118,6 +122,30 @@ def _strategy(spec, parallelism):
     # the grid's d is data × context; the workload's batch is split over the data ranks only
     check_strategy(checked, replace(strategy, dp=strategy.dp // cp) if cp > 1 else strategy)
     return spec, strategy, par
+
+
+def _check_experts(spec, par, strategy) -> None:
+    """Expert parallelism needs MoE layers whose experts it divides; an MoE layer under
+    tensor parallelism needs sequence parallelism (Megatron-LM's arguments.py: "When using
+    expert parallelism and tensor parallelism, sequence parallelism must be used")."""
+    ep = par.expert_parallel
+    moe = spec.kind == "transformer" and spec.moe
+    if ep > 1 and not moe:
+        raise ConfigError("expert parallelism splits the experts of MoE layers, and the "
+                          f"workload {spec.name!r} has none", key="expert_parallel",
+                          value=ep, allowed="1 (or a workload with num_moe_experts)")
+    if moe and spec.num_moe_experts % ep:
+        raise ConfigError(
+            f"each expert-parallel rank holds the same number of experts, so expert_parallel "
+            f"must divide the workload's num_moe_experts ({spec.num_moe_experts})",
+            key="expert_parallel", value=ep,
+            allowed=f"a divisor of {spec.num_moe_experts}")
+    if moe and strategy.tp > 1 and not strategy.sp:
+        raise ConfigError(
+            "an MoE model under tensor parallelism needs sequence parallelism (Megatron-LM "
+            "refuses expert and tensor parallelism without it; the experts take each tensor "
+            "rank's share of the tokens)", key="sequence_parallel",
+            value=strategy.sp, allowed="true when tensor_parallel > 1")
 
 
 @lru_cache(maxsize=256)
@@ -185,7 +213,8 @@ def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
             spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp // cp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software),
-            cp=cp, extra_layers=par.pipeline_extra_layers if par else (0, 0))
+            cp=cp, extra_layers=par.pipeline_extra_layers if par else (0, 0),
+            ep=par.expert_parallel if par else 1)
     if spec.kind == "lstm" and spec.seq_length > 2 * _SHORT_UNROLL:
         # Every quantity of graph_memory is affine in the sequence length once it is
         # past a few steps (weights are shared over time, the largest kernel is the same,
@@ -390,6 +419,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         overlap_grad_reduce=par.overlap_grad_reduce if par else False, software=software,
         cp=par.context_parallel if par else 1,
         extra_layers=par.pipeline_extra_layers if par else (0, 0),
+        ep=par.expert_parallel if par else 1,
     )
     return _prediction(
         spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,
@@ -398,6 +428,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
                  "context_parallel": par.context_parallel if par else 1,
                  "activation_recompute": spec.activation_recompute,
+                 **({"expert_parallel": par.expert_parallel} if par and spec.moe else {}),
                  "model_flops_per_iteration": r.flops_per_iteration, **r.detail},
     )
 

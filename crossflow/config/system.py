@@ -215,6 +215,11 @@ class OverlapSpec(Spec):
     tp_comm: Annotated[float, Field(ge=0, le=1)] = 0.0
     #: pipeline send/recv on their own stream, behind the next chunk's computation
     p2p: bool = False
+    #: fraction of an MoE layer's expert-parallel all-to-alls that does not delay the
+    #: device (Megatron-Core's EP-communication overlap with another micro-batch's
+    #: computation, and HybridEP's dispatch that sends a token once per node), never more
+    #: than the pass's GEMM time; 0: every all-to-all blocks
+    ep_comm: Annotated[float, Field(ge=0, le=1)] = 0.0
 
 
 class SoftwareSpec(Spec):
@@ -262,6 +267,11 @@ class SoftwareSpec(Spec):
     attention_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
     #: FP8 GEMMs' fraction of the FP8 peak (None: gemm_efficiency)
     fp8_gemm_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    #: what an MoE layer's own kernels (router, top-k, permutation, grouped expert GEMMs,
+    #: expert activation, un-permutation and their backward) reach as a fraction of the
+    #: kernel model's time at the efficiencies above: their time is divided by it (1: as
+    #: priced; small grouped GEMMs and the dispatcher's many small kernels fall short)
+    moe_efficiency: Annotated[float, Field(gt=0, le=1)] = 1.0
     #: which communication hides behind computation
     overlap: OverlapSpec = Field(default_factory=OverlapSpec)
     #: bytes per parameter of the gradient the data-parallel reduction sends: 2 (reduced

@@ -83,6 +83,21 @@ class TransformerSpec(Spec):
     attention_backend: Literal["unfused", "flash"] | None = None
     #: causal (decoder) attention: a flash kernel skips the masked half of the scores
     causal: bool = True
+    #: Mixture of experts (Megatron-Core's MoE layer; docs/model.md, "Mixture of experts"):
+    #: routed experts per MoE layer (``--num-experts``); None: a dense model
+    num_moe_experts: Dim | None = None
+    #: experts each token is routed to (``--moe-router-topk``; Megatron's default 2)
+    moe_router_topk: Dim = 2
+    #: inner width of one routed expert (``--moe-ffn-hidden-size``); None: ffn_hidden_size.
+    #: Experts take the MLP's activation: gated (SwiGLU) when ``gated_linear_unit``
+    moe_ffn_hidden_size: Dim | None = None
+    #: inner width of the shared expert every token also goes through
+    #: (``--moe-shared-expert-intermediate-size``); None: no shared expert
+    moe_shared_expert_intermediate_size: Dim | None = None
+    #: which layers are MoE (``--moe-layer-freq``), Megatron's semantics: an int N makes
+    #: layer i (from 0) an MoE layer when i % N == 0 (1: every layer); a list of 0 / 1, one
+    #: per layer, gives the pattern (DeepSeek-V3's first three dense layers: [0, 0, 0, 1, …])
+    moe_layer_freq: Dim | tuple[Annotated[int, Field(ge=0, le=1)], ...] = 1
 
     @property
     def ffn(self) -> int:
@@ -116,6 +131,35 @@ class TransformerSpec(Spec):
         return (2 if self.gated_linear_unit else 1) * self.ffn
 
     @property
+    def moe(self) -> bool:
+        """Whether the model has MoE layers."""
+        return self.num_moe_experts is not None and any(self.moe_layers)
+
+    @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per layer (from 0), whether it is an MoE layer (all False for a dense model)."""
+        if self.num_moe_experts is None:
+            return (False,) * self.num_layers
+        if isinstance(self.moe_layer_freq, int):
+            return tuple(i % self.moe_layer_freq == 0 for i in range(self.num_layers))
+        return tuple(bool(x) for x in self.moe_layer_freq)
+
+    @property
+    def moe_ffn(self) -> int:
+        """Inner width of one routed expert."""
+        return self.moe_ffn_hidden_size or self.ffn
+
+    @property
+    def moe_in_width(self) -> int:
+        """Output width of an expert's first GEMM (2·moe_ffn when gated)."""
+        return (2 if self.gated_linear_unit else 1) * self.moe_ffn
+
+    @property
+    def shared_ffn(self) -> int:
+        """Inner width of the shared expert (0: none)."""
+        return self.moe_shared_expert_intermediate_size or 0
+
+    @property
     def activation_precision(self) -> str:
         """Precision of activations, memory-bound ops and communication: with ``fp8``
         only the GEMMs run in FP8 (Transformer Engine); the rest stays bf16."""
@@ -128,6 +172,22 @@ class TransformerSpec(Spec):
         if self.num_query_groups is not None:
             _divides(self, "num_query_groups", "num_attention_heads")
         _divides(self, "micro_batch_size", "global_batch_size")
+        if self.num_moe_experts is not None:
+            if self.moe_router_topk > self.num_moe_experts:
+                raise ConfigError(
+                    f"a token is routed to at most num_moe_experts "
+                    f"({self.num_moe_experts}) experts", key="moe_router_topk",
+                    value=self.moe_router_topk,
+                    allowed=f"an integer from 1 to {self.num_moe_experts}")
+            if (not isinstance(self.moe_layer_freq, int)
+                    and len(self.moe_layer_freq) != self.num_layers):
+                raise ConfigError(
+                    f"a list moe_layer_freq gives one 0 / 1 per layer, but it has "
+                    f"{len(self.moe_layer_freq)} entries for num_layers "
+                    f"({self.num_layers})", key="moe_layer_freq",
+                    value=list(self.moe_layer_freq),
+                    allowed=f"an integer N >= 1 (every N-th layer) or {self.num_layers} "
+                    "zeros and ones")
         return self
 
 

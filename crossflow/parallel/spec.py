@@ -70,6 +70,13 @@ class ParallelismSpec(Spec):
     #: in the data-parallel dimension (Megatron orders them tp-cp-dp-pp), so ``data_parallel``
     #: stays the number of model replicas
     context_parallel: Degree = 1
+    #: expert parallelism (Megatron's ``--expert-model-parallel-size``): the routed experts of
+    #: each MoE layer are split over this many ranks, tokens exchanged by all-to-alls.  Not a
+    #: dimension of the grid: as Megatron-Core's MoE parallel folding does (expert tensor
+    #: parallelism 1), an expert group is ``expert_parallel`` consecutive ranks of a pipeline
+    #: stage numbered tensor-fastest, then data × context, so it must divide tensor × data ×
+    #: context (checked against the workload: it must divide num_moe_experts too)
+    expert_parallel: Degree = 1
     #: Megatron-Core's uneven pipeline split: the embedding (the loss) counts as one layer
     #: when the layers are cut into pipeline × virtual chunks, so the first (last) chunk has
     #: one layer fewer; (num_layers + the accounted ones) must divide evenly
@@ -93,6 +100,8 @@ class ParallelismSpec(Spec):
             raise ConfigError("context parallelism takes the Megatron degrees, not a paper "
                               "strategy name", key="context_parallel",
                               value=self.context_parallel)
+        if self.expert_parallel > 1:
+            self._check_expert_parallel()
         if (self.use_distributed_optimizer is not None and "zero1" in self.model_fields_set
                 and self.zero1 != self.use_distributed_optimizer):
             raise ConfigError("use_distributed_optimizer is another name for zero1; give "
@@ -111,6 +120,26 @@ class ParallelismSpec(Spec):
                               value=self.virtual_pipeline_stages, allowed="schedule: 1f1b")
         self.to_strategy()
         return self
+
+    def _check_expert_parallel(self) -> None:
+        strategy = self.to_strategy()
+        if strategy.kp_type != "TP":
+            raise ConfigError("expert parallelism goes with Megatron's tensor parallelism, not "
+                              f"the paper's {strategy.kp_type} kernel parallelism",
+                              key="expert_parallel", value=self.expert_parallel,
+                              allowed="1 with an RC / CR strategy")
+        ranks = strategy.tp * strategy.dp  # the grid's d is data × context
+        if ranks % self.expert_parallel:
+            shown = (f"tensor_parallel × data_parallel × context_parallel = "
+                     f"{self.tensor_parallel} × {self.data_parallel} × "
+                     f"{self.context_parallel} = {ranks}" if self.strategy is None else
+                     f"tensor × data parallel of {self.strategy} = {ranks}")
+            raise ConfigError(
+                f"an expert-parallel group is expert_parallel consecutive ranks of a "
+                f"pipeline stage, whose {shown} ranks it must divide (Megatron-Core's MoE "
+                f"parallel folding, expert tensor parallelism 1)",
+                key="expert_parallel", value=self.expert_parallel,
+                allowed=f"a divisor of {ranks}")
 
     def to_strategy(self) -> Strategy:
         """The :class:`Strategy` this file describes."""

@@ -40,7 +40,9 @@ Named parameters: AGE overrides of :data:`crossflow.arch.age.OVERRIDE_KEYS`
 (``logic_node``, ``dram``, ``intra_link``, ``inter_link``, ``memory.<level>``, ``tdp_W``,
 ``chip_area_mm2``, ``node_area_mm2``; these need an architecture template) and parallelism
 options (``micro_batch_size``, ``schedule``, ``zero1`` or Megatron's
-``use_distributed_optimizer``, ``overlap_grad_reduce``, ``recompute_granularity``).
+``use_distributed_optimizer``, ``overlap_grad_reduce``, ``recompute_granularity``,
+``expert_parallel`` for MoE workloads: a degree that does not fit a strategy is an
+infeasible trial).
 
 The file is checked on its own when loaded (:class:`SearchSpaceSpec`); what depends on the
 study — template component names, technology names, the strategies of the device count —
@@ -70,7 +72,8 @@ SIMPLEXES = ("area", "power", "perimeter")
 SIMPLEX_OVERRIDE = {s: f"{s}_fractions" for s in SIMPLEXES}
 #: Named dimensions that go into the parallelism file.
 PARALLELISM_PARAMS = ("micro_batch_size", "schedule", "zero1", "overlap_grad_reduce",
-                      "recompute_granularity", "use_distributed_optimizer")
+                      "recompute_granularity", "use_distributed_optimizer",
+                      "expert_parallel")
 _NUMERIC = (*SCALAR_DIMS, "micro_batch_size")
 STRATEGY = "strategy"
 MAPPING_ORDER = "mapping_order"
@@ -264,7 +267,7 @@ def _check_param(name: str, dist: tuple[Choice, ...] | RangeSpec) -> None:
             ok, allowed = v in ("none", "selective", "full"), "none, selective, full"
         elif name == "schedule":
             ok, allowed = v in ("1f1b", "gpipe"), "1f1b, gpipe"
-        elif name == "micro_batch_size":
+        elif name in ("micro_batch_size", "expert_parallel"):
             ok, allowed = isinstance(v, int) and not isinstance(v, bool) and v >= 1, \
                 "integers >= 1"
         elif name in _NUMERIC:

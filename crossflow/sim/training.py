@@ -31,7 +31,8 @@ from crossflow.sim.pipeline import (
 )
 from crossflow.sim.transformer import block_collectives, collective_count, price_nodes
 from crossflow.workloads import transformer_graph
-from crossflow.workloads.transformer import block_params
+from crossflow.workloads.graph import node_flops
+from crossflow.workloads.transformer import block_params, layer_params
 
 #: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
 #: fp32 moments per parameter (12 B) beside the fp16 weight (2 B) and gradient (2 B)
@@ -64,6 +65,9 @@ class Network(Protocol):
 
     def p2p(self, nbytes: float, dim: str) -> float:
         """One point-to-point transfer between neighbours of the ``dim`` group."""
+
+    def all_to_all(self, nbytes: float, size: int) -> float:
+        """An all-to-all in each expert-parallel group of ``size`` ranks."""
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,31 @@ def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: boo
 
 
 def spec_model_flops(spec, recompute: bool = False) -> float:
-    """:func:`model_flops` of a TransformerSpec."""
+    """:func:`model_flops` of a TransformerSpec; with MoE layers, :func:`moe_model_flops`."""
+    if spec.moe:
+        return moe_model_flops(spec, recompute)
     return model_flops(spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size,
                        spec.global_batch_size, spec.ffn, recompute, qkv=spec.qkv_width,
                        q=spec.q_width, ffn_in=spec.mlp_in_width)
+
+
+def moe_model_flops(spec, recompute: bool = False) -> float:
+    """Model FLOPs of a model with MoE layers: :func:`model_flops` with each MoE layer's MLP
+    replaced by what one token runs — the router (2·h·E), its ``topk`` active experts
+    (2·(h·moe_ffn_in + moe_ffn·h) each) and the shared expert — so only active experts
+    count (the convention of Megatron-LM's ``num_floating_point_operations`` for MoE)."""
+    h, s, B = spec.hidden_size, spec.seq_length, spec.global_batch_size
+    L, V = spec.num_layers, spec.vocab_size
+    attention = 2 * (h * spec.qkv_width + spec.q_width * h) + 4 * s * spec.q_width
+    dense_mlp = 2 * (h * spec.mlp_in_width + spec.ffn * h)
+    gated = 2 if spec.gated_linear_unit else 1
+    moe_mlp = (2 * h * spec.num_moe_experts
+               + spec.moe_router_topk * 2 * (h * spec.moe_in_width + spec.moe_ffn * h)
+               + 2 * (gated + 1) * h * spec.shared_ffn)
+    moe = sum(spec.moe_layers)
+    layers_forward = B * s * (L * attention + moe * moe_mlp + (L - moe) * dense_mlp)
+    forward = layers_forward + B * s * 2 * h * V
+    return 3 * forward + (layers_forward if recompute else 0)
 
 
 def transformer_iteration(
@@ -121,9 +146,11 @@ def transformer_iteration(
     software=None,
     cp: int = 1,
     extra_layers: tuple[int, int] = (0, 0),
+    ep: int = 1,
 ) -> TrainingResult:
     """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·cp·pp·dp`` devices
-    (``dp`` model replicas; ``cp`` context-parallel ranks share each sequence).
+    (``dp`` model replicas; ``cp`` context-parallel ranks share each sequence; ``ep``
+    expert-parallel ranks share the experts of each MoE layer).
 
     ``software`` (a system's SoftwareSpec) adds the host: each pass's dispatch time runs on
     a host resource beside the device in the pipeline simulation, and the iteration's host
@@ -152,31 +179,44 @@ def transformer_iteration(
     def coll(kind: str, size: float) -> float:
         return network.collective(kind, size, "kp1") if tp > 1 else 0.0
 
-    block_f, block_b, *ends = _passes(arch, spec, tp, sp, coll, cp)
+    # An MoE layer's token dispatch and combine: each rank sends its tokens' k copies (its
+    # sequence-parallel share of the micro-batch) to the experts' ranks
+    a2a = 0.0
+    if spec.moe and ep > 1:
+        routed = b * s // cp // tp * spec.moe_router_topk * h * nbytes
+        a2a = network.all_to_all(routed, ep)
+    moe_efficiency = software.moe_efficiency if software is not None else 1.0
+    blocks, ends = _passes(arch, spec, tp, sp, coll, cp, ep, a2a, moe_efficiency)
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
     # Context parallelism (Transformer Engine's ring attention): each rank holds 1/cp of every
     # sequence and passes its keys and values around the ring, cp−1 steps forward, and keys,
     # values and their gradients backward, each step behind the previous step's attention
-    cp_f = cp_b = cp_hidden_f = cp_hidden_b = 0.0
+    cp_f = cp_b = 0.0
     if cp > 1:
         kv = (2 * b * s // cp * spec.query_groups * spec.head_dim
               * BYTES_PER_ELEMENT[prec] / max(1, min(tp, spec.query_groups)))
         cp_f = (cp - 1) * network.p2p(kv, "dp")
         cp_b = 2 * cp_f
-        cp_hidden_f = min(cp_f, block_f.attention)
-        cp_hidden_b = min(cp_b, block_b.attention)
-    # Megatron-Core's tp-comm-overlap splits each GEMM and its all-gather / reduce-scatter
-    # into chunks on separate streams: up to ``overlap.tp_comm`` of the collectives hide
-    # behind the pass's GEMMs, never more than the GEMMs' time
-    tp_hidden_f = min(overlap.tp_comm * block_f.tp_comm, block_f.compute)
-    tp_hidden_b = min(overlap.tp_comm * block_b.tp_comm, block_b.compute)
-    layer_f = block_f.total - tp_hidden_f + cp_f - cp_hidden_f
-    layer_b = block_b.total - tp_hidden_b + cp_b - cp_hidden_b
+    # per kind of layer (dense, MoE): (forward, backward) seconds and the communication
+    # hidden behind them
+    kinds = {moe: _layer_times(bf, bb, overlap, cp_f, cp_b)
+             for moe, (bf, bb) in blocks.items()}
+    # the block the host, the breakdown's detail and the per-layer figures describe: the
+    # MoE one where there are MoE layers (a model mixing both is priced layer by layer on
+    # the device, its host issue as if all its layers were of that kind)
+    rep_kind = spec.moe
+    block_f, block_b = blocks[rep_kind]
+    layer_f, layer_b, *_ = kinds[rep_kind]
     T = b * s // cp
     act = T * h * nbytes
 
-    fwd_s = [n * layer_f for n in layers]
-    bwd_s = [n * layer_b for n in layers]
+    moe_per_chunk = _chunk_moe_layers(spec, layers)
+    fwd_s = [(n - k) * kinds[False][0] + k * kinds[True][0] if k else n * kinds[False][0]
+             for n, k in zip(layers, moe_per_chunk, strict=True)] if False in kinds else [
+        n * layer_f for n in layers]
+    bwd_s = [(n - k) * kinds[False][1] + k * kinds[True][1] if k else n * kinds[False][1]
+             for n, k in zip(layers, moe_per_chunk, strict=True)] if False in kinds else [
+        n * layer_b for n in layers]
     fwd_s[0] += emb_f
     bwd_s[0] += emb_b
     fwd_s[-1] += head_f
@@ -200,17 +240,34 @@ def transformer_iteration(
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
 
-    stage_params = stage_parameters(spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp)
-    grads = stage_params * grad_reduce_bytes
+    dense_params, expert_params = stage_parameter_split(
+        spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp, ep=ep)
+    stage_params = dense_params + expert_params
+    grads = dense_params * grad_reduce_bytes
     # gradients are reduced, and the distributed optimizer sharded, over data × context ranks
+    # (experts' over the expert-data-parallel ranks: tp·dp·cp / ep)
     shard = dp * cp if zero1 else 1
+    edp = tp * dp * cp // ep
     reduce_s = gather_s = 0.0
     if dp * cp > 1:
         # the distributed optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers
         # the updated parameters; otherwise one all-reduce
         reduce_s = network.collective("reduce_scatter" if zero1 else "all_reduce", grads, "dp")
         if zero1:
-            gather_s = network.collective("all_gather", stage_params * WEIGHT_BYTES, "dp")
+            gather_s = network.collective("all_gather", dense_params * WEIGHT_BYTES, "dp")
+    if expert_params and edp > 1:
+        # The expert-data-parallel group is not a dimension of the mapped grid: its
+        # collectives are priced on the data-parallel rings, scaled to its ring volume
+        # ((n−1)/n of the buffer for n ranks)
+        dim = "dp" if dp * cp > 1 else "kp1"
+        n = dp * cp if dp * cp > 1 else tp
+        scale = (edp - 1) / edp / ((n - 1) / n)
+        e_grads = expert_params * grad_reduce_bytes
+        reduce_s += scale * network.collective(
+            "reduce_scatter" if zero1 else "all_reduce", e_grads, dim)
+        if zero1:
+            gather_s += scale * network.collective(
+                "all_gather", expert_params * WEIGHT_BYTES, dim)
     layers_here = vp * per_chunk
     reduce_exposed, gather_exposed = reduce_s, gather_s
     if (overlap_grad_reduce or overlap.grad_reduce) and reduce_s:
@@ -229,23 +286,41 @@ def transformer_iteration(
     # exchange of the (vocab-parallel) table's gradient each way.
     tied = not spec.untie_embeddings_and_output_weights
     emb_time = network.p2p(V * h / tp * grad_reduce_bytes, "lp") if pp > 1 and tied else 0.0
-    adam = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * stage_params / shard,
-                            bytes_written=ADAM_BYTES_WRITTEN * stage_params / shard,
-                            flops=ADAM_FLOPS_PER_PARAM * stage_params / shard)
+    # parameters this device updates (× shard: the expert ones in the dense ones' units)
+    updated = stage_params if not expert_params else (
+        dense_params + expert_params * shard / (edp if zero1 else 1))
+    optimized = updated / shard
+    adam = ops.memory_bound(arch, "adam", bytes_read=ADAM_BYTES_READ * updated / shard,
+                            bytes_written=ADAM_BYTES_WRITTEN * updated / shard,
+                            flops=ADAM_FLOPS_PER_PARAM * updated / shard)
     opt = adam.time_s
 
     device_tail = dp_time + emb_time + opt
     host_tail = software.iteration_s if host is not None else 0.0
     total = pipe.makespan_s + max(device_tail, host_tail)
-    energy = _energy(arch, spec, tp=tp, pp=pp, dp=dp, m=m, block=(block_f, block_b),
-                     ends=ends, stage_params=stage_params / shard, adam_J=adam.energy_J)
+    moe_layers = sum(spec.moe_layers)
+    blocks_J = sum((moe_layers if moe else L - moe_layers) * (bf.energy_J + bb.energy_J)
+                   for moe, (bf, bb) in blocks.items())
+    energy = _energy(arch, spec, tp=tp, pp=pp, dp=dp, m=m, blocks_J=blocks_J,
+                     ends=ends, stage_params=optimized, adam_J=adam.energy_J)
     micro = m * vp * per_chunk  # layer passes per device per iteration, for the breakdown
+    # the first device's chunks: what share of its layers is of each kind
+    here_moe = sum(moe_per_chunk[::pp]) / max(1, sum(layers[::pp]))
+    share = {True: here_moe, False: 1.0 - here_moe}
+
+    def per_layer(f) -> float:
+        return micro * sum(share[moe] * f(moe, bf, bb) for moe, (bf, bb) in blocks.items())
+
     layers_share = {
-        "compute_s": micro * (block_f.compute + block_b.compute),
-        "memory_bound_s": micro * (block_f.memory + block_b.memory),
-        "tp_comm_s": micro * (block_f.tp_comm + block_b.tp_comm - tp_hidden_f - tp_hidden_b),
-        "cp_comm_s": micro * (cp_f + cp_b - cp_hidden_f - cp_hidden_b),
+        "compute_s": per_layer(lambda _, f, b: f.compute + b.compute),
+        "memory_bound_s": per_layer(lambda _, f, b: f.memory + b.memory),
+        "tp_comm_s": per_layer(lambda k, f, b: f.tp_comm + b.tp_comm - kinds[k][2]
+                               - kinds[k][3]),
+        "cp_comm_s": per_layer(lambda k, f, b: cp_f + cp_b - kinds[k][4] - kinds[k][5]),
     }
+    if spec.moe:
+        layers_share["ep_comm_s"] = per_layer(lambda k, f, b: f.ep_comm + b.ep_comm
+                                              - kinds[k][6] - kinds[k][7])
     breakdown = {
         **layers_share,
         "embedding_and_head_s": m * (emb_f + emb_b + head_f + head_b) / max(pp, 1),
@@ -259,8 +334,10 @@ def transformer_iteration(
     # communication behind computation (not in the iteration time; the breakdown's
     # communication entries are the exposed parts)
     hidden = {
-        "tp_comm_s": micro * (tp_hidden_f + tp_hidden_b),
-        "cp_comm_s": micro * (cp_hidden_f + cp_hidden_b),
+        "tp_comm_s": per_layer(lambda k, f, b: kinds[k][2] + kinds[k][3]),
+        "cp_comm_s": per_layer(lambda k, f, b: kinds[k][4] + kinds[k][5]),
+        **({"ep_comm_s": per_layer(lambda k, f, b: kinds[k][6] + kinds[k][7])}
+           if spec.moe else {}),
         "pp_p2p_s": 4 * (p2p - p2p_on_device) * m * vp if pp > 1 else 0.0,
         "dp_allreduce_s": reduce_s + gather_s - dp_time,
     }
@@ -272,7 +349,7 @@ def transformer_iteration(
             for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
                                 zero1=zero1, grad_bytes=grad_bytes(software), cp=cp,
-                                extra_layers=extra_layers)
+                                extra_layers=extra_layers, ep=ep)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
@@ -295,7 +372,36 @@ def transformer_iteration(
     )
 
 
-def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
+def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float) -> tuple[float, ...]:
+    """(forward, backward, tp hidden forward, tp hidden backward, cp hidden forward, cp
+    hidden backward, ep hidden forward, ep hidden backward) seconds of one layer of a
+    kind."""
+    # Megatron-Core's tp-comm-overlap splits each GEMM and its all-gather / reduce-scatter
+    # into chunks on separate streams: up to ``overlap.tp_comm`` of the collectives hide
+    # behind the pass's GEMMs, never more than the GEMMs' time
+    tp_hidden_f = min(overlap.tp_comm * block_f.tp_comm, block_f.compute)
+    tp_hidden_b = min(overlap.tp_comm * block_b.tp_comm, block_b.compute)
+    cp_hidden_f = min(cp_f, block_f.attention)
+    cp_hidden_b = min(cp_b, block_b.attention)
+    # an MoE layer's all-to-alls: ``overlap.ep_comm`` of them off the critical path, never
+    # more than the GEMM time left after the tensor-parallel overlap
+    ep_hidden_f = min(overlap.ep_comm * block_f.ep_comm, block_f.compute - tp_hidden_f)
+    ep_hidden_b = min(overlap.ep_comm * block_b.ep_comm, block_b.compute - tp_hidden_b)
+    return (block_f.total - tp_hidden_f - ep_hidden_f + cp_f - cp_hidden_f,
+            block_b.total - tp_hidden_b - ep_hidden_b + cp_b - cp_hidden_b,
+            tp_hidden_f, tp_hidden_b, cp_hidden_f, cp_hidden_b, ep_hidden_f, ep_hidden_b)
+
+
+def _chunk_moe_layers(spec, layers: list[int]) -> list[int]:
+    """MoE layers in each pipeline chunk (chunks hold consecutive layers, first to last)."""
+    pattern, out, start = spec.moe_layers, [], 0
+    for n in layers:
+        out.append(sum(pattern[start:start + n]))
+        start += n
+    return out
+
+
+def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, blocks_J, ends, stage_params,
             adam_J) -> float:
     """Dynamic energy of one iteration on all devices (joules).
 
@@ -307,8 +413,7 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
     """
     act = spec.micro_batch_size * spec.seq_length * spec.hidden_size * BYTES_PER_ELEMENT[
         spec.activation_precision]
-    kernels = tp * dp * m * (spec.num_layers * (block[0].energy_J + block[1].energy_J)
-                             + sum(p.energy_J for p in ends))
+    kernels = tp * dp * m * (blocks_J + sum(p.energy_J for p in ends))
     intra = arch.links.get("intra")
     inter = arch.links.get("inter") or intra
     per_pass = 4 + (2 if spec.activation_recompute == "full" else 0)  # all-reduces per block
@@ -320,19 +425,47 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, block, ends, stage_params,
     return kernels + adam_J * tp * pp * dp + links
 
 
-def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1):
-    """Forward / backward times of one block, of the embedding and of the head (per
+def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int = 1,
+            a2a: float = 0.0, moe_efficiency: float = 1.0):
+    """Forward / backward times of one block of each kind the model has (a dict: is it an
+    MoE layer -> (forward, backward)), and of the embedding and of the head (per
     micro-batch, one tensor-parallel and context-parallel rank), priced from the workload
     graph's nodes.  Context parallelism divides every node's tokens (its batch key; the
-    attention core's heads, which gives its queries' share of the s×s work) by ``cp``."""
-    graph = transformer_graph(_one_block(spec))
+    attention core's heads, which gives its queries' share of the s×s work) by ``cp``;
+    expert parallelism gives each rank 1/ep of the experts, each with ep times the tokens
+    (:func:`_expert_shard`); ``a2a`` is the seconds of one of its all-to-alls."""
+    blocks = {}
+    for moe in sorted(set(spec.moe_layers)):
+        *block, ends = _block_passes(arch, _one_block(spec, moe), tp, sp, coll, cp, ep,
+                                     a2a if moe else 0.0, moe_efficiency)
+        blocks[moe] = tuple(block)
+    return blocks, ends
+
+
+def _expert_shard(attrs: dict, ep: int) -> dict:
+    """An expert GEMM on one of ``ep`` expert-parallel ranks: 1/ep of the experts, each
+    with the tokens routed to it from all ep ranks (balanced routing)."""
+    out = dict(attrs)
+    key = attrs["expert_tokens"]
+    out["count"] = -(-attrs["count"] // ep)
+    out[key] = attrs[key] * ep
+    out["flops"] = node_flops(out)
+    return out
+
+
+def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: int,
+                  a2a: float, moe_efficiency: float = 1.0):
+    graph = transformer_graph(spec)
     strategy = Strategy.megatron(tp=tp, sp=sp, dp=cp)
     groups: dict[tuple[int, bool], list[dict]] = {}
     for _, attrs in graph.nodes(data=True):
         if attrs["phase"] == "optimizer":
             continue  # priced below as mixed-precision Adam
         backward = attrs["phase"] != "fwd"
-        groups.setdefault((attrs["layer"], backward), []).append(shard_node(attrs, strategy))
+        shard = shard_node(attrs, strategy)
+        if ep > 1 and attrs.get("expert_tokens"):
+            shard = _expert_shard(shard, ep)
+        groups.setdefault((attrs["layer"], backward), []).append(shard)
     tokens = spec.micro_batch_size * spec.seq_length // cp
     comm_f, comm_b = block_collectives(tokens=tokens, hidden=spec.hidden_size,
                                        precision=spec.activation_precision, sp=sp,
@@ -341,13 +474,13 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1):
     vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
     on = tp > 1
     count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute)
-    block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f)
-    block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b)
+    block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f, a2a, moe_efficiency)
+    block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b, a2a, moe_efficiency)
     emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm, on)
     emb_b = price_nodes(arch, groups[(-1, True)])
     head_f = price_nodes(arch, groups[(1, False)])
     head_b = price_nodes(arch, groups[(1, True)], vocab_comm, on)
-    return block_f, block_b, emb_f, emb_b, head_f, head_b
+    return block_f, block_b, (emb_f, emb_b, head_f, head_b)
 
 
 def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int,
@@ -388,9 +521,13 @@ def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int
 
 
 @lru_cache(maxsize=256)
-def _one_block(spec):
-    """The same model with one block: all blocks are alike, so one prices them all."""
-    return spec.model_copy(update={"num_layers": 1})
+def _one_block(spec, moe: bool = False):
+    """The same model with one block of a kind (an MoE layer when ``moe``): all blocks of
+    a kind are alike, so one prices them all."""
+    if not moe:
+        return spec.model_copy(update={"num_layers": 1, "num_moe_experts": None,
+                                       "moe_layer_freq": 1})
+    return spec.model_copy(update={"num_layers": 1, "moe_layer_freq": 1})
 
 
 def chunk_layers(L: int, chunks: int, extra_layers: tuple[int, int] = (0, 0)) -> list[int]:
@@ -405,11 +542,30 @@ def chunk_layers(L: int, chunks: int, extra_layers: tuple[int, int] = (0, 0)) ->
 
 
 def stage_parameters(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
-                     vp: int = 1) -> float:
+                     vp: int = 1, ep: int = 1) -> float:
     """Parameters per device: the busiest stage (the first, with the embedding table)."""
+    return sum(stage_parameter_split(spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp,
+                                     ep=ep))
+
+
+def stage_parameter_split(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
+                          vp: int = 1, ep: int = 1) -> tuple[float, float]:
+    """(parameters split by tensor parallelism, routed experts' parameters split by
+    expert parallelism) on a device of the first stage (with the embedding table).
+    Experts are not split by tensor parallelism (expert tensor parallelism 1)."""
     L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
-    first = sum(chunk_layers(L, pp * vp, extra_layers)[::pp])  # the first device's chunks
-    return first * block_params(spec) / tp + V * h / tp
+    counts = chunk_layers(L, pp * vp, extra_layers)
+    if not spec.moe:
+        first = sum(counts[::pp])  # the first device's chunks
+        return first * block_params(spec) / tp + V * h / tp, 0.0
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    dense = expert = 0.0
+    for c in range(0, len(counts), pp):
+        for layer in range(starts[c], starts[c] + counts[c]):
+            d, e = layer_params(spec, layer)
+            dense += d
+            expert += e
+    return dense / tp + V * h / tp, expert / ep
 
 
 def grad_bytes(software) -> int:
@@ -421,7 +577,8 @@ def grad_bytes(software) -> int:
 def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
                        schedule: str = "1f1b", zero1: bool = False,
                        grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
-                       extra_layers: tuple[int, int] = (0, 0)) -> dict[str, float]:
+                       extra_layers: tuple[int, int] = (0, 0), ep: int = 1
+                       ) -> dict[str, float]:
     """Bytes per device of :func:`transformer_iteration` with these options, without
     pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
     memory_check`)."""
@@ -429,13 +586,14 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
-                   stage_params=stage_parameters(spec, tp=tp, pp=pp,
-                                                 extra_layers=extra_layers, vp=vp),
-                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp)
+                   stage_params=stage_parameter_split(spec, tp=tp, pp=pp,
+                                                      extra_layers=extra_layers, vp=vp,
+                                                      ep=ep),
+                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep)
 
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
-            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1) -> dict[str, float]:
+            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1) -> dict[str, float]:
     """Bytes on the first pipeline stage's device (the fullest).
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
@@ -453,6 +611,15 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     # GeLU outputs, 2·4h each), 6 the q, k, v, 2 the attention output.  A gated MLP keeps
     # its 2·ffn-wide fc1 output and the ffn-wide SwiGLU output; GQA keeps smaller k, v.
     mlp = (6 if spec.gated_linear_unit else 4) * spec.ffn / h
+    if spec.moe:
+        # An MoE layer keeps, per token, its k permuted copies and their expert outputs
+        # (2·k·h each) and the experts' fc1 and activation outputs, as a dense MLP of width
+        # k·moe_ffn does, plus the shared expert's; averaged over the model's layers
+        k = spec.moe_router_topk
+        gate = 6 if spec.gated_linear_unit else 4
+        moe_mlp = 4 * k + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
+        share = sum(spec.moe_layers) / L
+        mlp = share * moe_mlp + (1 - share) * mlp
     qkv = 2 * spec.qkv_width / h
     split = 2 + qkv + mlp
     if rc == "full":
@@ -479,11 +646,17 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         in_flight = min(pp, m)
     activations = per_layer * (L / pp) * in_flight / cp  # a rank holds 1/cp of each sequence
     shard = dp * cp if zero1 else 1
+    dense, expert = stage_params
+    # the experts' optimizer state is sharded over their own data-parallel ranks
+    expert_shard = tp * dp * cp // ep if zero1 else 1
+    params = dense + expert
     # FP8 (Transformer Engine without FP8 primary weights): the weights stay bf16; their
     # FP8 casts are transient workspaces, not counted
+    optimizer = (params * OPTIMIZER_BYTES / shard if not expert else
+                 (dense / shard + expert / expert_shard) * OPTIMIZER_BYTES)
     return {
-        "weights_bytes": stage_params * WEIGHT_BYTES,
-        "gradients_bytes": stage_params * grad_bytes,
-        "optimizer_state_bytes": stage_params * OPTIMIZER_BYTES / shard,
+        "weights_bytes": params * WEIGHT_BYTES,
+        "gradients_bytes": params * grad_bytes,
+        "optimizer_state_bytes": optimizer,
         "activations_bytes": activations,
     }

@@ -31,6 +31,8 @@ class PassTimes:
     memory: float = 0.0  # memory-bound ops
     tp_comm: float = 0.0
     energy_J: float = 0.0
+    #: the expert-parallel all-to-alls of an MoE layer (token dispatch and combine)
+    ep_comm: float = 0.0
     #: of ``compute``: the attention core (flash kernel, or the batched score GEMMs)
     attention: float = 0.0
     #: kernels issued by forward code (forward and recomputed ops), by the autograd engine
@@ -44,16 +46,32 @@ class PassTimes:
 
     @property
     def total(self) -> float:
-        return self.compute + self.memory + self.tp_comm
+        return self.compute + self.memory + self.tp_comm + self.ep_comm
+
+
+#: the MoE nodes an expert-parallel all-to-all follows: the dispatch after the permutation,
+#: the combine after the second expert GEMM; backward, the gradients' dispatch after the
+#: un-permutation's backward and their combine after the first expert GEMM's input gradient
+A2A_AFTER: frozenset[str] = frozenset({"permute", "expert_fc2", "unpermute.bwd",
+                                       "expert_fc1.dX"})
 
 
 def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
-                collectives: int = 0) -> PassTimes:
-    compute = memory = energy = attention = 0.0
+                collectives: int = 0, a2a: float = 0.0, moe_efficiency: float = 1.0
+                ) -> PassTimes:
+    """The pass over ``nodes``: ``tp_comm`` seconds of ``collectives`` tensor-parallel
+    collectives spread through it, and an all-to-all of ``a2a`` seconds after each node
+    named in :data:`A2A_AFTER` (none when ``a2a`` is 0: one expert-parallel rank).  An MoE
+    layer's own kernels (nodes marked ``moe_op``) take 1 / ``moe_efficiency`` of their
+    price."""
+    compute = memory = energy = attention = ep_comm = 0.0
     backward = 0
     trace = []
+    a2a_count = 0
     for attrs in nodes:
         t, e = node_cost(arch, attrs)
+        if moe_efficiency != 1.0 and attrs.get("moe_op"):
+            t /= moe_efficiency
         energy += e
         if attrs["op"] in ("gemm", "attention"):  # tensor-core work: GEMMs, flash attention
             compute += t
@@ -64,12 +82,16 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
         is_bwd = attrs["phase"] == "bwd"
         backward += is_bwd
         trace.append((int(is_bwd), t))
+        if a2a and attrs["name"] in A2A_AFTER:
+            trace.append((2, a2a))
+            ep_comm += a2a
+            a2a_count += 1
     if collectives:  # spread evenly through the pass (Megatron's f / g operators)
         every = len(trace) / collectives
         for i in range(collectives, 0, -1):
             trace.insert(round(i * every), (2, tp_comm / collectives))
-    return PassTimes(compute, memory, tp_comm, energy, attention, len(nodes) - backward,
-                     backward, collectives, tuple(trace))
+    return PassTimes(compute, memory, tp_comm, energy, ep_comm, attention,
+                     len(nodes) - backward, backward, collectives + a2a_count, tuple(trace))
 
 
 def collective_count(*, sp: bool, recompute: str) -> tuple[int, int]:

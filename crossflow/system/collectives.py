@@ -13,6 +13,7 @@ bandwidth ``B``, per-step latency ``α``::
     reduce-scatter, all-gather:  (n-1)·α  +  (n-1)/n · S / B
     all-reduce:                 2(n-1)·α  + 2(n-1)/n · S / B
     send/recv (point to point):       α   +        S / B_p2p
+    all-to-all (p−1 concurrent sends):  α   +  slowest of the in-node and across-node shares
 
 ``S`` is the whole buffer: the all-reduce input, the reduce-scatter input, the all-gather output
 (nccl-tests' "size").  nccl-tests reports ``algbw = S / t`` and ``busbw = algbw · 2(n-1)/n`` for
@@ -153,6 +154,37 @@ def send_recv(nbytes: float, group: Group) -> float:
         return 0.0 * nbytes
     launch = group.launch_s if group.p2p_launch_s is None else group.p2p_launch_s
     return launch + _lines(1, nbytes, group.send_bandwidth_Bps, group)
+
+
+def all_to_all(nbytes: float, size: int, local: int, intra: Group, inter: Group | None
+               ) -> float:
+    """Seconds for an all-to-all of ``nbytes`` per device over ``size`` devices, ``local``
+    of them in each node (MoE token dispatch and combine).
+
+    NCCL has no all-to-all kernel: it is p−1 point-to-point sends of 1/p of the buffer each,
+    issued as one group (``ncclGroupStart`` … ``ncclSend``/``ncclRecv`` per peer …
+    ``ncclGroupEnd``; nccl-tests ``alltoall_perf``), so the sends run concurrently and the
+    latency is paid once.  Of a device's buffer, (local−1)/p stays in its node (NVSwitch,
+    ``intra``) and (p−local)/p leaves it through the device's share of the node's network
+    (``inter``); the two run at once and the slower bounds the time::
+
+        t = launch + α + max((local−1)/p · S / B_intra, (p−local)/p · S / B_inter)
+
+    ``α`` is the step latency of the slowest level the group spans.  Contention inside the
+    fabric is not modelled (a non-blocking fat tree and switch).
+    """
+    if size <= 1 or _empty(nbytes):
+        return 0.0 * nbytes
+    inside = (local - 1) / size * nbytes / intra.bandwidth_Bps if local > 1 else 0.0
+    if local < size:
+        if inter is None:
+            raise ValueError("an all-to-all across nodes needs the inter-node group")
+        across = (size - local) / size * nbytes / inter.bandwidth_Bps
+        latency = max(inter.step_latency_s, intra.step_latency_s if local > 1 else 0.0)
+        launch = inter.launch_s
+    else:
+        across, latency, launch = 0.0, intra.step_latency_s, intra.launch_s
+    return launch + latency + max(inside, across)
 
 
 def hierarchical_all_reduce(nbytes: float, intra: Group, inter: Group) -> float:

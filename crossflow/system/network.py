@@ -30,6 +30,14 @@ class MappedNetwork:
             self._memo[key] = value
         return self._memo[key]
 
+    def all_to_all(self, nbytes: float, size: int) -> float:
+        """An all-to-all in each expert-parallel group of ``size`` ranks
+        (:meth:`Mapping.all_to_all`)."""
+        key = ("all_to_all", nbytes, str(size))
+        if key not in self._memo:
+            self._memo[key] = self.mapping.all_to_all(nbytes, size)
+        return self._memo[key]
+
     def p2p(self, nbytes: float, dim: str) -> float:
         key = ("p2p", nbytes, dim)
         if key not in self._memo:

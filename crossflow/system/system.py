@@ -60,6 +60,7 @@ from crossflow.system.collectives import (
     Group,
     Tree,
     all_reduce,
+    all_to_all,
     hierarchical_all_reduce,
     nccl_all_reduce,
     switch_group,
@@ -431,6 +432,33 @@ class Mapping:
         return np.minimum(flat, two_level) if isinstance(flat, np.ndarray) else min(
             flat, two_level)
 
+    def expert_groups(self, size: int) -> np.ndarray:
+        """Rows of devices of the expert-parallel groups of ``size`` ranks: Megatron-Core
+        (with MoE parallel folding, expert tensor parallelism 1) numbers the ranks of a
+        pipeline stage tensor-fastest, then data (× context), and cuts that sequence into
+        consecutive groups — so an expert group takes the tensor-parallel ranks and then
+        ``size / kp1`` data-parallel replicas, wherever the mapping put them."""
+        stages = self.devices[:, 0].transpose(2, 1, 0)  # (lp, dp, kp1), kp1 fastest
+        ranks = stages.reshape(stages.shape[0], -1)
+        if ranks.shape[1] % size:
+            raise ValueError(f"{size} does not divide the {ranks.shape[1]} ranks of a stage")
+        return ranks.reshape(-1, size)
+
+    def all_to_all(self, nbytes: float, size: int) -> float:
+        """Seconds for an all-to-all of ``nbytes`` per device in every expert-parallel
+        group of ``size`` ranks at once (:func:`crossflow.system.collectives.all_to_all`):
+        the groups' members per node decide how much crosses the network."""
+        if size <= 1:
+            return 0.0
+        members = self.expert_groups(size)
+        system = self.system
+        nodes = members // system.devices_per_node
+        # a device with few group members in its node sends most across the network: the
+        # group waits for the node holding the fewest of its members
+        local = min(int(np.unique(row, return_counts=True)[1].min()) for row in nodes)
+        return all_to_all(nbytes, size, local, _level_group(system, "intra"),
+                          _level_group(system, "inter"))
+
     def link_loads(self, dims: Iterable[str] = DIMS) -> dict[tuple, int]:
         """Logical edges on each used link direction / port, summed over ``dims``: a dict
         ``(u, v, key) -> count`` over :attr:`System.graph` edges."""
@@ -445,6 +473,19 @@ class Mapping:
 
     def _dim(self, dim: str) -> _Rings:
         return self.system._rings(*self._key(dim), chain=dim in _CHAIN_DIMS)
+
+
+def _level_group(system: System, name: str) -> Group | None:
+    """One device's bandwidth into a level and the level's step latency (what an
+    all-to-all's point-to-point sends get: each device has its own ports into the switch
+    and its own NIC, and every device of a node sends at once)."""
+    lv = system.intra if name == "intra" else system.inter
+    if lv is None:
+        return None
+    # the inter level's endpoint is a node: its NICs together, shared by the node's devices
+    share = 1 if name == "intra" else system.devices_per_node
+    return Group(2, lv.bandwidth_Bps * lv.capacity_factor / share,
+                 lv.latency_s + lv.step_latency_s, system.launch_s)
 
 
 def _members(n: int, stride: int, count: int) -> np.ndarray:

@@ -22,6 +22,8 @@ from crossflow.validation.dataset import (
 from crossflow.validation.gemm import gemm_datasets
 from crossflow.validation.megatron_bridge import cp_dataset as megatron_bridge_cp_dataset
 from crossflow.validation.megatron_bridge import dataset as megatron_bridge_dataset
+from crossflow.validation.megatron_bridge import moe_all_dataset as megatron_bridge_moe_all
+from crossflow.validation.megatron_bridge import moe_dataset as megatron_bridge_moe_dataset
 from crossflow.validation.ops import ops_datasets
 from crossflow.validation.training import training_datasets
 from crossflow.validation.vtrain import vtrain_dataset
@@ -32,7 +34,8 @@ __all__ = ["SUITES", "DataSet", "Row", "collect", "measurements_dir", "read_meas
 
 def _training_sets() -> list[DataSet]:
     return [*training_datasets(), vtrain_dataset(), megatron_bridge_dataset(),
-            megatron_bridge_cp_dataset()]
+            megatron_bridge_cp_dataset(), megatron_bridge_moe_dataset(),
+            megatron_bridge_moe_all()]
 
 
 SUITES: dict[str, Callable[[], list[DataSet]]] = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from crossflow.config.base import Spec
 from crossflow.config.workload import GemmSpec, LstmSpec, TransformerSpec
-from crossflow.workloads.transformer import block_params
+from crossflow.workloads.transformer import layer_params
 
 
 def megatron_eq3_flops(spec: TransformerSpec) -> float:
@@ -32,6 +32,12 @@ def transformer_flops(spec: TransformerSpec, recompute: str | None = None) -> fl
     B, s, L, h, V, f = (spec.global_batch_size, spec.seq_length, spec.num_layers,
                         spec.hidden_size, spec.vocab_size, spec.ffn)
     block = 2.0 * B * s * (4 * h * h + 2 * h * f) + 4.0 * B * s * s * h
+    if spec.moe:  # the MLP of an MoE layer: only each token's active experts and router
+        gated = 2 if spec.gated_linear_unit else 1
+        moe_mlp = 2.0 * B * s * (h * spec.num_moe_experts + spec.moe_router_topk * (
+            gated + 1) * h * spec.moe_ffn + (gated + 1) * h * spec.shared_ffn)
+        share = sum(spec.moe_layers) / L
+        block += share * (moe_mlp - 2.0 * B * s * 2 * h * f)
     passes = {"none": 3, "selective": 3, "full": 4}[recompute]
     extra = 2.0 * B * s * s * h if recompute == "selective" else 0.0
     return L * (passes * block + extra) + 3 * 2.0 * B * s * h * V
@@ -67,8 +73,8 @@ def parameter_count(spec: Spec) -> int:
     included, word embedding tied with the output layer — SC21 §5.1 without the 2h)."""
     if isinstance(spec, TransformerSpec):
         h = spec.hidden_size
-        return (spec.num_layers * block_params(spec) + (spec.vocab_size + spec.seq_length) * h
-                + 2 * h)
+        blocks = sum(sum(layer_params(spec, i)) for i in range(spec.num_layers))
+        return blocks + (spec.vocab_size + spec.seq_length) * h + 2 * h
     if isinstance(spec, LstmSpec):
         H, G = spec.hidden_size, spec.num_gates
         return (spec.vocab_size * H + spec.num_layers * (2 * H * G * H + G * H)

@@ -60,6 +60,15 @@ FLASH_SELECTIVE_OPS: tuple[str, ...] = ("attn",)
 #: the GEMMs Transformer Engine runs in FP8 when the workload's precision is fp8 (its Linear
 #: layers; the attention core and the output layer stay bf16)
 FP8_GEMMS: tuple[str, ...] = ("qkv", "proj", "mlp1", "mlp2")
+#: an MoE layer's routing, before the experts: the router GEMM (h × experts), its softmax
+#: and top-k, the load-balancing loss, and the permutation of the tokens into expert order
+MOE_ROUTER_OPS: tuple[str, ...] = ("router", "router_topk", "aux_loss", "permute")
+#: the grouped expert GEMMs (one kernel for a rank's experts; ``count`` experts, each with
+#: its share of the routed tokens): the simulator re-shards them over expert parallelism
+EXPERT_GEMMS: tuple[str, ...] = ("expert_fc1", "expert_fc2")
+#: the load-balancing loss per (token, expert) probability (Switch Transformer's
+#: fraction × probability sum, Megatron's switch_load_balancing_loss_func)
+AUX_LOSS_FLOPS = 4.0
 #: Adam: FLOPs per parameter (moments, bias correction, sqrt, divide, update, weight decay)
 ADAM_FLOPS_PER_PARAM = 12.0
 #: GeLU (tanh form) and dropout arithmetic per element; SiLU(gate)·up; rotary (2 mul, 1 add
@@ -71,14 +80,20 @@ CAST_FLOPS = 2.0
 DROPOUT_FLOPS = 2.0
 
 
-def block_ops(spec: TransformerSpec) -> tuple[str, ...]:
-    """The forward nodes of one block of ``spec``, in order."""
+def block_ops(spec: TransformerSpec, moe: bool = False) -> tuple[str, ...]:
+    """The forward nodes of one block of ``spec``, in order (``moe``: an MoE layer's)."""
     attention = (("attn",) if attention_backend(spec) == "flash"
                  else ("qk", "softmax", "attn_dropout", "av"))
+    act = "swiglu" if spec.gated_linear_unit else "gelu"
+    if moe:
+        mlp = (MOE_ROUTER_OPS + (("expert_cast",) if spec.precision == "fp8" else ())
+               + ("expert_fc1", "expert_act", "expert_fc2", "unpermute")
+               + (("shared_fc1", "shared_act", "shared_fc2") if spec.shared_ffn else ()))
+    else:
+        mlp = ("mlp1", act, "mlp2")
     return (("ln1", "qkv") + (("rope",) if spec.position_embedding_type == "rope" else ())
             + attention + (("proj_cast",) if spec.precision == "fp8" else ())
-            + ("proj", "proj_residual", "ln2", "mlp1",
-               "swiglu" if spec.gated_linear_unit else "gelu", "mlp2", "mlp_residual"))
+            + ("proj", "proj_residual", "ln2") + mlp + ("mlp_residual",))
 
 
 def attention_backend(spec: TransformerSpec) -> str:
@@ -97,11 +112,35 @@ def transformer_graph(spec: TransformerSpec, *, micro_batch_size: int | None = N
 
 
 def block_params(spec: TransformerSpec) -> int:
-    """Parameters of one block: QKV, projection and MLP weights with biases, two layernorms
-    (12h² + 13h for GPT-3's block)."""
-    h, f = spec.hidden_size, spec.ffn
-    qkv, q, f_in = spec.qkv_width, spec.q_width, spec.mlp_in_width
-    return h * qkv + qkv + q * h + h + h * f_in + f_in + f * h + h + 4 * h
+    """Parameters of one dense block: QKV, projection and MLP weights with biases, two
+    layernorms (12h² + 13h for GPT-3's block)."""
+    h, f, f_in = spec.hidden_size, spec.ffn, spec.mlp_in_width
+    return _attention_params(spec) + h * f_in + f_in + f * h + h
+
+
+def _attention_params(spec: TransformerSpec) -> int:
+    h, qkv, q = spec.hidden_size, spec.qkv_width, spec.q_width
+    return h * qkv + qkv + q * h + h + 4 * h
+
+
+def moe_block_params(spec: TransformerSpec) -> tuple[int, int]:
+    """(parameters every rank of a tensor-parallel group shares the usual way, the routed
+    experts' parameters) of one MoE block.  The first: attention, layernorms, the router
+    (h × experts) and the shared expert; the second, which expert parallelism divides: each
+    expert's two (three when gated) h × moe_ffn weights, without biases (Megatron-Core's
+    MoE models are built with ``add_bias_linear=False``)."""
+    h, E = spec.hidden_size, spec.num_moe_experts
+    gated = 2 if spec.gated_linear_unit else 1
+    shared = (gated + 1) * h * spec.shared_ffn
+    return (_attention_params(spec) + h * E + shared,
+            E * (h * spec.moe_in_width + spec.moe_ffn * h))
+
+
+def layer_params(spec: TransformerSpec, layer: int) -> tuple[int, int]:
+    """(non-expert, expert) parameters of layer ``layer`` (from 0)."""
+    if spec.moe_layers[layer]:
+        return moe_block_params(spec)
+    return block_params(spec), 0
 
 
 class _Block:
@@ -118,7 +157,8 @@ class _Block:
         self.gemm_precision = spec.precision
         self.fp8 = spec.precision == "fp8"
         self.causal = int(spec.causal)
-        self.ops = block_ops(spec)
+        self.moe = spec.moe_layers[layer]
+        self.ops = block_ops(spec, self.moe)
         self.prefix = f"L{layer}."
         self.src: dict[str, str] = {}  # op -> node holding its (latest) forward output
 
@@ -207,11 +247,178 @@ class _Block:
             elif op == "mlp_residual":
                 g.elementwise(n, op, t * h, inputs=2, flops_per_element=DROPOUT_FLOPS + 1,
                               sp="elements")
-                g.edge(get("mlp2"), n, act)
+                if self.moe:
+                    g.edge(get("unpermute"), n, act)
+                    if "shared_fc2" in self.ops:
+                        g.edge(get("shared_fc2"), n, act)
+                else:
+                    g.edge(get("mlp2"), n, act)
                 g.edge(get("proj_residual"), n, act)
+            else:
+                self._moe_forward(op, n, get, gp, own)
             new[op] = n
         self.src.update(new)
         return new.get("mlp_residual", "")
+
+    def _expert_tokens(self) -> int:
+        """Routed tokens per expert of one micro-batch: dropless routing that the router
+        spreads evenly (the published MoE runs force the balance), padded up."""
+        return -(-self.t * self.spec.moe_router_topk // self.spec.num_moe_experts)
+
+    def _moe_forward(self, op: str, n: str, get, gp: dict, own: bool) -> None:
+        """One node of an MoE layer's feed-forward part (Megatron-Core's MoELayer with the
+        all-to-all token dispatcher; its all-to-alls are priced by the simulator).  Token
+        dimensions carry the sequence-parallel key: tensor parallelism splits the tokens,
+        never the experts (expert tensor parallelism 1)."""
+        g = self.g
+        # the MoE layer's own kernels are marked (the software profile's moe_efficiency);
+        # the shared expert is a dense MLP beside the experts
+        context = g.context
+        g.context = context if op.startswith("shared_") else {**context, "moe_op": True}
+        try:
+            self._moe_node(op, n, get, gp, own)
+        finally:
+            g.context = context
+
+    def _moe_node(self, op: str, n: str, get, gp: dict, own: bool) -> None:
+        g, t, h, spec = self.g, self.t, self.h, self.spec
+        E, k = spec.num_moe_experts, spec.moe_router_topk
+        f, f_in = spec.moe_ffn, spec.moe_in_width
+        me = self._expert_tokens()
+        act = "act"
+        if op == "router":  # fp32 logits in Megatron; priced at the activations' type
+            g.gemm(n, op, t, h, E, sp="m", params=h * E * own)
+            g.edge(get("ln2"), n, act)
+        elif op == "router_topk":  # softmax over the experts, then the top k
+            g.rowwise(n, "softmax", op, t, E, sp="rows")
+            g.edge(get("router"), n, act)
+        elif op == "aux_loss":
+            g.elementwise(n, op, t * E, flops_per_element=AUX_LOSS_FLOPS, sp="elements")
+            g.edge(get("router_topk"), n, act)
+        elif op == "permute":  # gather each token's k copies into expert order
+            g.elementwise(n, op, t * k * h, flops_per_element=0.0, sp="elements")
+            g.edge(get("ln2"), n, act)
+            g.edge(get("router_topk"), n, act, t * k * 4)
+        elif op == "expert_cast":
+            g.elementwise(n, "fp8_cast", t * k * h, inputs=2, outputs=1, precision="fp8",
+                          flops_per_element=CAST_FLOPS, sp="elements")
+            g.edge(get("permute"), n, act)
+        elif op == "expert_fc1":
+            g.gemm(n, op, me, h, f_in, count=E, sp="m", expert_tokens="m", **gp)
+            g.edge(get("expert_cast" if self.fp8 else "permute"), n, act)
+        elif op == "expert_act":
+            gated = spec.gated_linear_unit
+            g.elementwise(n, "swiglu" if gated else "gelu", t * k * f, inputs=1 + gated,
+                          flops_per_element=SWIGLU_FLOPS if gated else GELU_FLOPS,
+                          sp="elements")
+            g.edge(get("expert_fc1"), n, act)
+        elif op == "expert_fc2":
+            g.gemm(n, op, me, f, h, count=E, sp="m", expert_tokens="m", **gp)
+            g.edge(get("expert_act"), n, act)
+        elif op == "unpermute":  # the k expert outputs of a token, weighted by its probs
+            g.elementwise(n, op, t * h, inputs=k, flops_per_element=2.0 * k, sp="elements")
+            g.edge(get("expert_fc2"), n, act)
+        elif op == "shared_fc1":
+            sf_in = (2 if spec.gated_linear_unit else 1) * spec.shared_ffn
+            g.gemm(n, op, t, h, sf_in, tp="n", params=h * sf_in * own, **gp)
+            g.edge(get("ln2"), n, act)
+        elif op == "shared_act":
+            gated = spec.gated_linear_unit
+            g.elementwise(n, "swiglu" if gated else "gelu", t * spec.shared_ffn,
+                          inputs=1 + gated,
+                          flops_per_element=SWIGLU_FLOPS if gated else GELU_FLOPS,
+                          tp="elements")
+            g.edge(get("shared_fc1"), n, act)
+        elif op == "shared_fc2":
+            g.gemm(n, op, t, spec.shared_ffn, h, tp="k", params=spec.shared_ffn * h * own,
+                   **gp)
+            g.edge(get("shared_act"), n, act)
+        else:
+            raise ValueError(f"unknown block op {op!r}")
+
+    def _moe_backward(self, dy: str, stash) -> tuple[list[str], list[str]]:
+        """Backward of an MoE layer's feed-forward part from ``dy`` (the gradient of its
+        output).  Returns (nodes holding the gradient of its input, weight-gradient nodes)."""
+        g, t, h, p, spec, src = self.g, self.t, self.h, self.prefix, self.spec, self.src
+        E, k = spec.num_moe_experts, spec.moe_router_topk
+        f, f_in = spec.moe_ffn, spec.moe_in_width
+        me = self._expert_tokens()
+        gp = self.gemm_precision
+        gated = spec.gated_linear_unit
+        context = g.context
+        g.context = {**context, "moe_op": True}
+        # the output gradient goes back to each token's k expert rows, scaled by its probs
+        n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", t * k * h, inputs=1,
+                          flops_per_element=1.0, sp="elements")
+        g.edge(dy, n, "grad")
+        if self.fp8:
+            n = self._dy_cast("expert_fc2", t * k * h, n, "sp")
+        dx2 = g.gemm(p + "expert_fc2.dX", "expert_fc2.dX", me, h, f, count=E, sp="m",
+                     expert_tokens="m", precision=gp)
+        dw2 = g.gemm(p + "expert_fc2.dW", "expert_fc2.dW", f, me, h, count=E, batch="k",
+                     sp="k", expert_tokens="k", wgrad=E * f * h, precision=gp)
+        for node in (dx2, dw2):
+            g.edge(n, node, "grad")
+        stash(src["expert_act"], dw2)
+        a = g.elementwise(p + "expert_act.bwd", "swiglu.bwd" if gated else "gelu.bwd",
+                          t * k * f, inputs=2 + gated, outputs=1 + gated,
+                          flops_per_element=(2 * SWIGLU_FLOPS if gated else GELU_FLOPS),
+                          sp="elements")
+        g.edge(dx2, a, "grad")
+        stash(src["expert_fc1"], a)
+        if self.fp8:
+            a = self._dy_cast("expert_fc1", t * k * f_in, a, "sp")
+        dx1 = g.gemm(p + "expert_fc1.dX", "expert_fc1.dX", me, f_in, h, count=E, sp="m",
+                     expert_tokens="m", precision=gp)
+        dw1 = g.gemm(p + "expert_fc1.dW", "expert_fc1.dW", h, me, f_in, count=E,
+                     batch="k", sp="k", expert_tokens="k", wgrad=E * h * f_in,
+                     precision=gp)
+        for node in (dx1, dw1):
+            g.edge(a, node, "grad")
+        stash(src["expert_cast" if self.fp8 else "permute"], dw1)
+        # the k gradient copies summed back into token order
+        back = g.elementwise(p + "permute.bwd", "permute.bwd", t * h, inputs=k,
+                             flops_per_element=float(k), sp="elements")
+        g.edge(dx1, back, "grad")
+        # router: the probabilities' gradient (softmax backward), then its GEMM
+        r = g.elementwise(p + "router_topk.bwd", "softmax.bwd", t * E, inputs=2,
+                          flops_per_element=3.0, sp="elements")
+        g.edge(n, r, "grad")
+        stash(src["router_topk"], r)
+        rdx = g.gemm(p + "router.dX", "router.dX", t, E, h, sp="m")
+        rdw = g.gemm(p + "router.dW", "router.dW", h, t, E, batch="k", sp="k",
+                     wgrad=h * E)
+        for node in (rdx, rdw):
+            g.edge(r, node, "grad")
+        stash(src["ln2"], rdw)
+        grads, wgrads = [back, rdx], [dw2, dw1, rdw]
+        g.context = context
+        if spec.shared_ffn:
+            sf = spec.shared_ffn
+            sf_in = (2 if gated else 1) * sf
+            sdx2 = g.gemm(p + "shared_fc2.dX", "shared_fc2.dX", t, h, sf, tp="n",
+                          precision=gp)
+            sdw2 = g.gemm(p + "shared_fc2.dW", "shared_fc2.dW", sf, t, h, batch="k",
+                          tp="m", wgrad=sf * h, precision=gp)
+            for node in (sdx2, sdw2):
+                g.edge(dy, node, "grad")
+            stash(src["shared_act"], sdw2)
+            sa = g.elementwise(p + "shared_act.bwd", "swiglu.bwd" if gated else "gelu.bwd",
+                               t * sf, inputs=2 + gated, outputs=1 + gated,
+                               flops_per_element=(2 * SWIGLU_FLOPS if gated else GELU_FLOPS),
+                               tp="elements")
+            g.edge(sdx2, sa, "grad")
+            stash(src["shared_fc1"], sa)
+            sdx1 = g.gemm(p + "shared_fc1.dX", "shared_fc1.dX", t, sf_in, h, tp="k",
+                          precision=gp)
+            sdw1 = g.gemm(p + "shared_fc1.dW", "shared_fc1.dW", h, t, sf_in, batch="k",
+                          tp="n", wgrad=h * sf_in, precision=gp)
+            for node in (sdx1, sdw1):
+                g.edge(sa, node, "grad")
+            stash(src["ln2"], sdw1)
+            grads.append(sdx1)
+            wgrads += [sdw2, sdw1]
+        return grads, wgrads
 
     def _dy_cast(self, name: str, elements: int, grad: str, key: str) -> str:
         """FP8: Transformer Engine's cast-transpose of a GEMM's output gradient (read bf16,
@@ -257,22 +464,28 @@ class _Block:
                           flops_per_element=DROPOUT_FLOPS, sp="elements")
         g.edge(dy, n, "grad")
         stash(src["mlp_residual"], n)
-        if self.fp8:
-            n = self._dy_cast("mlp2", t * h, n, "sp")
-        act_op = "swiglu" if self.spec.gated_linear_unit else "gelu"
-        mlp2_dx, mlp2_dw = gemm_bwd("mlp2", t, f, h, src[act_op], n, "n", "m", h)
-        if act_op == "swiglu":
-            n = g.elementwise(p + "swiglu.bwd", "swiglu.bwd", t * f, inputs=3, outputs=2,
-                              flops_per_element=2 * SWIGLU_FLOPS, tp="elements")
+        if self.moe:
+            mlp_grads, mlp_wgrads = self._moe_backward(n, stash)
         else:
-            n = g.elementwise(p + "gelu.bwd", "gelu.bwd", t * f, inputs=2,
-                              flops_per_element=GELU_FLOPS, tp="elements")
-        g.edge(mlp2_dx, n, "grad")
-        stash(src["mlp1"], n)
-        mlp1_dx, mlp1_dw = gemm_bwd("mlp1", t, h, f_in, src["ln2"], n, "k", "n", f_in)
+            if self.fp8:
+                n = self._dy_cast("mlp2", t * h, n, "sp")
+            act_op = "swiglu" if self.spec.gated_linear_unit else "gelu"
+            mlp2_dx, mlp2_dw = gemm_bwd("mlp2", t, f, h, src[act_op], n, "n", "m", h)
+            if act_op == "swiglu":
+                n = g.elementwise(p + "swiglu.bwd", "swiglu.bwd", t * f, inputs=3,
+                                  outputs=2, flops_per_element=2 * SWIGLU_FLOPS,
+                                  tp="elements")
+            else:
+                n = g.elementwise(p + "gelu.bwd", "gelu.bwd", t * f, inputs=2,
+                                  flops_per_element=GELU_FLOPS, tp="elements")
+            g.edge(mlp2_dx, n, "grad")
+            stash(src["mlp1"], n)
+            mlp1_dx, mlp1_dw = gemm_bwd("mlp1", t, h, f_in, src["ln2"], n, "k", "n", f_in)
+            mlp_grads, mlp_wgrads = [mlp1_dx], [mlp2_dw, mlp1_dw]
         ln2 = g.elementwise(p + "ln2.bwd", "ln2.bwd", t * h, inputs=3,
                             flops_per_element=10.0, sp="elements", wgrad=2 * h)
-        g.edge(mlp1_dx, ln2, "grad")
+        for node in mlp_grads:
+            g.edge(node, ln2, "grad")
         g.edge(dy, ln2, "grad")  # the residual branch
         stash(src["proj_residual"], ln2)
         # attention
@@ -340,8 +553,8 @@ class _Block:
         stash(x, ln1)
         # optimizer
         g.context = {"phase": "optimizer", "layer": self.layer, "unit": self.layer + 1}
-        opt = _adam(g, p + "optimizer", block_params(self.spec))
-        for node in (mlp2_dw, mlp1_dw, ln2, proj_dw, qkv_dw, ln1):
+        opt = _adam(g, p + "optimizer", sum(layer_params(self.spec, self.layer)))
+        for node in (*mlp_wgrads, ln2, proj_dw, qkv_dw, ln1):
             g.edge(node, opt, "wgrad", g.nodes[node]["wgrad_elements"] * nb)
         return ln1
 
