@@ -71,7 +71,7 @@ class StructuredSampler(BaseSampler):
     """
 
     def __init__(self, *, setup, seed: int | None = None,
-                 screen_cap: int | str = Settings.screen_cap, top_k: int = Settings.top_k,
+                 screen_cap: int | str | None = Settings.screen_cap, top_k: int = Settings.top_k,
                  contenders: int = Settings.contenders, race: int = Settings.race) -> None:
         self._settings = Settings(screen_cap=screen_cap, top_k=top_k, contenders=contenders,
                                   race=race)
