@@ -411,3 +411,21 @@ def test_a_multi_objective_study_is_refused_before_anything_is_created(tmp_path)
             run_study(setup, n_trials=3, sampler=sampler, storage=str(journal),
                       track=False, progress=False)
     assert not journal.exists()
+
+
+def test_combinations_the_configuration_refuses_are_never_evaluated():
+    """The MoE study's expert-parallel degrees that do not divide their group are dropped
+    with the memory screen (recorded with the reason), not spent as infeasible trials; the
+    screen of a space with nothing continuous prices 32 of the rest."""
+    from crossflow.search.objective import evaluate_many
+
+    setup = load_study("qwen3-30b-a3b-h100")
+    records: list = []
+    gen = plan(Problem(setup), seed=0, records=records)
+    phase, batch = next(gen)
+    invalid = [r for r in records if "reason" in r]
+    assert invalid and all(r["reason"].startswith("invalid combination") for r in invalid)
+    assert phase == "screen" and len(batch) == 32
+    outcomes = evaluate_many(setup, [setup.design(p) for p in batch])
+    assert not [e.reason for e in outcomes if not e.feasible
+                and e.reason.startswith("invalid combination")]

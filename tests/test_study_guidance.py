@@ -118,3 +118,14 @@ def test_resume_hint_keeps_the_launchs_trials(tmp_path, monkeypatch, cli):
             "again to resume") in err
     assert studies.resume_command("q", 9, storage="postgresql://u:pw@h/db") == \
         "crossflow study run q --trials 9 --storage postgresql://u:***@h/db"
+
+
+def test_next_steps_stay_in_one_column_for_a_long_study_name():
+    result = RunResult(None, 5, 5, False, 1.0, {"number": 3}, n_trials=5, finished=5,
+                       tracked=True)
+    lines = studies.next_steps("qwen3-30b-a3b-h100-with-a-long-name", result)
+    steps = lines[lines.index("next steps:") + 1:]
+    assert len(steps) == 3
+    columns = {line.index(what) for line, what in zip(steps, (
+        "browse the trials", "the study's summary", "the best design"), strict=True)}
+    assert len(columns) == 1

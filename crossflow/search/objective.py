@@ -35,7 +35,6 @@ has ``memory_only=True`` and the same reason and infeasibility as a full evaluat
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -195,11 +194,21 @@ def _design_key(setup, design: Design) -> str:
                        dict(design.parallelism)], sort_keys=True, default=repr)
 
 
+@dataclass(frozen=True)
+class Invalid:
+    """The verdict on a combination the configuration refuses whatever the chip (an
+    expert-parallel degree that does not divide its group, a strategy whose stages do not
+    divide the layers): the trial would be infeasible, so a screen need not spend one."""
+
+    reason: str
+    feasible: bool = False
+
+
 def memory_verdicts(setup, designs: Sequence[Design]) -> list:
     """The memory-only verdict (:class:`crossflow.distributed.MemoryCheck`) of each design:
     no kernel priced, each chip generated once (designs grouped as in
-    :func:`evaluate_many`).  None for a design whose chip cannot be built, whose strategy
-    does not fit the workload, or that runs on one device."""
+    :func:`evaluate_many`); :class:`Invalid` for one whose parallelism the configuration
+    refuses; None for a design whose chip cannot be built or that runs on one device."""
     out: list = [None] * len(designs)
     groups: dict[str, list[int]] = {}
     for i, design in enumerate(designs):
@@ -211,8 +220,10 @@ def memory_verdicts(setup, designs: Sequence[Design]) -> list:
         except (InfeasibleDesignError, ConfigError):
             continue
         for i in members:
-            with contextlib.suppress(ConfigError):  # a strategy that does not fit: no verdict
+            try:
                 out[i] = memory_check(setup.workload, arch, setup.parallelism(designs[i]))
+            except ConfigError as exc:
+                out[i] = Invalid(f"invalid combination: {exc}")
     return out
 
 

@@ -96,15 +96,16 @@ def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None) 
         lines.append(f"the study is complete ({result.finished} of {result.n_trials} trials "
                      f"finished); to extend it, give a larger total: crossflow study run "
                      f"{ref} --trials N, with N > {max(result.finished, result.n_trials)}")
-    lines.append("next steps:")
+    steps = []
     if result.tracked:
         ui = "crossflow ui" + (f" --tracking-uri {redact(tracking_uri)}" if tracking_uri else "")
-        lines.append(f"  {ui:<54} browse the trials in MLflow")
-    lines.append(f"  {'crossflow study show ' + ref:<54} the study's summary")
+        steps.append((ui, "browse the trials in MLflow"))
+    steps.append((f"crossflow study show {ref}", "the study's summary"))
     if result.best is not None:
-        export = f"crossflow study best {ref} --export design.yaml"
-        lines.append(f"  {export:<54} the best design, for crossflow predict")
-    return lines
+        steps.append((f"crossflow study best {ref} --export design.yaml",
+                      "the best design, for crossflow predict"))
+    width = max(len(command) for command, _ in steps)  # one column, however long the name
+    return [*lines, "next steps:", *(f"  {c:<{width}}  {what}" for c, what in steps)]
 
 
 def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):

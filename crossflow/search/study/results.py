@@ -262,10 +262,10 @@ def summary_lines(s: Mapping[str, Any]) -> list[str]:
     lines.append(f"  objectives  {', '.join(s['objectives'])}")
     lines.append(f"  trials      {s['finished']} finished of {s['n_trials']}"
                  + "".join(f"; {k}: {v}" for k, v in s["states"].items() if v))
-    if s.get("memory_rejected"):
+    if s.get("memory_rejected") or s.get("invalid_rejected"):
         lines.append(f"  screened    {s['memory_rejected']} combinations over memory at the "
-                     "template's split, rejected without an evaluation "
-                     "(structured.memory_rejected)")
+                     f"template's split and {s['invalid_rejected']} the configuration "
+                     "refuses, rejected without an evaluation (structured.memory_rejected)")
     if s.get("phases"):
         lines.append("  phases      " + ", ".join(f"{k} {v}" for k, v in s["phases"].items()))
     if not s["best"]:
@@ -318,7 +318,10 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
         "workers": max((int(v.get("workers") or 1) for v in launches), default=0),
         "processes": len({t.user_attrs[WORKER] for t in trials if WORKER in t.user_attrs}),
         # the structured driver's memory screen and the trials of each of its phases
-        "memory_rejected": len(study.user_attrs.get(keys.DRIVER_MEMORY, [])),
+        "memory_rejected": sum("reason" not in r
+                               for r in study.user_attrs.get(keys.DRIVER_MEMORY, [])),
+        "invalid_rejected": sum("reason" in r
+                                for r in study.user_attrs.get(keys.DRIVER_MEMORY, [])),
         "phases": dict(Counter(t.user_attrs[keys.PHASE] for t in trials
                                if keys.PHASE in t.user_attrs)),
     }

@@ -10,8 +10,10 @@ the recorded values.  It has no budget: it is an *anytime* search (a study exten
 Phases (every point yielded is one model evaluation, one trial):
 
 1. **Memory screen** (no evaluation): every discrete combination (strategy × technology ×
-   other categoricals) is checked for memory at the start split; the rejected ones are
-   recorded in ``records`` (the sampler stores them with the study), never evaluated.
+   other categoricals) is checked for memory at the start split, and for a parallelism the
+   configuration refuses (an expert-parallel degree that does not divide its group); the
+   rejected ones are recorded in ``records`` (the sampler stores them with the study),
+   never evaluated.
 2. **Screen**: every memory-feasible combination at the start split, each in one mapping
    order (the first of its classes of equivalent orders); more than ``screen_cap`` of
    them (by default 256 where a budget split is searched next, 32 where TPE takes over
@@ -139,9 +141,10 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     feasible = []
     for combo, verdict in zip(combos, P.memory_checks(x0, combos), strict=True):
         if verdict is not None and not verdict.feasible:
-            if records is not None:
-                records.append({**combo, "need_bytes": verdict.need_bytes,
-                                "capacity_bytes": verdict.capacity_bytes})
+            if records is not None:  # over memory, or refused by the configuration
+                records.append({**combo, **(
+                    {"need_bytes": verdict.need_bytes, "capacity_bytes": verdict.capacity_bytes}
+                    if hasattr(verdict, "need_bytes") else {"reason": verdict.reason})})
             continue
         feasible.append(combo)
     if not feasible:
