@@ -3,6 +3,8 @@ steps after a run and the resume hint after Ctrl-C (crossflow.search.study)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 from optuna.trial import TrialState, create_trial
 
@@ -129,3 +131,22 @@ def test_next_steps_stay_in_one_column_for_a_long_study_name():
     columns = {line.index(what) for line, what in zip(steps, (
         "browse the trials", "the study's summary", "the best design"), strict=True)}
     assert len(columns) == 1
+
+
+def test_a_precision_the_chip_lacks_is_refused_by_check_and_by_run(tmp_path, monkeypatch, cli):
+    """check = run: a bf16 GEMM on the case-study template (fp16 and fp32 only) is refused
+    before any trial, by both, naming the study file, the workload and the chip's
+    precisions; no journal is created."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.yaml").write_text("kind: gemm\nname: g\nm: 4096\nn: 4096\nk: 4096\n"
+                                     "precision: bf16\n")
+    study = (Path(studies.__file__).parents[3] / "studies" / "quickstart.yaml").read_text()
+    (tmp_path / "s.yaml").write_text(study.replace("workload: gemm-8192", "workload: g.yaml")
+                                     .replace("name: quickstart", "name: q-bf16"))
+    for args in (("check", "s.yaml"), ("study", "run", "s.yaml", "--trials", "3",
+                                       "--no-tracking")):
+        code, out, err = cli(*args)
+        assert code == 2 and not out, (args, out)
+        assert "s.yaml: key 'workload'" in err and "no bf16 arithmetic" in err
+        assert "allowed: fp16, fp32" in err
+    assert not (tmp_path / "mlruns").exists()

@@ -21,7 +21,7 @@ from crossflow.errors import ConfigError
 from crossflow.search.locations import git_label, is_url, redact
 from crossflow.search.study.progress import Progress
 from crossflow.search.study.results import best_design
-from crossflow.search.study.setup import StudySetup, open_study
+from crossflow.search.study.setup import StudySetup, check_precision_of, open_study
 from crossflow.search.study.spec import SAMPLER_NAMES
 
 
@@ -279,6 +279,7 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
             else {}
     check_options(sampler_name, sampler_options)
     check_objectives(sampler_name, len(setup.objectives))  # before anything is created
+    check_precision_of(setup)  # as `crossflow check` does: every trial would be refused
     base_seed = setup.spec.seed if options.seed == "study" else options.seed
     check_seed(base_seed, key="seed", file=setup.file if options.seed == "study" else None)
     url = _storage_url(setup, options.storage)

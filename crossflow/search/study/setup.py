@@ -284,7 +284,40 @@ def check_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetu
                      n_objectives=len(setup.objectives), setup=setup)
     except ConfigError as exc:
         raise _rekey(exc, "sampler_options", setup.file) from None
+    check_precision_of(setup)
     return setup
+
+
+def check_precision_of(setup: StudySetup) -> None:
+    """The chip a study builds must have the workload's arithmetic (a bf16 workload on the
+    case-study template, which has fp16 and fp32 only): else every trial of the run would
+    be refused, one by one, for the same reason."""
+    from crossflow.errors import InfeasibleDesignError
+    from crossflow.kernels.gemm import check_precision
+
+    precision = getattr(setup.workload, "precision", None)
+    if precision is None:
+        return
+    params = setup.baseline_params()
+    for dim in setup.space.dimensions:  # the rest (strategy, order, ...) does not change
+        if dim.name not in params:      # the chip's arithmetic: any choice will do
+            params[dim.name] = (dim.low + dim.high) / 2 if dim.kind == "float" \
+                else dim.values()[0]
+    try:
+        arch = setup.arch(setup.design(params))
+    except (InfeasibleDesignError, ConfigError):
+        return  # the template's own design cannot be built: each trial says why
+    # an fp8 transformer runs its other kernels at its activation precision (bf16)
+    needed = dict.fromkeys((precision, getattr(setup.workload, "activation_precision",
+                                               precision)))
+    for p in needed:
+        try:
+            check_precision(arch, p)
+        except ConfigError as exc:
+            raise ConfigError(f"the chip this study builds ({arch.name}) has no {p} "
+                              "arithmetic for the workload's precision", file=setup.file,
+                              key="workload", value=f"precision: {precision}",
+                              allowed=exc.allowed) from None
 
 
 def _parallelism(source: Any, base: Path | None, file: str | None):
