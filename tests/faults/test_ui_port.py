@@ -113,9 +113,19 @@ def test_the_ui_says_its_url_and_the_plain_mlflow_command(monkeypatch, capsys):
         def wait(self):
             return 0
 
-    monkeypatch.setattr(children, "spawn_group", lambda cmd, *a, **k: Server())
+    spawned = []
+
+    def spawn(cmd, *args, **kwargs):
+        spawned.append((cmd, kwargs.get("env") or {}))
+        return Server()
+
+    monkeypatch.setattr(children, "spawn_group", spawn)
     monkeypatch.setattr(children, "kill_group", lambda proc, *a, **k: 0)  # no group to end
     assert ui.launch_ui("postgresql://bob:secret@127.0.0.1:5432/mlflow", port=port) == 0
     err = capsys.readouterr().err
     assert f"http://127.0.0.1:{port}" in err and "Ctrl-C" in err
     assert "mlflow ui --backend-store-uri postgresql://bob:" in err and "secret" not in err
+    # the password is on no command line (`ps` shows those to every user): the environment
+    cmd, env = spawned[0]
+    assert not any("secret" in part for part in cmd) and "--backend-store-uri" not in cmd
+    assert env["MLFLOW_BACKEND_STORE_URI"] == "postgresql://bob:secret@127.0.0.1:5432/mlflow"

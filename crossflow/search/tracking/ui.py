@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import socket
 import sys
@@ -61,12 +62,18 @@ def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: in
 
     check_port(port, host)
     cmd = ui_command(tracking_uri, host, port, workers)
-    uri = redact(cmd[cmd.index("--backend-store-uri") + 1])
+    # the store's URL (it may hold a password) goes by the environment, which `ps` does not
+    # show to other users, not on the server's and its supervisor's command lines
+    at = cmd.index("--backend-store-uri")
+    secret = cmd[at + 1]
+    cmd = cmd[:at] + cmd[at + 2:]
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": secret}
+    uri = redact(secret)
     # the server's own banner is buried in its log lines: say where to look, first
     print(f"crossflow ui: the MLflow UI of {uri} at http://{host}:{port} (Ctrl-C stops it)\n"
           f"  the same with MLflow alone: mlflow ui --backend-store-uri {uri}",
           file=sys.stderr, flush=True)
-    proc = spawn_group(cmd)
+    proc = spawn_group(cmd, env=env)
     with forward_signals(proc) as received:
         code = proc.wait()
     if received:
