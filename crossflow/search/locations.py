@@ -50,6 +50,22 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def check_userinfo(url: str, *, key: str) -> None:
+    """A ConfigError unless the user and password of a URL are unambiguous: a raw ``@`` in
+    a password makes database drivers read the rest of it as the host name (and print it
+    in their errors), so it must be percent-encoded.  The URL is shown redacted."""
+    if not isinstance(url, str) or not is_url(url):
+        return
+    from crossflow.errors import ConfigError
+
+    netloc = url.split("://", 1)[1].split("/", 1)[0]
+    if netloc.count("@") > 1:
+        raise ConfigError("the URL's user or password holds a raw '@', which a database "
+                          "driver would take for the start of the host name", key=key,
+                          value=redact(url), allowed="the same URL with '@' in the "
+                          "password written as %40 (and ':' as %3A, '/' as %2F)")
+
+
 _URL = re.compile(r"[A-Za-z][\w+.-]*://[^\s'\"<>]+")
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from crossflow.errors import ConfigError
 from crossflow.search.keys import WORKER
-from crossflow.search.locations import is_url, redact
+from crossflow.search.locations import check_userinfo, is_url, redact
 
 #: Seconds between two heartbeats of a running trial (RDB storages).  A killed worker's
 #: trial is retried after about GRACE_BEATS heartbeats; each beat is one small UPDATE.
@@ -384,6 +384,7 @@ def check_storage(url: str, *, key: str = "storage") -> None:
 
         check_journal_path(url, key=key)
         return
+    check_userinfo(url, key=key)
     shown = redact(url)
     if url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
         raise ConfigError("an in-memory SQLite database lives in one process and one "

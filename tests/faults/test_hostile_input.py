@@ -329,3 +329,15 @@ def test_empty_and_contradictory_options_are_refused(argv, said, tmp_path, monke
     code = main(argv)
     refused(code, capsys.readouterr().err, *said)
     assert not list(tmp_path.iterdir())  # nothing written, measured or created
+
+
+@pytest.mark.parametrize("option", ["--storage", "--tracking-uri"])
+def test_a_raw_at_in_a_password_is_refused_before_any_driver_sees_it(option, cli):
+    """A driver would read 'pa@rd@host' as password 'pa' and host 'rd@host', and print the
+    host (and so part of the password) in its error: refused first, the URL redacted."""
+    url = "postgresql://bob:pa@rd@127.0.0.1:1/x"
+    code, out, err = cli("study", "run", "quickstart", option, url, "--trials", "2",
+                         *(("--no-tracking",) if option == "--storage" else ()))
+    assert code == 2 and not out
+    assert "raw '@'" in err and "%40" in err
+    assert "pa@rd" not in err and "rd@" not in err

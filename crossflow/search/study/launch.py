@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from crossflow.errors import ConfigError
-from crossflow.search.locations import git_label, is_url, redact
+from crossflow.search.locations import check_userinfo, git_label, is_url, redact
 from crossflow.search.study.progress import Progress
 from crossflow.search.study.results import best_design
 from crossflow.search.study.setup import StudySetup, check_precision_of, open_study
@@ -212,6 +212,7 @@ def check_tracking_uri(uri: str, *, key: str = "tracking_uri") -> None:
                           allowed="a folder, sqlite:///FILE.db or an MLflow server URL")
     if "://" not in uri:
         return
+    check_userinfo(uri, key=key)
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower()
     if scheme not in TRACKING_SCHEMES:
         raise ConfigError(f"unknown tracking URI scheme {scheme!r}", key=key,
