@@ -49,6 +49,14 @@ def check_file(file: str | Path) -> str:
         from crossflow.search.study import check_study
 
         check_study(spec)
+    if spec.kind == "lstm":  # the unroll's size, refused by predict before any work
+        from crossflow.workloads.lstm import check_size
+
+        try:
+            check_size(spec)
+        except ConfigError as exc:
+            raise ConfigError(exc.problem, file=file, key=exc.key, value=exc.value,
+                              allowed=exc.allowed) from None
     return spec.kind + _infeasible_note(spec)
 
 

@@ -51,13 +51,18 @@ def check_size(spec: LstmSpec) -> None:
     """Refuse an unroll over :data:`MAX_KERNELS` kernels (a ConfigError naming the limit)."""
     n = lstm_kernels(spec)
     if n > MAX_KERNELS:
-        per_step = (n - spec.num_layers - 2) / spec.seq_length
-        longest = int((MAX_KERNELS - spec.num_layers - 2) // per_step)
-        raise ConfigError(
-            f"unrolls into {n:,} kernels per iteration; the graph simulator takes at most "
-            f"{MAX_KERNELS:,} (about 5 s per prediction)", key="seq_length",
-            value=spec.seq_length, allowed=f"seq_length <= {longest} with "
-            f"{spec.num_layers} layers")
+        L, S = spec.num_layers, spec.seq_length
+        problem = (f"unrolls into {n:,} kernels per iteration; the graph simulator takes at "
+                   f"most {MAX_KERNELS:,} (about 5 s per prediction)")
+        longest = (MAX_KERNELS - L - 2) // (5 * L + 7)
+        if longest >= 1:  # a shorter unroll of these layers fits
+            raise ConfigError(problem, key="seq_length", value=S,
+                              allowed=f"seq_length <= {longest} with {L} layers")
+        deepest = (MAX_KERNELS - 7 * S - 2) // (5 * S + 1)
+        raise ConfigError(problem, key="num_layers", value=L,
+                          allowed=f"num_layers <= {max(deepest, 0)} with seq_length {S}"
+                          if deepest >= 1 else f"num_layers <= {(MAX_KERNELS - 9) // 6} "
+                          "with seq_length 1")
 
 
 @lru_cache(maxsize=64)

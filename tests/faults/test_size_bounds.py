@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import yaml
 
 import crossflow
 from crossflow.config.loader import load_spec
@@ -61,3 +62,19 @@ def test_an_unroll_past_the_bound_is_refused_with_the_longest_allowed():
     longest = int(str(err.value).split("seq_length <= ")[1].split()[0])
     assert lstm_kernels(spec.model_copy(update={"seq_length": longest})) <= MAX_KERNELS
     assert lstm_kernels(spec.model_copy(update={"seq_length": longest + 1})) > MAX_KERNELS
+
+
+def test_too_many_layers_for_any_unroll_names_the_layers_and_check_says_so_too(tmp_path, cli):
+    """100 000 layers do not fit even at seq_length 1: the message names num_layers and the
+    deepest that fits (it used to say 'seq_length <= -1'); ``check`` refuses the file as
+    ``predict`` does."""
+    spec = LSTM.model_copy(update={"num_layers": 100_000})
+    with pytest.raises(ConfigError, match="num_layers") as err:
+        crossflow.predict(workload=spec, parallelism="lstm-rc-4-2-d32-p2", **CASE)
+    deepest = int(str(err.value).split("num_layers <= ")[1].split()[0])
+    assert lstm_kernels(spec.model_copy(update={"num_layers": deepest})) <= MAX_KERNELS
+    assert lstm_kernels(spec.model_copy(update={"num_layers": deepest + 1})) > MAX_KERNELS
+    path = tmp_path / "deep.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    code, out, err_text = cli("check", str(path))
+    assert code == 2 and not out and "key 'num_layers' = 100000" in err_text
