@@ -616,12 +616,18 @@ def _cmd_study(args: argparse.Namespace) -> int:
             raise ConfigError("must be >= 1", key="--trials", value=args.trials)
         if args.workers < 1:
             raise ConfigError("must be >= 1", key="--workers", value=args.workers)
-        studies.check_launch(args.storage if args.storage is not None else setup.storage,
-                             None if args.no_tracking else
-                             args.tracking_uri or setup.tracking_uri,
-                             storage_key="--storage" if args.storage is not None
-                             else "storage", tracking_key="--tracking-uri"
-                             if args.tracking_uri else "tracking_uri")
+        try:
+            studies.check_launch(args.storage if args.storage is not None else setup.storage,
+                                 None if args.no_tracking else
+                                 args.tracking_uri or setup.tracking_uri,
+                                 storage_key="--storage" if args.storage is not None
+                                 else "storage", tracking_key="--tracking-uri"
+                                 if args.tracking_uri else "tracking_uri")
+        except ConfigError as exc:
+            if exc.key in ("storage", "tracking_uri") and setup.file:  # the study file's
+                raise ConfigError(exc.problem, file=setup.file, key=exc.key, value=exc.value,
+                                  allowed=exc.allowed) from None
+            raise
     elif args.storage is not None:
         from crossflow.search.storage import check_storage
 

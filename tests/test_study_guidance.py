@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState, create_trial
 
 from crossflow.search import study as studies
@@ -149,4 +150,21 @@ def test_a_precision_the_chip_lacks_is_refused_by_check_and_by_run(tmp_path, mon
         assert code == 2 and not out, (args, out)
         assert "s.yaml: key 'workload'" in err and "no bf16 arithmetic" in err
         assert "allowed: fp16, fp32" in err
+    assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize("line,key", [("tracking_uri: foo://x", "tracking_uri"),
+                                      ("storage: sqlite://", "storage")])
+def test_a_study_files_own_bad_location_is_refused_by_check_and_run_naming_the_file(
+        tmp_path, monkeypatch, cli, line, key):
+    """check = run for the study file's storage and tracking URI, and the message names
+    the file that holds them, not the command line."""
+    monkeypatch.chdir(tmp_path)
+    study = (Path(studies.__file__).parents[3] / "studies" / "quickstart.yaml").read_text()
+    (tmp_path / "s.yaml").write_text(study.replace("name: quickstart", "name: q-loc")
+                                     + line + "\n")
+    for args in (("check", "s.yaml"), ("study", "run", "s.yaml", "--trials", "2")):
+        code, out, err = cli(*args)
+        assert code == 2 and not out, (args, out)
+        assert err.startswith(f"crossflow: error: s.yaml: key '{key}'"), (args, err)
     assert not (tmp_path / "mlruns").exists()

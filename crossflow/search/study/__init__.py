@@ -23,6 +23,7 @@ from crossflow.search.study.launch import (
     RunResult,
     check_launch,
     check_seed,
+    check_study,
     check_tracking_uri,
     join_study,
     next_steps,
@@ -43,7 +44,7 @@ from crossflow.search.study.results import (
     summary_lines,
     template_document,
 )
-from crossflow.search.study.setup import StudySetup, check_study, load_study, open_study
+from crossflow.search.study.setup import StudySetup, load_study, open_study
 from crossflow.search.study.spec import OBJECTIVES, SAMPLER_NAMES, StudySpec
 
 __all__ = [

@@ -21,8 +21,14 @@ from crossflow.errors import ConfigError
 from crossflow.search.locations import check_userinfo, git_label, is_url, redact
 from crossflow.search.study.progress import Progress
 from crossflow.search.study.results import best_design
-from crossflow.search.study.setup import StudySetup, check_precision_of, open_study
-from crossflow.search.study.spec import SAMPLER_NAMES
+from crossflow.search.study.setup import (
+    StudySetup,
+    _rekey,
+    check_precision_of,
+    load_study,
+    open_study,
+)
+from crossflow.search.study.spec import SAMPLER_NAMES, StudySpec
 
 
 @dataclass(frozen=True)
@@ -243,6 +249,36 @@ def check_launch(storage: str, tracking_uri: str | None, *, storage_key: str = "
         check_tracking(tracking_uri, storage, key=tracking_key)
 
 
+def check_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup:
+    """What ``crossflow check`` does with a study file: resolve it as ``study run`` will
+    (:func:`load_study`: every reference loaded, a system's device too) and build its
+    sampler with its options and seed, so whatever the run would choke on is reported
+    now.  Nothing is created."""
+    from crossflow.search.samplers import make_sampler
+
+    setup = load_study(source)
+    try:
+        make_sampler(setup.spec.sampler, seed=setup.spec.seed,
+                     options=setup.spec.sampler_options, space=setup.space,
+                     n_objectives=len(setup.objectives), setup=setup)
+    except ConfigError as exc:
+        raise _rekey(exc, "sampler_options", setup.file) from None
+    check_precision_of(setup)
+    # the study file's own locations, as `study run` checks them (nothing is created)
+    try:
+        if setup.spec.storage is not None:
+            from crossflow.search.storage import check_storage
+
+            check_storage(setup.storage)
+        if setup.spec.tracking_uri is not None:
+            check_tracking_uri(setup.spec.tracking_uri)
+    except ConfigError as exc:
+        raise ConfigError(exc.problem, file=setup.file, key=exc.key, value=exc.value,
+                          allowed=exc.allowed) from None
+    return setup
+
+
+
 def _same_database(a: str, b: str) -> bool:
     def norm(url: str) -> str:
         if url.startswith("sqlite:///"):
@@ -285,7 +321,14 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
     check_seed(base_seed, key="seed", file=setup.file if options.seed == "study" else None)
     url = _storage_url(setup, options.storage)
     uri = options.tracking_uri or setup.tracking_uri
-    check_launch(url, uri if options.track else None)
+    try:
+        check_launch(url, uri if options.track else None)
+    except ConfigError as exc:  # a location the study file gave: name the file
+        given = {"storage": options.storage, "tracking_uri": options.tracking_uri}
+        if exc.key in given and given[exc.key] is None and exc.file in (None, "command line"):
+            raise ConfigError(exc.problem, file=setup.file, key=exc.key, value=exc.value,
+                              allowed=exc.allowed) from None
+        raise
     # the sampler is built once before the study is created: options it rejects end the
     # launch with nothing made
     make_sampler(sampler_name, seed=base_seed, options=sampler_options, space=setup.space,

@@ -270,24 +270,6 @@ def load_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup
                       order, space, file, arch)
 
 
-def check_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup:
-    """What ``crossflow check`` does with a study file: resolve it as ``study run`` will
-    (:func:`load_study`: every reference loaded, a system's device too) and build its
-    sampler with its options and seed, so whatever the run would choke on is reported
-    now.  Nothing is created."""
-    from crossflow.search.samplers import make_sampler
-
-    setup = load_study(source)
-    try:
-        make_sampler(setup.spec.sampler, seed=setup.spec.seed,
-                     options=setup.spec.sampler_options, space=setup.space,
-                     n_objectives=len(setup.objectives), setup=setup)
-    except ConfigError as exc:
-        raise _rekey(exc, "sampler_options", setup.file) from None
-    check_precision_of(setup)
-    return setup
-
-
 def check_precision_of(setup: StudySetup) -> None:
     """The chip a study builds must have the workload's arithmetic (a bf16 workload on the
     case-study template, which has fp16 and fp32 only): else every trial of the run would
