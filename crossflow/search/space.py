@@ -51,6 +51,7 @@ when a study resolves it (:func:`resolve`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -99,6 +100,17 @@ class RangeSpec(Spec):
             raise ConfigError("a log range needs low > 0", key="low", value=self.low)
         if self.step is not None and not self.step > 0:
             raise ConfigError("must be > 0", key="step", value=self.step)
+        if self.step is not None:
+            # Optuna would move 'high' down to the last step with a warning: say it here
+            span = (self.high - self.low) / self.step
+            if span < 1 - 1e-9 or abs(span - round(span)) > 1e-9 * max(1.0, span):
+                last = self.low + math.floor(span + 1e-9) * self.step
+                raise ConfigError(
+                    f"must divide high - low = {self.high - self.low:g} (a range from "
+                    f"{self.low:g} in steps of {self.step:g} ends at {last:g}, not at "
+                    f"{self.high:g})", key="step", value=self.step,
+                    allowed=f"a step that divides {self.high - self.low:g}, or high: {last:g}"
+                    if span >= 1 else f"a step <= {self.high - self.low:g}")
         if self.log and self.step is not None and self.dtype == "float":
             raise ConfigError("a float range takes either 'step' or 'log', not both",
                               key="step", value=self.step)

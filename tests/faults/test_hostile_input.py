@@ -341,3 +341,14 @@ def test_a_raw_at_in_a_password_is_refused_before_any_driver_sees_it(option, cli
     assert code == 2 and not out
     assert "raw '@'" in err and "%40" in err
     assert "pa@rd" not in err and "rd@" not in err
+
+
+def test_a_step_that_does_not_divide_its_range_is_refused(tmp_path, cli):
+    """Optuna would move 'high' to the last step with a raw UserWarning; the search-space
+    file is refused instead, naming the step and where the range would end."""
+    path = tmp_path / "space.yaml"
+    path.write_text("kind: search_space\nname: s\nparams:\n  tdp_W: {low: 200, high: 400, "
+                    "step: 75}\n")
+    code, out, err = cli("check", str(path))
+    assert code == 2 and not out
+    assert "step" in err and "ends at 350" in err and "high: 350" in err
