@@ -31,7 +31,12 @@ CASES = {
     "storage is a folder": (["--storage", "."], ["--storage", "is a directory"]),
     "unknown tracking scheme": (["--tracking-uri", "bogus://x", "--trials", "2"],
                                 ["--tracking-uri", "unknown tracking URI scheme 'bogus'",
-                                 "http://"]),
+                                 "http(s)://", "sqlite:///"]),
+    # MLflow 3's file store refuses new runs: refused up front, the sqlite store suggested
+    "tracking in a folder": (["--tracking-uri", "runs", "--trials", "2"],
+                             ["--tracking-uri", "maintenance mode", "sqlite:///runs/mlflow.db"]),
+    "tracking at file://": (["--tracking-uri", "file:///tmp/x", "--trials", "2"],
+                            ["--tracking-uri", "maintenance mode"]),
     "storage is the tracking database": (
         ["--storage", "sqlite:///s.db", "--tracking-uri", "sqlite:///s.db"],
         ["--storage", "the same database"]),

@@ -197,9 +197,12 @@ def _quietly(fn, setup: StudySetup, options: Launch) -> RunResult:
 
 #: The seeds Optuna's samplers take (numpy's range).
 SEEDS = "an integer from 0 to 4294967295 (2**32 - 1), or none"
-#: MLflow tracking URI schemes (a path without a scheme is a local folder).
-TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https",
-                    "databricks")
+#: MLflow tracking URI schemes.  Not ``file://`` or a bare folder: MLflow 3's file store is
+#: in maintenance mode and refuses new runs, which a launch would find only at its end.
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+#: What a tracking URI may be, for messages.
+TRACKING_ALLOWED = ("sqlite:///FILE.db (a local store), postgresql://..., mysql://..., "
+                    "mssql://..., or an MLflow server's http(s)://... or databricks://...")
 
 
 def check_seed(seed: Any, *, key: str = "seed", file: str | None = None) -> None:
@@ -211,20 +214,22 @@ def check_seed(seed: Any, *, key: str = "seed", file: str | None = None) -> None
 
 
 def check_tracking_uri(uri: str, *, key: str = "tracking_uri") -> None:
-    """A ConfigError naming ``key`` unless ``uri`` is a path or has an MLflow tracking
-    scheme (the tracking store itself is checked when the tracker starts)."""
+    """A ConfigError naming ``key`` unless ``uri`` has an MLflow tracking scheme MLflow 3
+    can log runs to (the tracking store itself is checked when the tracker starts)."""
     if not isinstance(uri, str) or not uri.strip():
         raise ConfigError("an empty tracking URI", key=key, value=uri,
-                          allowed="a folder, sqlite:///FILE.db or an MLflow server URL")
-    if "://" not in uri:
-        return
+                          allowed=TRACKING_ALLOWED)
+    if "://" not in uri or uri.split("://", 1)[0].lower() == "file":
+        folder = uri.split("://", 1)[1] if "://" in uri else uri
+        raise ConfigError("MLflow's file store (a folder) is in maintenance mode and refuses "
+                          "new runs: every trial would go unlogged", key=key, value=uri,
+                          allowed=f"sqlite:///{Path(folder, 'mlflow.db').as_posix()} (a "
+                          f"store in that folder), or {TRACKING_ALLOWED}")
     check_userinfo(uri, key=key)
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower()
     if scheme not in TRACKING_SCHEMES:
         raise ConfigError(f"unknown tracking URI scheme {scheme!r}", key=key,
-                          value=redact(uri),
-                          allowed=", ".join(f"{s}://..." for s in TRACKING_SCHEMES)
-                          + ", or a folder")
+                          value=redact(uri), allowed=TRACKING_ALLOWED)
 
 
 def check_launch(storage: str, tracking_uri: str | None, *, storage_key: str = "storage",
