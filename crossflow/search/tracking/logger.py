@@ -200,8 +200,11 @@ class _Logger:
         for attempt in range(attempts):
             try:
                 with _db_lock(msg["tracking_uri"]):
+                    seeded = store.seed_sqlite(msg["tracking_uri"])
                     client = MlflowClient(tracking_uri=msg["tracking_uri"])
                     exp = self._retrying(lambda c=client: c.get_experiment_by_name(name))
+                    if seeded == "missing":
+                        store.remember_sqlite(msg["tracking_uri"])
                 break
             except Exception:
                 if attempt == attempts - 1:
@@ -314,6 +317,20 @@ class _Logger:
             self.client.set_terminated(self.parent_run_id, msg.get("status", "FINISHED"))
 
 
+
+#: The logging process's program (``python -c``).  It needs this package, not the model:
+#: ``crossflow`` is entered without running its ``__init__``, which imports the prediction
+#: stack (networkx, the workload and parallelism modules: ~0.4 s of CPU that, on a 2-core
+#: machine, is taken from the study).
+WORKER_BOOT = (
+    "import importlib.util, sys, types\n"
+    "spec = importlib.util.find_spec('crossflow')\n"
+    "pkg = types.ModuleType('crossflow')\n"
+    "pkg.__path__ = list(spec.submodule_search_locations)\n"
+    "pkg.__spec__, pkg.__file__ = spec, spec.origin\n"
+    "sys.modules['crossflow'] = pkg\n"
+    "from crossflow.search.tracking.logger import _worker_main\n"
+    "_worker_main()\n")
 
 _BATCH = 500  # most messages handled at once
 #: Trials wait up to this long for more trials to share their transaction: one SQLite

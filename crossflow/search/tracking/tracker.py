@@ -22,7 +22,7 @@ import yaml
 
 from crossflow.search.keys import SURPLUS  # a trial never evaluated: it gets no run
 from crossflow.search.locations import git_revision, redact
-from crossflow.search.tracking.logger import _gather, _Logger, bound_http
+from crossflow.search.tracking.logger import WORKER_BOOT, _gather, _Logger, bound_http
 from crossflow.search.tracking.paths import resolve_locations
 from crossflow.search.tracking.records import (
     _finished,
@@ -259,9 +259,7 @@ class StudyTracker:
             self._stderr_path = err.name
             try:  # its own session (a second Ctrl-C does not stop it); dies with this one
                 self._proc = spawn_child(
-                    [sys.executable, "-c",
-                     "from crossflow.search.tracking.logger import _worker_main; "
-                     "_worker_main()"],
+                    [sys.executable, "-c", WORKER_BOOT],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                     env=bound_http(child_env()), text=True)
             except OSError as exc:
