@@ -39,6 +39,10 @@ HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RET
 #: A lost database connection is retried (:func:`crossflow.search.storage.retrying`) for up
 #: to this many seconds, once per launch; after that the store is taken as gone.
 RECONNECT_S = 60.0
+#: Most trial runs written in one transaction (one batch); a batch is also written when no
+#: further trial arrives within :data:`LINGER_S`, and before any other message (a summary,
+#: the end of the launch).
+BATCH_RUNS = 500
 #: After this many trial runs failed in a row, the rest of the launch's runs are not tried
 #: (each would wait out the bounds again); they are counted as missing at the end.
 GIVE_UP_AFTER = 3
@@ -71,6 +75,9 @@ class _Logger:
         self.parent_run_id: str | None = None
         self.known: dict[int, list[int]] = {}  # trial number -> start times (ms) of its runs
         self.bulk = False
+        self.batch = BATCH_RUNS
+        self.batches = 0
+        self.largest_batch = 0
         self.logged = 0
         self.logged_bulk = 0
         self.skipped = 0
@@ -85,11 +92,15 @@ class _Logger:
 
     # -- dispatch
     def handle_many(self, msgs: list[dict[str, Any]]) -> None:
-        """Handle messages in order, each run of consecutive trial messages as one batch."""
+        """Handle messages in order, each run of consecutive trial messages as one batch (or
+        several, of at most :attr:`batch` trials)."""
         batch: list[dict[str, Any]] = []
         for msg in msgs:
             if msg["op"] == "trial":
                 batch.append(msg)
+                if len(batch) >= self.batch:
+                    self._run("trials", self._op_trials, batch)
+                    batch = []
                 continue
             if batch:
                 self._run("trials", self._op_trials, batch)
@@ -115,6 +126,7 @@ class _Logger:
     def stats(self) -> dict[str, Any]:
         return {"runs_logged": self.logged, "runs_logged_in_batches": self.logged_bulk,
                 "skipped_existing": self.skipped, "duplicates_removed": self.duplicates_removed,
+                "batches": self.batches, "largest_batch": self.largest_batch,
                 "busy_s": self.busy_s, "setup_s": self.setup_s, "errors": self.errors,
                 "notes": self.notes, "batched": self.bulk,
                 "trials_with_runs": sorted(self.known), "given_up": self.given_up,
@@ -193,6 +205,7 @@ class _Logger:
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         bound_http()
+        self.batch = max(1, int(msg.get("batch") or BATCH_RUNS))
         name = msg["study_name"]
         # launches creating one new SQLite database race in its migrations: tried again;
         # elsewhere only a lost connection is (bounded), each HTTP request being bounded too
@@ -236,6 +249,8 @@ class _Logger:
         self._log(self.parent_run_id, params=msg["params"])
 
     def _op_trials(self, msgs: list[dict[str, Any]]) -> None:
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(msgs))
         new = []
         for msg in msgs:
             rec = msg["record"]
@@ -352,6 +367,26 @@ def _gather(inbox: queue.SimpleQueue, lingers) -> list[Any]:
     return items
 
 
+def _warm_up() -> None:
+    """What the summary needs, done while the logging process waits for trials rather than
+    after the study: the imports (matplotlib, Optuna's importance module with scikit-learn)
+    and a first figure drawn (fonts and text layout are set up on first use, ~0.25 s)."""
+    import io
+
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import optuna.importance  # noqa: F401
+
+    from crossflow.search import _plots
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    fig = _plots._figure(2.0, 1.5)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1])
+    ax.set_xlabel("warm-up")
+    fig.tight_layout()
+    fig.savefig(io.BytesIO(), format="png")
+
+
 def _worker_main() -> None:
     """The logging process: JSON messages on stdin, JSON events on (a private copy of)
     stdout; ``mlflow``'s own output goes to stderr.  Whatever is waiting is handled at once,
@@ -396,10 +431,7 @@ def _worker_main() -> None:
         if not warm and inbox.empty() and not (closed or eof):
             warm = True  # idle: import what the summary needs now, off the critical path
             with contextlib.suppress(Exception):
-                import matplotlib.backends.backend_agg  # noqa: F401
-                import optuna.importance  # noqa: F401
-
-                optuna.logging.set_verbosity(optuna.logging.WARNING)
+                _warm_up()
     if not closed and log.client is not None:  # stdin closed: the study process is gone
         log.handle_many([{"op": "close", "status": "KILLED"}])
     proto.write(json.dumps({"event": "stats", "cpu_s": time.process_time() - cpu0,
