@@ -185,7 +185,8 @@ def run_case(case: str, n: int, sampler: str, mode: str | None, work: Path,
                    "worker_busy_per_run_ms": round(1e3 * (w["busy_s"] - w["setup_s"]) / n, 2),
                    "worker_cpu_s": round(w.get("cpu_s", math.nan), 3),
                    "worker_busy_share_of_wall": round(w["busy_s"] / wall, 3),
-                   "transactions": w.get("batches"), "largest_batch": w.get("largest_batch")},
+                   "transactions": w.get("batches"), "largest_batch": w.get("largest_batch"),
+                   "worker_op_s": {k: round(v, 3) for k, v in (w.get("op_s") or {}).items()}},
     }
 
 

@@ -85,6 +85,7 @@ class _Logger:
         self.errors: list[str] = []
         self.notes: list[str] = []
         self.busy_s = 0.0
+        self.op_s: dict[str, float] = {}  # seconds spent per operation (init, trials, ...)
         self.setup_s = 0.0
         self.reconnect_s = RECONNECT_S
         self.failed_in_row = 0
@@ -120,6 +121,7 @@ class _Logger:
         finally:
             dt = time.perf_counter() - t0
             self.busy_s += dt
+            self.op_s[op] = self.op_s.get(op, 0.0) + dt
             if op == "init":
                 self.setup_s = dt
 
@@ -127,7 +129,8 @@ class _Logger:
         return {"runs_logged": self.logged, "runs_logged_in_batches": self.logged_bulk,
                 "skipped_existing": self.skipped, "duplicates_removed": self.duplicates_removed,
                 "batches": self.batches, "largest_batch": self.largest_batch,
-                "busy_s": self.busy_s, "setup_s": self.setup_s, "errors": self.errors,
+                "busy_s": self.busy_s, "setup_s": self.setup_s, "op_s": self.op_s,
+                "errors": self.errors,
                 "notes": self.notes, "batched": self.bulk,
                 "trials_with_runs": sorted(self.known), "given_up": self.given_up,
                 "experiment_id": self.experiment_id, "parent_run_id": self.parent_run_id}

@@ -227,6 +227,8 @@ class StudyTracker:
         launch.  Runs it had not logged are counted missing by :meth:`_collect`."""
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._proc is not None:
+            if self._reader is not None:  # its output ends as it exits: no polling wait
+                self._reader.join(max(0.0, deadline - time.monotonic()))
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(max(0.0, deadline - time.monotonic()))
         if self._proc is not None and self._proc.poll() is None:
