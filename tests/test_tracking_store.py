@@ -189,3 +189,7 @@ def test_a_new_sqlite_store_is_a_copy_of_the_cached_empty_one(tmp_path, monkeypa
     assert store.seed_sqlite(third) == "missing" and not template.exists()
     assert not (tmp_path / "c" / "mlflow.db").exists()
     assert not [p for p in (tmp_path / "c").iterdir()]  # no temporary file left
+    # options, a SQLite URI filename, an in-memory database: left to MLflow
+    for uri in (f"{third}?timeout=30", "sqlite:///:memory:",
+                f"sqlite:///{tmp_path / 'no-such-dir' / 'mlflow.db'}"):
+        assert store.seed_sqlite(uri) == ""

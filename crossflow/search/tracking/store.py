@@ -108,10 +108,10 @@ def seed_sqlite(uri: str) -> str:
     Returns "copied"; "missing" when the database is missing and no valid copy is cached
     (MLflow creates it; then :func:`remember_sqlite` keeps a copy); "" otherwise (not
     SQLite, the database exists)."""
-    if not uri.startswith("sqlite:///"):
-        return ""
+    if not uri.startswith("sqlite:///") or any(c in uri for c in "?#"):
+        return ""  # SQLAlchemy options or a SQLite URI filename: MLflow decides
     path = Path(uri[len("sqlite:///"):])
-    if path.exists():
+    if path.name in ("", ":memory:") or path.exists() or not path.parent.is_dir():
         return ""
     template = _template_path()
     if template is None or not template.is_file():
