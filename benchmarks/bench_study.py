@@ -3,7 +3,7 @@
 docs/architecture.md, "Benchmarks".
 
     python benchmarks/bench_study.py [--trials N] [--repeat R] [--sampler tpe|random]
-                                     [--mode process|thread] [--no-bulk]
+                                     [--mode process|thread] [--no-bulk] [--batch-size B]
                                      [--cases toy,gemm,transformer]
 
 Prints one JSON object.  Each case runs one fresh study of N trials (Optuna journal-file
@@ -30,7 +30,11 @@ set-up, ``finish`` and the final drain):
   callbacks (a queue put), ``finish`` (CSV, plots, importance) and the final drain;
   ``mlflow.worker_busy_s`` is the MLflow work done in the worker process, off the critical
   path (on the other core), and ``mlflow.worker_setup_s`` its start (import, store, parent);
-* ``baseline_no_tracking_trials_per_s``: the same study (same seed) without the tracker.
+* ``baseline_no_tracking_trials_per_s``: the same study (same seed) without the tracker;
+* ``tracking_adds``: what tracking adds to the study's wall time, tracked wall / untracked
+  wall - 1 of each repeat (a tracked run and the baseline run right after it), median;
+* ``cpu_s``: CPU seconds of the study process (tracked, untracked) and of the logging
+  process — on a loaded 2-core machine every CPU second of tracking is wall time.
 
 Each case runs ``--repeat`` times, alternating with its baseline; the median run is shown
 (this VM's timings vary by tens of percent between runs).
@@ -119,7 +123,7 @@ class Objective:
 
 
 def run_case(case: str, n: int, sampler: str, mode: str | None, work: Path,
-             bulk: bool = True) -> dict:
+             bulk: bool = True, batch_size: int | None = None) -> dict:
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -138,19 +142,20 @@ def run_case(case: str, n: int, sampler: str, mode: str | None, work: Path,
          "strategy": STRATEGIES_8[0], "micro_batch_size": 1}))
     objective.model_s = 0.0
     if mode is None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         study.optimize(objective, n_trials=n)
-        return {"wall_s": time.perf_counter() - t0}
-    t0 = time.perf_counter()
+        return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+    extra = {} if batch_size is None else {"batch_size": batch_size}
+    t0, c0 = time.perf_counter(), time.process_time()
     with StudyTracker(study.study_name, f"sqlite:///{work / 'mlruns' / 'mlflow.db'}",
                       {"sampler": sampler, "seed": 0, "n_trials": n, "case": case},
                       {"area": {"simplex": AREA}, "mapping_order": ORDERS}, mode=mode,
-                      bulk=bulk) as tr:
+                      bulk=bulk, **extra) as tr:
         t1 = time.perf_counter()
         study.optimize(objective, n_trials=n, callbacks=[tr])
         optimize_s = time.perf_counter() - t1
         tr.finish(study, None)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     s, w = tr.stats, tr.stats["worker"]
     tracking_s = s["enter_s"] + s["callback_s"] + s["finish_s"] + s["drain_s"]
     optuna_s = optimize_s - objective.model_s - s["callback_s"]
@@ -162,6 +167,8 @@ def run_case(case: str, n: int, sampler: str, mode: str | None, work: Path,
         "trials": n, "states": states, "wall_s": round(wall, 3),
         "trials_per_s": round(n / wall, 1),
         "optimize_only_trials_per_s": round(n / optimize_s, 1),
+        "cpu_s": {"study_process": round(cpu, 3),
+                  "logging_process": round(w.get("cpu_s", math.nan), 3)},
         "seconds": {"crossflow": round(objective.model_s, 3), "optuna": round(optuna_s, 3),
                     "mlflow_in_study_process": round(tracking_s, 3)},
         "share": {"crossflow": round(objective.model_s / wall, 3),
@@ -177,7 +184,9 @@ def run_case(case: str, n: int, sampler: str, mode: str | None, work: Path,
                    "worker_busy_s": round(w["busy_s"], 3),
                    "worker_busy_per_run_ms": round(1e3 * (w["busy_s"] - w["setup_s"]) / n, 2),
                    "worker_cpu_s": round(w.get("cpu_s", math.nan), 3),
-                   "worker_busy_share_of_wall": round(w["busy_s"] / wall, 3)},
+                   "worker_busy_share_of_wall": round(w["busy_s"] / wall, 3),
+                   "transactions": w.get("batches"), "largest_batch": w.get("largest_batch"),
+                   "worker_op_s": {k: round(v, 3) for k, v in (w.get("op_s") or {}).items()}},
     }
 
 
@@ -190,6 +199,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=["process", "thread"], default="process")
     parser.add_argument("--no-bulk", action="store_true",
                         help="one create_run + log_batch + set_terminated per trial")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="most trial runs per transaction (default: the tracker's)")
     parser.add_argument("--cases", default="toy,gemm,transformer")
     parser.add_argument("--no-baseline", action="store_true")
     args = parser.parse_args()
@@ -199,24 +210,32 @@ def main() -> None:
     out = {"machine": machine(), "cpus": os.cpu_count(), "trials": args.trials,
            "repeat": args.repeat, "sampler": args.sampler, "optuna_storage": "journal file",
            "mlflow_store": "sqlite", "mode": args.mode, "batched": not args.no_bulk,
+           "batch_size": args.batch_size, "load_average": [round(x, 2) for x in os.getloadavg()],
            "target_trials_per_s": 30, "cases": {}}
     with tempfile.TemporaryDirectory(prefix="crossflow-bench-study-") as tmp:
         for case in args.cases.split(","):
-            rows, base = [], []
+            rows, base, adds, base_cpu = [], [], [], []
             for i in range(args.repeat):
                 rows.append(run_case(case, args.trials, args.sampler, args.mode,
-                                     Path(tmp) / f"{case}-{i}", bulk=not args.no_bulk))
+                                     Path(tmp) / f"{case}-{i}", bulk=not args.no_bulk,
+                                     batch_size=args.batch_size))
                 if not args.no_baseline:
-                    wall = run_case(case, args.trials, args.sampler, None,
-                                    Path(tmp) / f"{case}-{i}-0")["wall_s"]
-                    base.append(round(args.trials / wall, 1))
+                    b = run_case(case, args.trials, args.sampler, None,
+                                 Path(tmp) / f"{case}-{i}-0")
+                    base.append(round(args.trials / b["wall_s"], 1))
+                    base_cpu.append(b["cpu_s"])
+                    adds.append(rows[-1]["wall_s"] / b["wall_s"] - 1)
             rows.sort(key=lambda r: r["trials_per_s"])
             row = rows[len(rows) // 2]  # the median run, all its figures
             row["trials_per_s_all_runs"] = [r["trials_per_s"] for r in rows]
             if base:
                 row["baseline_no_tracking_trials_per_s"] = statistics.median(base)
                 row["baseline_all_runs"] = sorted(base)
+                row["tracking_adds"] = f"{statistics.median(adds):.0%}"
+                row["tracking_adds_all_runs"] = [f"{a:.0%}" for a in adds]
+                row["cpu_s"]["study_process_untracked"] = round(statistics.median(base_cpu), 3)
             out["cases"][case] = row
+    out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=2))
 
 

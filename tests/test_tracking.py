@@ -140,6 +140,44 @@ def test_ctrl_c_in_a_callback_after_k_trials_leaves_k_runs(tmp_path, mode):
     assert parents[0].info.status == "KILLED"
 
 
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_batches_smaller_than_the_launch_log_every_trial_once(tmp_path, mode):
+    """23 trials in batches of at most 5 (23 is no multiple of 5): 23 runs, each with its
+    params, metrics and tags, written in several transactions none larger than 5."""
+    study = new_study()
+    with tracker(tmp_path, mode=mode, batch_size=5) as tr:
+        study.optimize(objective, n_trials=23, callbacks=[tr], catch=(ValueError,))
+        tr.finish(study, None)
+    children, parents = check_exactly_once(tmp_path, study)
+    assert len(children) == 23 and len(parents) == 1
+    worker = tr.stats["worker"]
+    assert worker["errors"] == [] and worker["runs_logged"] == 23
+    assert worker["batches"] >= 5 and 1 <= worker["largest_batch"] <= 5
+    with pytest.raises(ValueError, match="batch_size"):
+        tracker(tmp_path, batch_size=0)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_sigint_while_a_batch_waits_loses_no_trial(tmp_path, mode):
+    """A real SIGINT (Ctrl-C) at trial 11 of 50, in batches of 4: the trials waiting in an
+    unwritten batch, and the interrupted trial (FAIL), all get their run."""
+    import signal
+
+    def interrupted(trial):
+        if trial.number == 11:
+            os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt inside the objective
+        return objective(trial)
+
+    study = new_study()
+    with pytest.raises(KeyboardInterrupt), tracker(tmp_path, mode=mode, batch_size=4) as tr:
+        study.optimize(interrupted, n_trials=50, callbacks=[tr], catch=(ValueError,))
+    assert len(study.trials) == 12 and study.trials[-1].state == TrialState.FAIL
+    children, parents = runs(tmp_path)
+    assert sorted(int(r.data.tags["trial_number"]) for r in children) == list(range(12))
+    assert parents[0].info.status == "KILLED"
+    assert tr.missing_runs == [] and tr.stats["worker"]["largest_batch"] <= 4
+
+
 @pytest.mark.parametrize(("k", "give_study"), [(5, False), (0, True)])
 def test_ctrl_c_inside_the_objective_logs_the_interrupted_trial_as_failed(tmp_path, k,
                                                                           give_study):

@@ -150,3 +150,46 @@ def test_inserting_again_is_a_no_op_and_a_deleted_run_is_restored(client):
     run = c.get_run(gone)
     assert run.info.lifecycle_stage == "active" and run.data.tags == recs[1]["tags"]
     assert len(c.search_runs([eid])) == 2
+
+
+def test_a_new_sqlite_store_is_a_copy_of_the_cached_empty_one(tmp_path, monkeypatch):
+    """The first new database is made by MLflow and kept; the next is a copy MLflow opens as
+    it opens its own (no migration), holds the Default experiment only and takes runs; a
+    damaged cached copy is dropped, and an existing database is never touched."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}"
+    (tmp_path / "a").mkdir()
+    assert store.seed_sqlite(first) == "missing"
+    MlflowClient(first).search_experiments()
+    store.remember_sqlite(first)
+    template = store._template_path()
+    assert template is not None and template.is_file()
+
+    second = f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}"
+    (tmp_path / "b").mkdir()
+    assert store.seed_sqlite(second) == "copied"
+    assert store.seed_sqlite(second) == ""  # exists now: left alone
+    c = MlflowClient(second)
+    assert [e.name for e in c.search_experiments()] == ["Default"]
+    eid = c.create_experiment("seeded", artifact_location=(tmp_path / "art").as_uri())
+    assert store.insert_runs(store.sql_engine(c), eid, (tmp_path / "art").as_uri(),
+                             [record(0), record(1)]) == 2
+    assert len(c.search_runs([eid])) == 2
+    assert not store._is_empty_store(tmp_path / "b" / "mlflow.db")  # a used store is no seed
+
+    with sqlite3.connect(template) as db:  # damaged: not an empty store any more
+        db.execute("DELETE FROM alembic_version")
+    db.close()
+    third = f"sqlite:///{tmp_path / 'c' / 'mlflow.db'}"
+    (tmp_path / "c").mkdir()
+    assert store.seed_sqlite(third) == "missing" and not template.exists()
+    assert not (tmp_path / "c" / "mlflow.db").exists()
+    assert not [p for p in (tmp_path / "c").iterdir()]  # no temporary file left
+    # options, a SQLite URI filename, an in-memory database: left to MLflow
+    for uri in (f"{third}?timeout=30", "sqlite:///:memory:",
+                f"sqlite:///{tmp_path / 'no-such-dir' / 'mlflow.db'}"):
+        assert store.seed_sqlite(uri) == ""

@@ -39,6 +39,10 @@ HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RET
 #: A lost database connection is retried (:func:`crossflow.search.storage.retrying`) for up
 #: to this many seconds, once per launch; after that the store is taken as gone.
 RECONNECT_S = 60.0
+#: Most trial runs written in one transaction (one batch); a batch is also written when no
+#: further trial arrives within :data:`LINGER_S`, and before any other message (a summary,
+#: the end of the launch).
+BATCH_RUNS = 500
 #: After this many trial runs failed in a row, the rest of the launch's runs are not tried
 #: (each would wait out the bounds again); they are counted as missing at the end.
 GIVE_UP_AFTER = 3
@@ -71,6 +75,9 @@ class _Logger:
         self.parent_run_id: str | None = None
         self.known: dict[int, list[int]] = {}  # trial number -> start times (ms) of its runs
         self.bulk = False
+        self.batch = BATCH_RUNS
+        self.batches = 0
+        self.largest_batch = 0
         self.logged = 0
         self.logged_bulk = 0
         self.skipped = 0
@@ -78,6 +85,7 @@ class _Logger:
         self.errors: list[str] = []
         self.notes: list[str] = []
         self.busy_s = 0.0
+        self.op_s: dict[str, float] = {}  # seconds spent per operation (init, trials, ...)
         self.setup_s = 0.0
         self.reconnect_s = RECONNECT_S
         self.failed_in_row = 0
@@ -85,11 +93,15 @@ class _Logger:
 
     # -- dispatch
     def handle_many(self, msgs: list[dict[str, Any]]) -> None:
-        """Handle messages in order, each run of consecutive trial messages as one batch."""
+        """Handle messages in order, each run of consecutive trial messages as one batch (or
+        several, of at most :attr:`batch` trials)."""
         batch: list[dict[str, Any]] = []
         for msg in msgs:
             if msg["op"] == "trial":
                 batch.append(msg)
+                if len(batch) >= self.batch:
+                    self._run("trials", self._op_trials, batch)
+                    batch = []
                 continue
             if batch:
                 self._run("trials", self._op_trials, batch)
@@ -109,13 +121,16 @@ class _Logger:
         finally:
             dt = time.perf_counter() - t0
             self.busy_s += dt
+            self.op_s[op] = self.op_s.get(op, 0.0) + dt
             if op == "init":
                 self.setup_s = dt
 
     def stats(self) -> dict[str, Any]:
         return {"runs_logged": self.logged, "runs_logged_in_batches": self.logged_bulk,
                 "skipped_existing": self.skipped, "duplicates_removed": self.duplicates_removed,
-                "busy_s": self.busy_s, "setup_s": self.setup_s, "errors": self.errors,
+                "batches": self.batches, "largest_batch": self.largest_batch,
+                "busy_s": self.busy_s, "setup_s": self.setup_s, "op_s": self.op_s,
+                "errors": self.errors,
                 "notes": self.notes, "batched": self.bulk,
                 "trials_with_runs": sorted(self.known), "given_up": self.given_up,
                 "experiment_id": self.experiment_id, "parent_run_id": self.parent_run_id}
@@ -193,6 +208,7 @@ class _Logger:
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         bound_http()
+        self.batch = max(1, int(msg.get("batch") or BATCH_RUNS))
         name = msg["study_name"]
         # launches creating one new SQLite database race in its migrations: tried again;
         # elsewhere only a lost connection is (bounded), each HTTP request being bounded too
@@ -200,8 +216,11 @@ class _Logger:
         for attempt in range(attempts):
             try:
                 with _db_lock(msg["tracking_uri"]):
+                    seeded = store.seed_sqlite(msg["tracking_uri"])
                     client = MlflowClient(tracking_uri=msg["tracking_uri"])
                     exp = self._retrying(lambda c=client: c.get_experiment_by_name(name))
+                    if seeded == "missing":
+                        store.remember_sqlite(msg["tracking_uri"])
                 break
             except Exception:
                 if attempt == attempts - 1:
@@ -233,6 +252,8 @@ class _Logger:
         self._log(self.parent_run_id, params=msg["params"])
 
     def _op_trials(self, msgs: list[dict[str, Any]]) -> None:
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(msgs))
         new = []
         for msg in msgs:
             rec = msg["record"]
@@ -315,6 +336,20 @@ class _Logger:
 
 
 
+#: The logging process's program (``python -c``).  It needs this package, not the model:
+#: ``crossflow`` is entered without running its ``__init__``, which imports the prediction
+#: stack (networkx, the workload and parallelism modules: ~0.4 s of CPU that, on a 2-core
+#: machine, is taken from the study).
+WORKER_BOOT = (
+    "import importlib.util, sys, types\n"
+    "spec = importlib.util.find_spec('crossflow')\n"
+    "pkg = types.ModuleType('crossflow')\n"
+    "pkg.__path__ = list(spec.submodule_search_locations)\n"
+    "pkg.__spec__, pkg.__file__ = spec, spec.origin\n"
+    "sys.modules['crossflow'] = pkg\n"
+    "from crossflow.search.tracking.logger import _worker_main\n"
+    "_worker_main()\n")
+
 _BATCH = 500  # most messages handled at once
 #: Trials wait up to this long for more trials to share their transaction: one SQLite
 #: commit (fsync) per trial would compete with the Optuna storage's own fsyncs on the disk.
@@ -333,6 +368,26 @@ def _gather(inbox: queue.SimpleQueue, lingers) -> list[Any]:
         except queue.Empty:
             break
     return items
+
+
+def _warm_up() -> None:
+    """What the summary needs, done while the logging process waits for trials rather than
+    after the study: the imports (matplotlib, Optuna's importance module with scikit-learn)
+    and a first figure drawn (fonts and text layout are set up on first use, ~0.25 s)."""
+    import io
+
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import optuna.importance  # noqa: F401
+
+    from crossflow.search import _plots
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    fig = _plots._figure(2.0, 1.5)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1])
+    ax.set_xlabel("warm-up")
+    fig.tight_layout()
+    fig.savefig(io.BytesIO(), format="png")
 
 
 def _worker_main() -> None:
@@ -379,10 +434,7 @@ def _worker_main() -> None:
         if not warm and inbox.empty() and not (closed or eof):
             warm = True  # idle: import what the summary needs now, off the critical path
             with contextlib.suppress(Exception):
-                import matplotlib.backends.backend_agg  # noqa: F401
-                import optuna.importance  # noqa: F401
-
-                optuna.logging.set_verbosity(optuna.logging.WARNING)
+                _warm_up()
     if not closed and log.client is not None:  # stdin closed: the study process is gone
         log.handle_many([{"op": "close", "status": "KILLED"}])
     proto.write(json.dumps({"event": "stats", "cpu_s": time.process_time() - cpu0,

@@ -23,6 +23,12 @@ MLflow internals used, and why (each pinned against the installed MLflow by
   (:func:`trial_runs`).
 * ``mlflow.utils.uri.append_to_uri_path``: a run's artifact URI
   (``<experiment artifact location>/<run id>/artifacts``), as the store builds it.
+* A new SQLite tracking database is a copy of an empty one this MLflow version made
+  (:func:`seed_sqlite`): MLflow builds a new database by running its ~60 Alembic
+  migrations, ~1.5 s of CPU and ~400 commits (each an fsync) that compete with the study
+  for the CPU and with the Optuna journal's own fsyncs for the disk.  It relies on a SQLite
+  database being one self-contained file (SQLite's backup API copies it) and on MLflow
+  accepting a database whose schema is at its head revision (what it checks on opening one).
 
 Every write is one transaction: on any error it is rolled back and the caller logs the runs
 one by one through the public API instead (see :class:`.logger._Logger`).
@@ -30,7 +36,12 @@ one by one through the public API instead (see :class:`.logger._Logger`).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sqlite3
+import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from crossflow.search.keys import TRIAL_NUMBER_TAG
@@ -42,6 +53,96 @@ def sql_engine(client: Any) -> Any:
     file store, or an MLflow whose client no longer exposes it)."""
     store = getattr(getattr(client, "_tracking_client", None), "store", None)
     return getattr(store, "engine", None)
+
+
+def _template_path() -> Path | None:
+    """Where the empty database of the installed MLflow version is kept (a per-user cache,
+    ``$XDG_CACHE_HOME/crossflow`` or ``~/.cache/crossflow``); None without a version."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("mlflow")
+    except metadata.PackageNotFoundError:
+        return None
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "crossflow" / f"mlflow-{version}-empty.db"
+
+
+def _ro(path: Path) -> str:
+    return Path(path).resolve().as_uri() + "?mode=ro"
+
+
+def _copy_db(src: Path, dst: Path) -> None:
+    """A consistent copy of the SQLite database ``src`` at ``dst`` (created, or replaced
+    atomically: a reader never sees a partial file)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with contextlib.closing(sqlite3.connect(_ro(src), uri=True)) as a, \
+                contextlib.closing(sqlite3.connect(tmp)) as b:
+            a.backup(b)
+        os.replace(tmp, dst)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _is_empty_store(path: Path) -> bool:
+    """Whether ``path`` is an MLflow database as MLflow leaves a new one: a schema revision,
+    the Default experiment alone and no run."""
+    try:
+        with contextlib.closing(sqlite3.connect(_ro(path), uri=True)) as db:
+            revisions = db.execute("SELECT version_num FROM alembic_version").fetchall()
+            experiments = db.execute("SELECT experiment_id, name FROM experiments").fetchall()
+            runs = db.execute("SELECT count(*) FROM runs").fetchone()[0]
+            ok = db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+    except sqlite3.Error:
+        return False
+    return ok and len(revisions) == 1 and experiments == [(0, "Default")] and runs == 0
+
+
+def seed_sqlite(uri: str) -> str:
+    """Before MLflow first opens the SQLite database of ``uri`` (the caller holds
+    :func:`~.paths._db_lock`): a missing database becomes a copy of the cached empty one of
+    this MLflow version, so MLflow finds its schema current and runs no migration.
+    Returns "copied"; "missing" when the database is missing and no valid copy is cached
+    (MLflow creates it; then :func:`remember_sqlite` keeps a copy); "" otherwise (not
+    SQLite, the database exists)."""
+    if not uri.startswith("sqlite:///") or any(c in uri for c in "?#"):
+        return ""  # SQLAlchemy options or a SQLite URI filename: MLflow decides
+    path = Path(uri[len("sqlite:///"):])
+    if path.name in ("", ":memory:") or path.exists() or not path.parent.is_dir():
+        return ""
+    template = _template_path()
+    if template is None or not template.is_file():
+        return "missing"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.seed"
+    try:
+        try:
+            _copy_db(template, tmp)
+            if not _is_empty_store(tmp):
+                with contextlib.suppress(OSError):
+                    template.unlink()
+                return "missing"
+            os.link(tmp, path)  # never over a database that appeared meanwhile
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    except (OSError, sqlite3.Error):  # a read-only cache or directory: MLflow decides
+        return "" if path.exists() else "missing"
+    return "copied"
+
+
+def remember_sqlite(uri: str) -> None:
+    """After MLflow made the new SQLite database of ``uri`` (still empty): keep a copy as the
+    cached empty database of this MLflow version, for :func:`seed_sqlite`.  Best effort."""
+    path = Path(uri[len("sqlite:///"):])
+    template = _template_path()
+    if template is None or template.exists():
+        return
+    with contextlib.suppress(OSError, sqlite3.Error):
+        if _is_empty_store(path):
+            _copy_db(path, template)
 
 
 def trial_runs(engine: Any, experiment_id: str) -> list[tuple[str, int, str]]:

@@ -48,14 +48,17 @@ def render_summary(out: Path, msg: Mapping[str, Any]) -> tuple[dict[str, float],
     metrics: dict[str, float] = {"n_trials": float(len(trials))}
     for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING"):
         metrics[f"n_trials_{state.lower()}"] = float(sum(t.state.name == state for t in trials))
-    # an in-memory copy of the study (numbers kept in a system attribute: add_trials renumbers)
+    # an in-memory copy of the study for its best trial(s) (numbers kept in a system
+    # attribute: add_trials renumbers); states, values and system attributes (constraints)
+    # are all Optuna's choice depends on, and add_trials deep-copies each trial twice
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" line
     try:
         study = optuna.create_study(directions=directions)
     finally:
         optuna.logging.set_verbosity(verbosity)
-    study.add_trials([_deserialize(d, **{"crossflow:number": d["number"]})
+    study.add_trials([_deserialize({**d, "params": {}, "distributions": {}, "user_attrs": {}},
+                                   **{"crossflow:number": d["number"]})
                       for d in msg["trials"] if d["state"] in ("COMPLETE", "PRUNED", "FAIL")])
     by_number = {t.number: t for t in trials}
     tags: dict[str, str] = {}

@@ -22,7 +22,13 @@ import yaml
 
 from crossflow.search.keys import SURPLUS  # a trial never evaluated: it gets no run
 from crossflow.search.locations import git_revision, redact
-from crossflow.search.tracking.logger import _gather, _Logger, bound_http
+from crossflow.search.tracking.logger import (
+    BATCH_RUNS,
+    WORKER_BOOT,
+    _gather,
+    _Logger,
+    bound_http,
+)
 from crossflow.search.tracking.paths import resolve_locations
 from crossflow.search.tracking.records import (
     _finished,
@@ -57,14 +63,19 @@ class StudyTracker:
         mode: ``"process"`` (default) or ``"thread"``: where the MLflow calls run.
         bulk: write trial runs in batches, one transaction each, on MLflow's SQL stores
             (default); False: one ``create_run`` + ``log_batch`` + ``set_terminated`` each.
+        batch_size: most trial runs in one batch (:data:`.logger.BATCH_RUNS`).
     """
 
     def __init__(self, study_name: str, tracking_uri: str | None,
                  launch_params: dict[str, Any], search_space: dict,
                  artifact_root: str | None = None, *, study: Any = None,
-                 mode: str = "process", bulk: bool = True) -> None:
+                 mode: str = "process", bulk: bool = True,
+                 batch_size: int = BATCH_RUNS) -> None:
         if mode not in ("process", "thread"):
             raise ValueError(f"mode must be 'process' or 'thread', not {mode!r}")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size!r}")
+        self.batch_size = int(batch_size)
         self.study_name = study_name
         self.tracking_uri, self.artifact_root = resolve_locations(tracking_uri, artifact_root)
         self.launch_params = dict(launch_params or {})
@@ -120,7 +131,8 @@ class StudyTracker:
         init = {"op": "init", "tracking_uri": self.tracking_uri,
                 "artifact_root": self.artifact_root, "study_name": self.study_name,
                 "run_name": f"launch-{now:%Y%m%d-%H%M%S}", "start_ms": _ms(now),
-                "tags": tags, "params": params, "bulk": self.bulk}
+                "tags": tags, "params": params, "bulk": self.bulk,
+                "batch": self.batch_size}
         self._tmp = Path(tempfile.mkdtemp(prefix="crossflow-tracking-"))
         launch_dir = self._tmp / "launch"
         launch_dir.mkdir()
@@ -215,6 +227,8 @@ class StudyTracker:
         launch.  Runs it had not logged are counted missing by :meth:`_collect`."""
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._proc is not None:
+            if self._reader is not None:  # its output ends as it exits: no polling wait
+                self._reader.join(max(0.0, deadline - time.monotonic()))
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(max(0.0, deadline - time.monotonic()))
         if self._proc is not None and self._proc.poll() is None:
@@ -259,9 +273,7 @@ class StudyTracker:
             self._stderr_path = err.name
             try:  # its own session (a second Ctrl-C does not stop it); dies with this one
                 self._proc = spawn_child(
-                    [sys.executable, "-c",
-                     "from crossflow.search.tracking.logger import _worker_main; "
-                     "_worker_main()"],
+                    [sys.executable, "-c", WORKER_BOOT],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                     env=bound_http(child_env()), text=True)
             except OSError as exc:
