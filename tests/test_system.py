@@ -437,3 +437,24 @@ def test_a_device_without_links_needs_their_bandwidth(a100):
     bare = replace(a100, links={})
     with pytest.raises(ConfigError, match=r"key 'intra\.bandwidth_<"):
         build_system(_edit(intra__bandwidth_GBps=...), bare)
+
+
+def test_route_caches_of_a_system_survive_the_topology_table_being_reset(monkeypatch):
+    """Systems are keyed by a small id in the shared route cache; when the id table is
+    reset, a new topology must never take the id of a system still in use (that system's
+    rings would be looked up under the new one's routes: wrong times, or an IndexError)."""
+    from crossflow.system import system as sysmod
+
+    grid, orders = (8, 1, 2, 1), ORDERS[:6]
+    expected = [build_system("dgx-a100", num_nodes=2).map(grid, o).all_reduce(d, 1e8)
+                for o in orders for d in DIMS]
+    monkeypatch.setattr(sysmod, "_MAX_TOPOLOGIES", 2)
+    monkeypatch.setattr(sysmod, "_TOPOLOGIES", {})
+    monkeypatch.setattr(sysmod, "_ROUTES", {})
+    a = build_system("dgx-a100", num_nodes=2)  # built before the reset, asked after it
+    for name in ("dgx-h100", "dgx1-v100"):  # the second resets the table, takes a new id
+        other = build_system(name, num_nodes=2)
+        for o in orders:
+            for d in DIMS:
+                other.map(grid, o).all_reduce(d, 1e8)
+    assert [a.map(grid, o).all_reduce(d, 1e8) for o in orders for d in DIMS] == expected

@@ -505,13 +505,22 @@ _TOPOLOGIES: dict[SystemSpec, int] = {}
 _MAX_ROUTES = 8192
 
 
+_MAX_TOPOLOGIES = 256
+#: Ids are never reused: a System keeps its id for its life, so an id handed out again
+#: after the table is reset would look up another topology's routes under its key.
+_NEXT_TOPOLOGY = itertools.count()
+
+
 def _topology_id(spec: SystemSpec) -> int:
     """A small id per distinct system spec (devices, nodes, levels: all routing depends on);
     computed once per System so route lookups do not hash the spec."""
-    if len(_TOPOLOGIES) >= 256:
+    if len(_TOPOLOGIES) >= _MAX_TOPOLOGIES:
         _TOPOLOGIES.clear()
         _ROUTES.clear()
-    return _TOPOLOGIES.setdefault(spec, len(_TOPOLOGIES))
+    found = _TOPOLOGIES.get(spec)
+    if found is None:
+        found = _TOPOLOGIES[spec] = next(_NEXT_TOPOLOGY)
+    return found
 
 
 def _ring_stats(system: System, members: np.ndarray, chain: bool = False) -> _Rings:
