@@ -466,3 +466,19 @@ def test_two_worker_processes_on_one_study_log_each_trial_once(tmp_path):
     children, parents = runs(tmp_path, "shared")
     assert len(parents) == 2
     assert sorted(int(r.data.tags["trial_number"]) for r in children) == list(range(34))
+
+
+def test_the_experiment_carries_the_studys_description(tmp_path):
+    """MLflow shows an experiment's ``mlflow.note.content`` tag as its description: set when
+    the experiment is made, and on a store an older launch made without it."""
+    from mlflow import MlflowClient
+
+    study = new_study()
+    with tracker(tmp_path) as t:  # an older launch: no description
+        study.optimize(objective, n_trials=2, callbacks=[t])
+    client = MlflowClient(uri_of(tmp_path))
+    assert "mlflow.note.content" not in client.get_experiment_by_name("toy").tags
+    with tracker(tmp_path, description="A toy study of x") as t:
+        study.optimize(objective, n_trials=1, callbacks=[t])
+    assert client.get_experiment_by_name("toy").tags["mlflow.note.content"] == \
+        "A toy study of x"

@@ -118,7 +118,8 @@ def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):
     from crossflow.search.tracking import StudyTracker
 
     return StudyTracker(study_name=setup.name, tracking_uri=tracking_uri,
-                        launch_params=dict(launch), search_space=setup.describe())
+                        launch_params=dict(launch), search_space=setup.describe(),
+                        description=setup.spec.description)
 
 
 def worker_seed(sampler: str, seed: int | None, index: int) -> int | None:

@@ -43,6 +43,8 @@ RECONNECT_S = 60.0
 #: further trial arrives within :data:`LINGER_S`, and before any other message (a summary,
 #: the end of the launch).
 BATCH_RUNS = 500
+#: The experiment tag MLflow's UI shows as an experiment's description.
+NOTE = "mlflow.note.content"
 #: After this many trial runs failed in a row, the rest of the launch's runs are not tried
 #: (each would wait out the bounds again); they are counted as missing at the end.
 GIVE_UP_AFTER = 3
@@ -230,9 +232,11 @@ class _Logger:
             location = msg["artifact_root"]
             if location:
                 location = f"{location}/{_key(name).replace('/', '_').replace(' ', '_')}"
+            # MLflow shows the note tag as the experiment's description
+            note = {NOTE: msg["description"]} if msg.get("description") else {}
             try:
                 eid = client.create_experiment(name, artifact_location=location,
-                                               tags={"crossflow.study": name})
+                                               tags={"crossflow.study": name, **note})
             except MlflowException:  # another launch created it meanwhile
                 exp = client.get_experiment_by_name(name)
                 if exp is None:
@@ -242,6 +246,8 @@ class _Logger:
             eid = exp.experiment_id
             if exp.lifecycle_stage == "deleted":
                 client.restore_experiment(eid)
+            if msg.get("description") and not exp.tags.get(NOTE):  # a store of an older run
+                client.set_experiment_tag(eid, NOTE, msg["description"])
         self.client, self.experiment_id = client, eid
         self.artifact_location = client.get_experiment(eid).artifact_location
         self.bulk = bool(msg.get("bulk", True)) and self._engine() is not None

@@ -64,19 +64,21 @@ class StudyTracker:
         bulk: write trial runs in batches, one transaction each, on MLflow's SQL stores
             (default); False: one ``create_run`` + ``log_batch`` + ``set_terminated`` each.
         batch_size: most trial runs in one batch (:data:`.logger.BATCH_RUNS`).
+        description: the study's description, shown as its MLflow experiment's.
     """
 
     def __init__(self, study_name: str, tracking_uri: str | None,
                  launch_params: dict[str, Any], search_space: dict,
                  artifact_root: str | None = None, *, study: Any = None,
                  mode: str = "process", bulk: bool = True,
-                 batch_size: int = BATCH_RUNS) -> None:
+                 batch_size: int = BATCH_RUNS, description: str | None = None) -> None:
         if mode not in ("process", "thread"):
             raise ValueError(f"mode must be 'process' or 'thread', not {mode!r}")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size!r}")
         self.batch_size = int(batch_size)
         self.study_name = study_name
+        self.description = description
         self.tracking_uri, self.artifact_root = resolve_locations(tracking_uri, artifact_root)
         self.launch_params = dict(launch_params or {})
         self.search_space = search_space or {}
@@ -132,7 +134,7 @@ class StudyTracker:
                 "artifact_root": self.artifact_root, "study_name": self.study_name,
                 "run_name": f"launch-{now:%Y%m%d-%H%M%S}", "start_ms": _ms(now),
                 "tags": tags, "params": params, "bulk": self.bulk,
-                "batch": self.batch_size}
+                "batch": self.batch_size, "description": self.description}
         self._tmp = Path(tempfile.mkdtemp(prefix="crossflow-tracking-"))
         launch_dir = self._tmp / "launch"
         launch_dir.mkdir()
