@@ -336,9 +336,11 @@ class _Block:
         else:
             raise ValueError(f"unknown block op {op!r}")
 
-    def _moe_backward(self, dy: str, stash) -> tuple[list[str], list[str]]:
+    def _moe_backward(self, dy: str, stash, gemm_bwd) -> tuple[list[str], list[str]]:
         """Backward of an MoE layer's feed-forward part from ``dy`` (the gradient of its
-        output).  Returns (nodes holding the gradient of its input, weight-gradient nodes)."""
+        output), with :meth:`backward`'s ``stash`` and ``gemm_bwd`` (a dense linear layer's
+        dgrad and wgrad: the shared expert's).  Returns (nodes holding the gradient of its
+        input, weight-gradient nodes)."""
         g, t, h, p, spec, src = self.g, self.t, self.h, self.prefix, self.spec, self.src
         E, k = spec.num_moe_experts, spec.moe_router_topk
         f, f_in = spec.moe_ffn, spec.moe_in_width
@@ -396,26 +398,14 @@ class _Block:
         if spec.shared_ffn:
             sf = spec.shared_ffn
             sf_in = (2 if gated else 1) * sf
-            sdx2 = g.gemm(p + "shared_fc2.dX", "shared_fc2.dX", t, h, sf, tp="n",
-                          precision=gp)
-            sdw2 = g.gemm(p + "shared_fc2.dW", "shared_fc2.dW", sf, t, h, batch="k",
-                          tp="m", wgrad=sf * h, precision=gp)
-            for node in (sdx2, sdw2):
-                g.edge(dy, node, "grad")
-            stash(src["shared_act"], sdw2)
+            sdx2, sdw2 = gemm_bwd("shared_fc2", t, sf, h, src["shared_act"], dy, "n", "m", 0)
             sa = g.elementwise(p + "shared_act.bwd", "swiglu.bwd" if gated else "gelu.bwd",
                                t * sf, inputs=2 + gated, outputs=1 + gated,
                                flops_per_element=(2 * SWIGLU_FLOPS if gated else GELU_FLOPS),
                                tp="elements")
             g.edge(sdx2, sa, "grad")
             stash(src["shared_fc1"], sa)
-            sdx1 = g.gemm(p + "shared_fc1.dX", "shared_fc1.dX", t, sf_in, h, tp="k",
-                          precision=gp)
-            sdw1 = g.gemm(p + "shared_fc1.dW", "shared_fc1.dW", h, t, sf_in, batch="k",
-                          tp="n", wgrad=h * sf_in, precision=gp)
-            for node in (sdx1, sdw1):
-                g.edge(sa, node, "grad")
-            stash(src["ln2"], sdw1)
+            sdx1, sdw1 = gemm_bwd("shared_fc1", t, h, sf_in, src["ln2"], sa, "k", "n", 0)
             grads.append(sdx1)
             wgrads += [sdw2, sdw1]
         return grads, wgrads
@@ -465,7 +455,7 @@ class _Block:
         g.edge(dy, n, "grad")
         stash(src["mlp_residual"], n)
         if self.moe:
-            mlp_grads, mlp_wgrads = self._moe_backward(n, stash)
+            mlp_grads, mlp_wgrads = self._moe_backward(n, stash, gemm_bwd)
         else:
             if self.fp8:
                 n = self._dy_cast("mlp2", t * h, n, "sp")
