@@ -61,14 +61,19 @@ def architectures() -> dict[str, dict[str, str]]:
     return {r["model_key"]: r for r in rows}
 
 
+def _published(kind: str) -> list[dict[str, str]]:
+    """The rows of models of ``kind`` (``dense``, ``moe``) with a printed throughput, their
+    main variant, without FSDP."""
+    _, rows = read_measurements(measurements_dir() / FILE)
+    arch = architectures()
+    return [r for r in rows if r["variant"] == "main" and r["tokens_per_s_per_gpu"]
+            and arch.get(r["model_key"], {}).get("type") == kind and _int(r["fsdp"], 0) == 0]
+
+
 @cache
 def dense_rows() -> tuple[dict[str, str], ...]:
     """The rows validated here (see the module docstring)."""
-    _, rows = read_measurements(measurements_dir() / FILE)
-    arch = architectures()
-    return tuple(r for r in rows if r["variant"] == "main" and r["tokens_per_s_per_gpu"]
-                 and arch.get(r["model_key"], {}).get("type") == "dense"
-                 and _int(r["fsdp"], 0) == 0)
+    return tuple(_published("dense"))
 
 
 #: MoE models left out of :func:`moe_rows`, and why
@@ -85,12 +90,8 @@ SKIPPED = {
 @cache
 def moe_rows() -> tuple[dict[str, str], ...]:
     """The MoE rows validated (dropless; none of :data:`SKIPPED`)."""
-    _, rows = read_measurements(measurements_dir() / FILE)
-    arch = architectures()
-    return tuple(r for r in rows if r["variant"] == "main" and r["tokens_per_s_per_gpu"]
-                 and arch.get(r["model_key"], {}).get("type") == "moe"
-                 and r["model_key"] not in SKIPPED and "tokendrop" not in r["model"]
-                 and _int(r["fsdp"], 0) == 0)
+    return tuple(r for r in _published("moe")
+                 if r["model_key"] not in SKIPPED and "tokendrop" not in r["model"])
 
 
 def group(r: dict[str, str]) -> str:
