@@ -589,15 +589,16 @@ def _cmd_study(args: argparse.Namespace) -> int:
         sampler_w = max((len(r.get("sampler") or "") for r in rows), default=0)
         trials_w = max((len(str(r.get("n_trials"))) for r in rows if "error" not in r),
                        default=0)
-        done = {id(r): "[not run]" if r.get("trials") is None else f"[{r['trials']} trials]"
-                for r in rows if "error" not in r}
-        done_w = max((len(d) for d in done.values()), default=0)
+        def done(row: dict) -> str:
+            return "[not run]" if row.get("trials") is None else f"[{row['trials']} trials]"
+
+        done_w = max((len(done(r)) for r in rows if "error" not in r), default=0)
         for row in rows:
             if "error" in row:
                 print(f"{row['name']:<{name_w}}  ERROR {row['error']}")
                 continue
             print(f"{row['name']:<{name_w}}  {row['sampler']:<{sampler_w}}  "
-                  f"{row['n_trials']:>{trials_w}} trials  {done[id(row)]:<{done_w}}  "
+                  f"{row['n_trials']:>{trials_w}} trials  {done(row):<{done_w}}  "
                   f"{row['description']}")
         return EXIT_OK
     if args.study_command == "worker" and args.storage is None:

@@ -279,8 +279,7 @@ def check_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetu
         if setup.spec.tracking_uri is not None:
             check_tracking_uri(setup.spec.tracking_uri)
     except ConfigError as exc:
-        raise ConfigError(exc.problem, file=setup.file, key=exc.key, value=exc.value,
-                          allowed=exc.allowed) from None
+        raise _rekey(exc, exc.key, setup.file) from None
     return setup
 
 
@@ -331,9 +330,8 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
         check_launch(url, uri if options.track else None)
     except ConfigError as exc:  # a location the study file gave: name the file
         given = {"storage": options.storage, "tracking_uri": options.tracking_uri}
-        if exc.key in given and given[exc.key] is None and exc.file in (None, "command line"):
-            raise ConfigError(exc.problem, file=setup.file, key=exc.key, value=exc.value,
-                              allowed=exc.allowed) from None
+        if exc.key in given and given[exc.key] is None:
+            raise _rekey(exc, exc.key, setup.file) from None
         raise
     # the sampler is built once before the study is created: options it rejects end the
     # launch with nothing made

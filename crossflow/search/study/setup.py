@@ -121,6 +121,16 @@ class StudySetup:
                 params[dim.name] = value
         return params
 
+    def start_params(self) -> dict[str, Any]:
+        """A whole point of the space at the template's own design (:meth:`baseline_params`):
+        every other dimension at its first choice, a float range at its middle."""
+        params = self.baseline_params()
+        for dim in self.space.dimensions:
+            if dim.name not in params:
+                params[dim.name] = ((dim.low + dim.high) / 2 if dim.kind == "float"
+                                    else dim.values()[0])
+        return params
+
     def baseline_trials(self) -> list[dict[str, Any]]:
         """The template's design, then the same budget split under every other choice of
         each technology dimension (logic node, memories, links).  A random budget split
@@ -280,13 +290,8 @@ def check_precision_of(setup: StudySetup) -> None:
     precision = getattr(setup.workload, "precision", None)
     if precision is None:
         return
-    params = setup.baseline_params()
-    for dim in setup.space.dimensions:  # the rest (strategy, order, ...) does not change
-        if dim.name not in params:      # the chip's arithmetic: any choice will do
-            params[dim.name] = (dim.low + dim.high) / 2 if dim.kind == "float" \
-                else dim.values()[0]
-    try:
-        arch = setup.arch(setup.design(params))
+    try:  # the other dimensions (strategy, order, ...) do not change the chip's arithmetic
+        arch = setup.arch(setup.design(setup.start_params()))
     except (InfeasibleDesignError, ConfigError):
         return  # the template's own design cannot be built: each trial says why
     # an fp8 transformer runs its other kernels at its activation precision (bf16)

@@ -48,6 +48,7 @@ from typing import Any, Literal
 import numpy as np
 
 from crossflow.search import encoding
+from crossflow.search.objective import Invalid
 from crossflow.search.samplers.structured._inner import exchange
 from crossflow.search.samplers.structured._problem import Cont, Problem
 from crossflow.search.space import MAPPING_ORDER
@@ -141,10 +142,10 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     feasible = []
     for combo, verdict in zip(combos, P.memory_checks(x0, combos), strict=True):
         if verdict is not None and not verdict.feasible:
-            if records is not None:  # over memory, or refused by the configuration
+            if records is not None:  # refused by the configuration, or over memory
                 records.append({**combo, **(
-                    {"need_bytes": verdict.need_bytes, "capacity_bytes": verdict.capacity_bytes}
-                    if hasattr(verdict, "need_bytes") else {"reason": verdict.reason})})
+                    {"reason": verdict.reason} if isinstance(verdict, Invalid) else
+                    {"need_bytes": verdict.need_bytes, "capacity_bytes": verdict.capacity_bytes})})
             continue
         feasible.append(combo)
     if not feasible:

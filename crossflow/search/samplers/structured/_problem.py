@@ -85,14 +85,14 @@ class Problem:
     def start(self) -> tuple[Cont, dict[str, Any]]:
         """The template's own split and technology (the study's baseline), the rest at the
         first choice / the middle of the range."""
-        base = self.setup.baseline_params()
+        base = self.setup.start_params()
         simplexes = {}
         for name, s in self.simplexes.items():
             values = [base[p] for p in s.param_names] if all(
                 p in base for p in s.param_names) else [0.0] * len(s.param_names)
             simplexes[name] = np.array(encoding.decode(values))
-        floats = {d.name: float(base.get(d.name, (d.low + d.high) / 2)) for d in self.floats}
-        discrete = {d.name: base.get(d.name, d.values()[0]) for d in self.discrete}
+        floats = {d.name: float(base[d.name]) for d in self.floats}
+        discrete = {d.name: base[d.name] for d in self.discrete}
         return Cont(simplexes, floats), discrete
 
     def params(self, cont: Cont, discrete: Mapping[str, Any]) -> dict[str, Any]:
