@@ -6,6 +6,10 @@ first chunk and the vocabulary projection and loss on the last.  The pipeline sc
 through the event simulator; after the flush come the data-parallel gradient all-reduce (not
 overlapped, as in Megatron-LM of SC21 / Korthikanti et al.), the all-reduce of the tied
 embedding's gradient between the first and last stage, and the optimizer step.
+
+One file of over 600 lines on purpose: the iteration's time, memory and energy all read
+the same per-chunk layer split, stage parameters and dense / MoE layer kinds; kept together
+they cannot drift apart.
 """
 
 from __future__ import annotations

@@ -35,6 +35,10 @@ before its backward (SC21's "activation recomputation").  Recomputed nodes have 
 
 An optimizer node per unit (Adam with fp32 master weights, states and gradients: reads
 param, grad, m, v and writes param, m, v) runs once per iteration.
+
+One file of over 600 lines on purpose: the block's forward, its backward and the MoE
+layer's nodes are one graph whose node names, stash edges and recompute copies refer to
+each other; split across files, those names would have to be kept in step by hand.
 """
 
 from __future__ import annotations
