@@ -33,6 +33,7 @@ from crossflow.sim.pipeline import (
     simulate_pipeline,
     span,
 )
+from crossflow.sim.ring_attention import kv_elements, ring_comm, ring_exposed, ring_nodes
 from crossflow.sim.transformer import block_collectives, collective_count, price_nodes
 from crossflow.workloads import transformer_graph
 from crossflow.workloads.graph import node_flops
@@ -192,18 +193,19 @@ def transformer_iteration(
     moe_efficiency = software.moe_efficiency if software is not None else 1.0
     blocks, ends = _passes(arch, spec, tp, sp, coll, cp, ep, a2a, moe_efficiency)
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
-    # Context parallelism (Transformer Engine's ring attention): each rank holds 1/cp of every
-    # sequence and passes its keys and values around the ring, cp−1 steps forward, and keys,
-    # values and their gradients backward, each step behind the previous step's attention
-    cp_f = cp_b = 0.0
+    # Context parallelism (Transformer Engine's ring attention, crossflow.sim.ring_attention):
+    # each rank holds 1/cp of every sequence and passes its keys and values around the ring
+    # (the context-parallel ranks are neighbours on the grid's data dimension)
+    kv_s = kv_dkv_s = 0.0
     if cp > 1:
-        kv = (2 * b * s // cp * spec.query_groups * spec.head_dim
-              * BYTES_PER_ELEMENT[prec] / max(1, min(tp, spec.query_groups)))
-        cp_f = (cp - 1) * network.p2p(kv, "dp")
-        cp_b = 2 * cp_f
+        kv = kv_elements(spec, tp, cp) * BYTES_PER_ELEMENT[prec]
+        kv_s = network.p2p(kv, "dp")
+        kv_dkv_s = network.p2p(2 * kv, "dp") if cp > 2 else 0.0
+    cp_f, cp_b = ring_comm(cp, kv_s, kv_dkv_s)
     # per kind of layer (dense, MoE): (forward, backward) seconds and the communication
     # hidden behind them
-    kinds = {moe: _layer_times(bf, bb, overlap, cp_f, cp_b)
+    kinds = {moe: _layer_times(bf, bb, overlap, cp_f, cp_b,
+                               ring_exposed(cp, kv_s, kv_dkv_s, bf.attention, bb.attention))
              for moe, (bf, bb) in blocks.items()}
     # the block the host, the breakdown's detail and the per-layer figures describe: the
     # MoE one where there are MoE layers (a model mixing both is priced layer by layer on
@@ -376,7 +378,8 @@ def transformer_iteration(
     )
 
 
-def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float) -> tuple[float, ...]:
+def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float,
+                 cp_exposed: tuple[float, float] = (0.0, 0.0)) -> tuple[float, ...]:
     """(forward, backward, tp hidden forward, tp hidden backward, cp hidden forward, cp
     hidden backward, ep hidden forward, ep hidden backward) seconds of one layer of a
     kind."""
@@ -385,8 +388,9 @@ def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float) -> tuple[f
     # behind the pass's GEMMs, never more than the GEMMs' time
     tp_hidden_f = min(overlap.tp_comm * block_f.tp_comm, block_f.compute)
     tp_hidden_b = min(overlap.tp_comm * block_b.tp_comm, block_b.compute)
-    cp_hidden_f = min(cp_f, block_f.attention)
-    cp_hidden_b = min(cp_b, block_b.attention)
+    # the ring's transfers behind its attention kernels, step by step
+    cp_hidden_f = cp_f - cp_exposed[0]
+    cp_hidden_b = cp_b - cp_exposed[1]
     # an MoE layer's all-to-alls: ``overlap.ep_comm`` of them off the critical path, never
     # more than the GEMM time left after the tensor-parallel overlap
     ep_hidden_f = min(overlap.ep_comm * block_f.ep_comm, block_f.compute - tp_hidden_f)
@@ -434,8 +438,9 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int
     """Forward / backward times of one block of each kind the model has (a dict: is it an
     MoE layer -> (forward, backward)), and of the embedding and of the head (per
     micro-batch, one tensor-parallel and context-parallel rank), priced from the workload
-    graph's nodes.  Context parallelism divides every node's tokens (its batch key; the
-    attention core's heads, which gives its queries' share of the s×s work) by ``cp``;
+    graph's nodes.  Context parallelism divides every node's tokens (its batch key) by
+    ``cp``; a flash attention core becomes Transformer Engine's ring
+    (:mod:`crossflow.sim.ring_attention`), an unfused one keeps 1/cp of its heads;
     expert parallelism gives each rank 1/ep of the experts, each with ep times the tokens
     (:func:`_expert_shard`); ``a2a`` is the seconds of one of its all-to-alls."""
     blocks = {}
@@ -466,6 +471,13 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
         if attrs["phase"] == "optimizer":
             continue  # priced below as mixed-precision Adam
         backward = attrs["phase"] != "fwd"
+        if cp > 1 and attrs["op"] == "attention":
+            # a flash kernel under context parallelism: Transformer Engine's ring
+            # (crossflow.sim.ring_attention) on this rank's heads over the whole sequence
+            whole = shard_node(attrs, Strategy.megatron(tp=tp, sp=sp))
+            groups.setdefault((attrs["layer"], backward), []).extend(
+                ring_nodes(whole, cp, kv_elements(spec, tp, cp)))
+            continue
         shard = shard_node(attrs, strategy)
         if ep > 1 and attrs.get("expert_tokens"):
             shard = _expert_shard(shard, ep)

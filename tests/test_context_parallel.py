@@ -1,0 +1,102 @@
+"""Context parallelism as Transformer Engine's ring attention (issue #22): the ring's
+kernels, its memory-bound merges and accumulations, the step-wise overlap of its transfers,
+and the held-out context-parallel rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from crossflow.sim.ring_attention import ring_comm, ring_exposed, ring_nodes
+from crossflow.workloads.graph import attention_flops
+
+HEADS, SEQ, DIM = 32, 8192, 128
+
+
+def _attn(gemms: int = 2, causal: int = 1) -> dict:
+    """A flash-attention node's tensor-parallel shard over the whole sequence."""
+    return {"op": "attention", "name": "attn", "phase": "fwd" if gemms == 2 else "bwd",
+            "layer": 0, "precision": "bf16", "heads": HEADS, "seq": SEQ, "head_dim": DIM,
+            "gemms": gemms, "causal": causal, "batch_key": "heads", "tp_key": "heads",
+            "flops": attention_flops(HEADS, SEQ, DIM, gemms, causal)}
+
+
+def _kernels(nodes):
+    return [n for n in nodes if n["op"] == "attention"]
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+@pytest.mark.parametrize("gemms", [2, 5])
+def test_context_parallel_ring_balances_the_causal_work_over_cp_steps(cp, gemms):
+    steps = _kernels(ring_nodes(_attn(gemms), cp, kv_elements=1024))
+    assert len(steps) == cp  # one kernel per ring step
+    whole = attention_flops(HEADS, SEQ, DIM, gemms, causal=1)
+    # together a rank's share of the causal work, each step the same (the load balancing)
+    assert sum(n["flops"] for n in steps) == pytest.approx(whole / cp)
+    assert {n["flops"] for n in steps} == {whole / cp ** 2}
+    # the diagonal step under the mask, the others two unmasked chunk blocks: half the
+    # work of the rank's queries against a whole other rank's keys
+    assert steps[0]["causal"] == 1 and not any(n["causal"] for n in steps[1:])
+    full_block = attention_flops(HEADS, SEQ // cp, DIM, gemms, causal=0)
+    assert all(n["flops"] == pytest.approx(full_block / 2) for n in steps[1:])
+
+
+def test_context_parallel_ring_without_a_mask_has_full_blocks():
+    steps = _kernels(ring_nodes(_attn(causal=0), 4, kv_elements=1024))
+    block = attention_flops(HEADS, SEQ // 4, DIM, 2, causal=0)
+    assert [n["flops"] for n in steps] == [block] * 4
+
+
+def test_context_parallel_ring_merges_and_accumulates_once_per_step():
+    q = HEADS * SEQ // 4 * DIM
+    forward = ring_nodes(_attn(2), 4, kv_elements=q // 4)
+    merges = [n for n in forward if n["name"] == "attn.cp_out"]
+    assert len(merges) == 4 and all(n["elements"] == q for n in merges)
+    assert [n["inputs"] for n in merges] == [1, 2, 2, 2]  # rescale, then rescale and add
+    backward = ring_nodes(_attn(5), 4, kv_elements=q // 4)
+    assert sum(n["name"] == "attn.cp_dq" for n in backward) == 4
+    assert sum(n["name"] == "attn.cp_dkv" for n in backward) == 4
+    assert not any(n["name"] == "attn.cp_out" for n in backward)
+
+
+def test_context_parallel_ring_transfers_hide_only_behind_their_own_step():
+    # forward cp−1 transfers, backward 2 of keys and values (or their gradients) and cp−2
+    # of both together
+    assert ring_comm(1, 1.0, 2.0) == (0.0, 0.0)
+    assert ring_comm(4, 1.0, 2.0) == (3.0, 2.0 + 2 * 2.0)
+    # a transfer shorter than one step's kernel is hidden; a longer one shows the excess,
+    # so with the same attention time more, smaller steps hide less
+    assert ring_exposed(2, 1.0, 2.0, attention_f=4.0, attention_b=10.0) == (0.0, 0.0)
+    two = ring_exposed(2, 1.0, 2.0, attention_f=1.0, attention_b=1.0)
+    four = ring_exposed(4, 1.0, 2.0, attention_f=1.0, attention_b=1.0)
+    assert two == pytest.approx((0.5, 1.0))
+    assert four[0] > two[0] and four[1] > two[1]
+
+
+def test_context_parallel_ring_costs_more_than_one_kernel_over_the_same_work():
+    from crossflow.config.loader import load_spec
+    from crossflow.predict import load_hardware
+    from crossflow.sim.pricing import node_cost
+    from crossflow.sim.transformer import price_nodes
+    from crossflow.workloads.graph import node_flops
+
+    arch = load_hardware(load_spec("dgx-h100-megatron-core", "systems").device)
+    for gemms in (2, 5):
+        attn = _attn(gemms)
+        # what the model priced before the ring: the rank's share as one kernel
+        share = {**attn, "heads": HEADS // 2}
+        share["flops"] = node_flops(share)
+        one, _ = node_cost(arch, share)
+        ring = price_nodes(arch, ring_nodes(attn, 2, kv_elements=2 * SEQ // 2 * 8 * DIM))
+        assert ring.attention >= one  # the same FLOPs in two kernels
+        assert ring.memory > 0  # the buffer copies, merges and accumulations
+        assert ring.total > one
+
+
+def test_context_parallel_rows_meet_the_issue_target():
+    from crossflow.validation.megatron_bridge import MAX_MAPE_CP, cp_dataset
+
+    held_out = cp_dataset()
+    assert MAX_MAPE_CP <= 0.10
+    # measured 9.6 % (docs/validation.md); it was 11.6 % with the ring as one kernel
+    assert held_out.mape <= 0.097, held_out.render()
+    assert held_out.passed
