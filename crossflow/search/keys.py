@@ -16,6 +16,18 @@ REASON = "infeasible_reason"
 CONSTRAINT = "infeasibility"
 #: System attribute: the chain a paper-``gd`` trial belongs to.
 CHAIN = "gd:chain"
+#: User attributes of the decoded design: ``<simplex>_fractions`` (every component's
+#: fraction of a budget simplex, fixed ones included), the strategy and the mapping order
+#: evaluated.  The technology choices and other named dimensions are the trial's parameters.
+FRACTIONS_SUFFIX = "_fractions"
+STRATEGY = "strategy"
+MAPPING_ORDER = "mapping_order"
+#: Prefix of the readable design ``crossflow dashboard`` shows on each trial
+#: (``design.area.core = 43.7 %``): made when shown from the attributes above and the
+#: parameters, never stored.
+DESIGN_PREFIX = "design."
+#: Study user attribute: the objectives' names, in the order of the trials' values.
+OBJECTIVES = "objectives"
 #: User attribute: the phase of the structured driver that proposed the trial.
 PHASE = "driver_phase"
 #: System attributes of a structured driver's trial: the plan's index of its point, and

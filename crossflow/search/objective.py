@@ -44,7 +44,14 @@ from typing import Any
 
 from crossflow.distributed import MEMORY_CHECK, memory_check, predict_many
 from crossflow.errors import ConfigError, InfeasibleDesignError
-from crossflow.search.keys import CONSTRAINT, FEASIBLE, REASON
+from crossflow.search.keys import (
+    CONSTRAINT,
+    FEASIBLE,
+    FRACTIONS_SUFFIX,
+    MAPPING_ORDER,
+    REASON,
+    STRATEGY,
+)
 from crossflow.search.space import Design
 
 #: The objective value of an infeasible design, times (1 + infeasibility).
@@ -233,11 +240,11 @@ def record(trial, design: Design, ev: Evaluation) -> None:
     if not ev.feasible:
         trial.set_user_attr(REASON, ev.reason)
     for simplex, fractions in design.fractions.items():
-        trial.set_user_attr(f"{simplex}_fractions", dict(fractions))
+        trial.set_user_attr(f"{simplex}{FRACTIONS_SUFFIX}", dict(fractions))
     if design.strategy is not None:
-        trial.set_user_attr("strategy", design.strategy)
+        trial.set_user_attr(STRATEGY, design.strategy)
     if ev.mapping_order is not None:
-        trial.set_user_attr("mapping_order", ev.mapping_order)
+        trial.set_user_attr(MAPPING_ORDER, ev.mapping_order)
     if ev.feasible:
         p = ev.prediction
         trial.set_user_attr("iteration_time_s", float(p.time_s))

@@ -17,6 +17,7 @@ from crossflow.config.base import Spec, build
 from crossflow.config.loader import load_spec
 from crossflow.errors import ConfigError
 from crossflow.parallel import Strategy
+from crossflow.search.keys import OBJECTIVES
 from crossflow.search.knobs import TECHNOLOGY_DIMS, template_hardware
 from crossflow.search.locations import default_storage, default_tracking_uri, is_url, redact
 from crossflow.search.space import STRATEGY, Design, SearchSpace, SearchSpaceSpec, resolve
@@ -343,9 +344,9 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
         study = optuna.create_study(storage=backend, study_name=setup.name, sampler=sampler,
                                     directions=["minimize"] * len(setup.objectives),
                                     load_if_exists=True)
-    stored = study.user_attrs.get("objectives")
+    stored = study.user_attrs.get(OBJECTIVES)
     if stored is None and create:
-        study.set_user_attr("objectives", list(setup.objectives))
+        study.set_user_attr(OBJECTIVES, list(setup.objectives))
     elif stored is not None and list(stored) != list(setup.objectives):
         raise ConfigError(f"the stored study {setup.name!r} optimises {stored}, the study file "
                           f"{list(setup.objectives)}: use another name or storage",

@@ -19,7 +19,10 @@ from typing import Any
 from crossflow.search.keys import (
     CHAIN,
     FEASIBLE,
+    FRACTIONS_SUFFIX,
+    MAPPING_ORDER,
     REASON,
+    STRATEGY,
     SURPLUS,  # a trial never evaluated: it gets no run
     TRIAL_NUMBER_TAG,
 )
@@ -45,8 +48,6 @@ _MAX_KEY = 250      # MAX_ENTITY_KEY_LENGTH
 _PER_BATCH = 100    # MAX_PARAMS_TAGS_PER_BATCH
 #: Optuna trial state -> MLflow run status
 _STATUS = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED"}
-#: User attributes ``<simplex>_fractions`` hold a budget simplex's decoded fractions.
-FRACTIONS_SUFFIX = "_fractions"
 
 
 def _key(name: str) -> str:
@@ -279,7 +280,7 @@ def decoded_params(trial: Any, space: Mapping[str, Any] | None = None) -> dict[s
                             encoding.decode_params(raw, simplex, comps).items()}}
         for comp, frac in fractions.items():
             params[f"{simplex}{FRACTIONS_SUFFIX}.{comp}"] = float(frac)
-    for k in ("strategy", "mapping_order"):
+    for k in (STRATEGY, MAPPING_ORDER):
         if k in user and user[k] is not None:
             params[k] = user[k]
     return params
