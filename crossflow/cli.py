@@ -137,6 +137,14 @@ _ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
     "ui": (
         "Start the MLflow UI on 127.0.0.1 to browse the tracked studies, trials and reports.",
         ("crossflow ui", "crossflow ui --port 5001")),
+    "dashboard": (
+        "Serve optuna-dashboard on 127.0.0.1 for the studies' Optuna storages, read-only: "
+        "without NAME every study run here (each journal in mlruns/optuna/ and the storages "
+        "study files name), with NAME that study.  Each trial shows its decoded design "
+        "(design.area_fractions.core = 43.7 %, strategy, technologies) and whether it is "
+        "feasible (Optuna constraints).",
+        ("crossflow dashboard", "crossflow dashboard quickstart --port 8081",
+         "crossflow dashboard --storage postgresql://USER@HOST/DB")),
     "presets": (
         "List the shipped presets by kind, each with its one-line description; with KIND, "
         "that kind only.  A preset's name is what --hardware, --workload, --system, "
@@ -310,6 +318,15 @@ def _parser() -> argparse.ArgumentParser:
     ui = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 for mlruns/", **_about("ui"))
     ui.add_argument("--tracking-uri", help="MLflow tracking URI (default: mlruns/mlflow.db)")
     ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 to serve on")
+
+    db = sub.add_parser("dashboard", help="optuna-dashboard on 127.0.0.1 for the studies",
+                        **_about("dashboard"))
+    db.add_argument("name", nargs="?", metavar="NAME",
+                    help="a study's name or YAML file (default: every study run here)")
+    db.add_argument("--storage", metavar="URL|FILE",
+                    help="Optuna storage URL or journal file (default: the study's, or "
+                    "every journal in mlruns/optuna/ and the storages study files name)")
+    db.add_argument("--port", type=int, default=8080, help="port on 127.0.0.1 to serve on")
 
     ps = sub.add_parser("presets", help="list the shipped presets by kind",
                         **_about("presets"))
@@ -744,6 +761,13 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     return launch_ui(args.tracking_uri, host="127.0.0.1", port=args.port)
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    # optuna and optuna_dashboard are imported when the dashboard starts, not before
+    from crossflow.search.tracking.dashboard import serve_dashboard
+
+    return serve_dashboard(args.name, args.storage, host="127.0.0.1", port=args.port)
+
+
 _COMMANDS = {
     "predict": _cmd_predict,
     "check": _cmd_check,
@@ -751,6 +775,7 @@ _COMMANDS = {
     "calibrate": _cmd_calibrate,
     "study": _cmd_study,
     "ui": _cmd_ui,
+    "dashboard": _cmd_dashboard,
     "compare": _cmd_compare,
     "report": _cmd_report,
     "presets": _cmd_presets,
