@@ -1,0 +1,140 @@
+"""``crossflow dashboard`` in a real browser: a trial's decoded design in optuna-dashboard.
+
+Runs ``crossflow study run quickstart`` (a few trials, no MLflow) in a temporary folder,
+starts ``crossflow dashboard quickstart`` there and drives Debian's Chromium (the same
+browser, options and skip rules as ``tests/test_ui_browser.py``) as a user would: open the
+study's best feasible trial in the trial list and read its decoded design
+(``design.area_fractions.core 43.7 %``, ``design.logic_node N5``; the parameters are the
+samplers' logits), then the study's history page, whose timeline marks the infeasible
+trials (Optuna constraints).  The trial's page is saved as ``test-artifacts/dashboard.png``
+(``$CROSSFLOW_TEST_ARTIFACTS`` overrides the folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from test_ui_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    LOCAL,
+    artifacts_dir,
+    free_port,
+    need,
+    server_env,
+    stop_group,
+    tail,
+)
+
+TRIALS = 12
+
+
+@contextlib.contextmanager
+def dashboard_server(cwd: Path, *args: str, timeout_s: float = 60):
+    """``crossflow dashboard ARGS --port P`` running in ``cwd``; yields its base URL.  The
+    server runs in its own process group, stopped at exit."""
+    port = free_port()
+    log = open(cwd / "dashboard.log", "w+b")  # noqa: SIM115 - closed in the finally
+    proc = subprocess.Popen([sys.executable, "-m", "crossflow.cli", "dashboard", *args,
+                             "--port", str(port)], cwd=cwd, env=server_env(),
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"crossflow dashboard exited with {proc.returncode}:\n{tail(log)}")
+            try:
+                with LOCAL.open(url + "/api/studies", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"crossflow dashboard did not answer on {url} in {timeout_s:.0f} "
+                            f"s:\n{tail(log)}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        stop_group(proc)
+        log.close()
+
+
+def best_feasible(work: Path):
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(work / "mlruns/optuna/quickstart.journal")))
+    trials = optuna.load_study(study_name="quickstart", storage=storage).trials
+    feasible = [t for t in trials if t.user_attrs.get("feasible")]
+    assert feasible and len(feasible) < len(trials), "want feasible and infeasible trials"
+    return min(feasible, key=lambda t: t.value)
+
+
+def test_dashboard_shows_decoded_designs_in_chromium(cli, tmp_path, monkeypatch):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if sync_playwright is None:
+        need("playwright is not installed")
+    if not os.access(CHROMIUM, os.X_OK):
+        need(f"{CHROMIUM} is not installed")
+
+    work = tmp_path / "study"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code, out, err = cli("study", "run", "quickstart", "--trials", TRIALS, "--no-tracking",
+                         "--quiet")
+    assert code == 0, out + err
+    best = best_feasible(work)
+    core = best.user_attrs["area_fractions"]["core"]
+    assert core >= 0.001
+    want = f"design.area_fractions.core {100 * core:.1f} %"
+    logic = f"design.logic_node {best.params['logic_node']}"
+
+    shot = artifacts_dir() / "dashboard.png"
+    profile = tempfile.mkdtemp(prefix="crossflow-chromium-")
+    try:
+        with dashboard_server(work, "quickstart") as url, sync_playwright() as p:
+            ctx = p.chromium.launch_persistent_context(
+                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                viewport={"width": 1400, "height": 900})
+            try:
+                ctx.set_default_timeout(20_000)
+                page = ctx.new_page()
+                page.goto(f"{url}/dashboard/studies/0/trials?numbers={best.number}",
+                          wait_until="load")
+                page.get_by_text(f"Trial {best.number} (trial_id=").wait_for()
+                # the decoded design, first among the user attributes; the logits stay
+                # the parameters
+                page.get_by_text(want, exact=True).wait_for()
+                assert page.get_by_text(logic, exact=True).is_visible()
+                assert page.get_by_text("Best Trial", exact=True).first.is_visible()
+                page.wait_for_timeout(300)
+                page.screenshot(path=str(shot))
+                # infeasible trials are Optuna constraints: the timeline marks them
+                page.goto(f"{url}/dashboard/studies/0", wait_until="load")
+                page.locator("svg text", has_text="Infeasible").first.wait_for(
+                    state="attached")
+                page.get_by_text("iteration_time_s").first.wait_for(state="attached")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(shot.with_name("dashboard-failure.png")),
+                                    full_page=True)
+                raise
+            finally:
+                ctx.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert shot.stat().st_size > 10_000
