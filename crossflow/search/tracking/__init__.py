@@ -54,7 +54,8 @@ The package, by job: :mod:`.check` (the tracking store checked at launch start),
 (the only module that touches MLflow internals: batched runs on SQL stores),
 :mod:`.summary` (the parent run's artifacts; figures in :mod:`crossflow.search._plots`),
 :mod:`.logger` (the logging process and its queue), :mod:`.tracker` (:class:`StudyTracker`)
-and :mod:`.ui` (``crossflow ui``).  Child processes go with their parent
+and :mod:`.ui` (``crossflow ui``); :mod:`.dashboard` is ``crossflow dashboard``
+(optuna-dashboard on a read-only view of the studies' Optuna storages).  Child processes go with their parent
 (:mod:`crossflow.search.children`).
 """
 
