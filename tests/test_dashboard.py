@@ -134,6 +134,28 @@ def test_sources(ran, monkeypatch):
         ("mlruns/optuna/quickstart.journal", None)]
 
 
+def test_every_study_here(ran, tmp_path, monkeypatch):
+    """Without NAME: each journal in mlruns/optuna/ and each storage a study file names
+    (once, however it is spelled); one that cannot be opened is a ConfigError."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlruns" / "optuna").mkdir(parents=True)
+    shutil.copy(journal(ran), tmp_path / "mlruns" / "optuna" / "quickstart.journal")
+    (tmp_path / "studies").mkdir()
+    text = (Path(__file__).parents[1] / "studies" / "quickstart.yaml").read_text()
+    for name, storage in (("elsewhere", journal(ran)), ("again", journal(ran)),
+                          ("same", "mlruns/optuna/quickstart.journal"),
+                          ("remote", "postgresql://u@127.0.0.1:1/x")):
+        (tmp_path / "studies" / f"{name}.yaml").write_text(
+            text.replace("name: quickstart", f"name: {name}") + f"storage: {storage}\n")
+    assert dash.sources_for() == [("mlruns/optuna/quickstart.journal", None),
+                                  (str(journal(ran)), None),
+                                  ("postgresql://u@127.0.0.1:1/x", None)]
+    with pytest.raises(ConfigError, match="cannot read the database"):
+        dash.open_source("postgresql://u@127.0.0.1:1/x")
+
+
 # --- the view -------------------------------------------------------------------------------
 
 
@@ -186,13 +208,17 @@ def test_each_trial_shows_its_decoded_design_and_constraints(ran):
 
 
 def test_writes_are_refused(ran):
+    """As HTTP 403 with the reason (optuna-dashboard's API shows it; no traceback logged)."""
+    from bottle import HTTPError
+
     view = _view(journal(ran))
     for call in (lambda: view.set_trial_user_attr(0, "k", 1),
                  lambda: view.set_study_system_attr(0, "note", "x"),
                  lambda: view.delete_study(0),
                  lambda: view.create_new_study([optuna.study.StudyDirection.MINIMIZE], "x")):
-        with pytest.raises(dash.ReadOnlyError, match="read-only"):
+        with pytest.raises(HTTPError) as refused:
             call()
+        assert refused.value.status_code == 403 and refused.value.body == dash.READ_ONLY
 
 
 def test_old_and_unevaluated_trials():

@@ -146,8 +146,8 @@ def present(trial: Any, trial_id: int) -> Any:
 # --- the view --------------------------------------------------------------------------------
 
 
-class ReadOnlyError(RuntimeError):
-    """A write through the dashboard (refused)."""
+#: Why a write through the dashboard is refused.
+READ_ONLY = "crossflow dashboard is read-only: change a study with the crossflow study commands"
 
 
 def _view_class():
@@ -156,9 +156,15 @@ def _view_class():
     from optuna.study._frozen import FrozenStudy
     from optuna.trial import TrialState
 
+    try:  # optuna-dashboard's API answers a bottle HTTPError with its status and reason,
+        from bottle import HTTPError  # any other error with 500 and a logged traceback
+    except ImportError:  # (the view without optuna-dashboard: tests, scripts)
+        HTTPError = None  # noqa: N806
+
     def refuse(*_args: Any, **_kwargs: Any) -> Any:
-        raise ReadOnlyError("crossflow dashboard is read-only: change a study with the "
-                            "crossflow study commands")
+        if HTTPError is None:
+            raise PermissionError(READ_ONLY)
+        raise HTTPError(403, READ_ONLY)
 
     class StudiesView(BaseStorage):
         """Read-only union of Optuna storages, presented for the dashboard (see the module
@@ -344,16 +350,16 @@ def sources_for(name: str | None = None, storage: str | None = None
                               allowed=("the studies run here: " + ", ".join(sorted(set(ran))))
                               if ran else f"none has been run here yet; {_run_first('NAME')}")
         return [(where, frozenset({study}))]
-    found: dict[str, None] = dict.fromkeys(_journals())
-    for where in _known_studies().values():
+    found: dict[str, str] = {}  # the same file named twice (relative, absolute) is one
+    for where in [*_journals(), *_known_studies().values()]:
         if is_url(where) or Path(where).is_file():
-            found.setdefault(where if is_url(where) else str(Path(where)), None)
+            found.setdefault(where if is_url(where) else str(Path(where).resolve()), where)
     if not found:
         raise ConfigError(f"no study has been run here: {Path(MLRUNS) / 'optuna'} has no "
                           f"journal file and no study file names a storage of its own; "
                           f"run one first ('crossflow study run quickstart'), change to the "
                           f"folder you ran studies in, or give --storage", file="command line")
-    return [(where, None) for where in found]
+    return [(where, None) for where in found.values()]
 
 
 def _study_name(name: str) -> str:
@@ -482,6 +488,9 @@ def serve_dashboard(name: str | None = None, storage: str | None = None,
             if storage is not None or name is not None:
                 raise
             print(f"crossflow dashboard: skipped {redact(location)}: {exc}", file=sys.stderr)
+    if not opened:
+        raise ConfigError("none of the studies' storages could be opened (see above)",
+                          file="command line")
     view = studies_view(opened)
     studies = view.get_all_studies()
     if name is not None and not studies:
