@@ -9,8 +9,8 @@ settings on the benchmark suite: the same points and values as a study with the
     python benchmarks/bench_plan.py --shipped gpt3-175b-a100 --budgets 4900,30000 \
         --variants '{"all": {"screen_cap": "all"}}'   # the study's trials vs its whole space
 
-Every variant (a name -> :class:`~crossflow.search.samplers.structured.Settings` fields)
-runs on every selected study of ``benchmarks/suite/studies.yaml``.  A study's reference is
+Every variant (a name -> :class:`~crossflow.search.samplers.structured.Settings` fields,
+and under ``"exchange"`` keyword arguments of the local search's rules) runs on every selected study of ``benchmarks/suite/studies.yaml``.  A study's reference is
 the best value any run found, or the suite's cached best-known value when it is lower
 (``--best-known``: the folder ``benchmarks/suite.py`` caches them in).  Prints, per budget,
 each variant's median and worst gap (%) over the studies, and writes every run's gaps to
@@ -36,11 +36,18 @@ import suite  # noqa: E402  (benchmarks/suite.py: the table of studies)
 def run(spec, budget: int, seed: int, settings: dict) -> list[float]:
     """Every evaluation's value (inf when infeasible), the baseline trials first (a study
     samples their missing dimensions at random: counted here as inf)."""
+    import functools
+
     from crossflow.search.objective import evaluate, evaluate_many
+    from crossflow.search.samplers.structured import _inner, _plan
     from crossflow.search.samplers.structured._plan import Settings, plan
     from crossflow.search.samplers.structured._problem import Problem
     from crossflow.search.study import load_study
 
+    # the local search's own rules are constants of the driver, not settings; a variant's
+    # "exchange" entry sets them here, to measure what each rule is worth
+    settings = dict(settings)
+    _plan.exchange = functools.partial(_inner.exchange, **settings.pop("exchange", {}))
     setup = load_study(spec)
     names = {d.name for d in setup.space.dimensions}
     values = [evaluate(setup, setup.design(p)).values(setup.objectives)[0]

@@ -368,37 +368,19 @@ def _toy2(cont: Cont) -> float:
     return _toy(cont) + 0.5 * max(0.0, 0.3 - cont.simplexes["pins"][0])
 
 
-@pytest.mark.parametrize("flat_limit", [0, 2])
-def test_exchange_freezes_a_coordinate_whose_moves_change_nothing(flat_limit):
-    """Once ``a`` has its 30 %, moving either pin share changes nothing: with the rule, two
-    such moves freeze it; without it, the search keeps paying for them."""
+def test_exchange_reaches_the_optimum_when_a_simplex_stops_mattering():
+    """Once ``a`` has its 30 %, moving either pin share changes nothing: the search still
+    ends within 5 % of the optimum of the other simplex."""
     P = _ToyProblem(_ToySetup2())
     start = Cont({"area": np.array([0.3, 0.05, 0.3, 0.35]), "pins": np.array([0.1, 0.5, 0.4])})
-    f0 = _toy2(start)
-    gen = exchange(P, {}, start, f0, 300, np.random.default_rng(0),
-                              flat_limit=flat_limit)
-    best, fbest, wasted = start, f0, 0
+    gen = exchange(P, {}, start, _toy2(start), 300, np.random.default_rng(0))
     try:
         batch = next(gen)
         while True:
-            values = [_toy2(x) for x in batch]
-            for x, v in zip(batch, values, strict=True):
-                pins_only = (np.array_equal(x.simplexes["area"], best.simplexes["area"])
-                             and not np.array_equal(x.simplexes["pins"], best.simplexes["pins"]))
-                if pins_only and best.simplexes["pins"][0] >= 0.3 and v == fbest:
-                    wasted += 1
-            for x, v in zip(batch, values, strict=True):
-                if v < fbest:
-                    best, fbest = x, v
-            batch = gen.send(values)
+            batch = gen.send([_toy2(x) for x in batch])
     except StopIteration as end:
         _, fx = end.value
     assert fx <= _toy_optimum() * 1.05
-    if flat_limit:
-        assert wasted <= 10, wasted        # measured 8: a few moves of each pin share
-    else:
-        assert wasted > 30, wasted         # measured 49 in 300 evaluations
-
 
 
 def test_a_multi_objective_study_is_refused_before_anything_is_created(tmp_path):

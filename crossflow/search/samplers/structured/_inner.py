@@ -31,14 +31,13 @@ from crossflow.search.samplers.structured._problem import (
 
 def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, budget: int,
              rng: np.random.Generator, *, step: float = 0.2, min_step: float = 0.004,
-             max_step: float = 1.5, donors: int = 2, every: int = 3,
-             saturate: bool = True, idle: int = 3, receivers: int = 1,
-             revive_gain: float = 1e-4, flat_limit: int = 2) -> Inner:
+             max_step: float = 1.5, donors: int = 2, idle: int = 3, receivers: int = 1,
+             revive_gain: float = 1e-4) -> Inner:
     """Cliff-aware adaptive coordinate exchange.
 
     1. Sensitivity: one move up of every coordinate (one batch), then a move down of those
-       whose move up changed nothing.  Flat both ways: no effect, frozen.  Flat up and
-       worse down (``saturate``): the component has what it needs, frozen too.
+       whose move up changed nothing; those rest for the rest of the run (no effect, or
+       the component has what it needs).
     2. Rounds over the live coordinates, the most rewarding first.  For a coordinate, in
        order: its last good direction (the others share the change in proportion); the
        other direction; the coordinate up, paid for by the slack or by one of the
@@ -46,12 +45,9 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
        ``receivers`` components whose move up helped most.  Pairwise exchanges matter
        because the plateau around an optimum is left only by moving budget between two
        components (more register banks from L2's area without taking a bundle from the
-       core).  The rarely useful middle moves are tried every ``every``-th attempt only.
-       A success doubles the coordinate's step; a failure halves it; a coordinate below
-       ``min_step`` rests until another one improves, and one with no success in ``idle``
-       attempts sits out two rounds of three.  A coordinate whose last ``flat_limit``
-       moves all changed nothing is frozen for the rest of the run (on the LSTM case
-       study the perimeter shares change nothing, and took a sixth of the moves before).
+       core).  A success doubles the coordinate's step; a failure halves it; a coordinate
+       below ``min_step`` rests until another one improves, and one with no success in
+       ``idle`` attempts sits out two rounds of three.
     Every move is snapped to the AGE's step edges (:meth:`Problem.snap`).
     """
     best, fbest = start, f0
@@ -86,10 +82,9 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
     if downs:
         values_down = yield downs
         used += len(downs)
-        # flat both ways: no effect; flat up and worse down: saturated (it has what it
-        # needs; only the others can use budget better).  Both rest until the end.
-        frozen = {c for c, v in zip(flat, values_down, strict=False)
-                  if saturate or same(v, fbest)}
+        # a coordinate flat up rests until the end (its move down, when better, is kept):
+        # it has no effect, or it has what it needs and only the others can use budget
+        # better (letting the flat-up-better-down ones go on moved no median on the suite)
         for c, v in zip(flat, values_down, strict=False):
             if better(v, fbest):
                 direction[c], gain[c] = -1.0, fbest - v
@@ -101,25 +96,21 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
     resting: set[Coord] = set()
 
     fails = {c: 0 for c in coords}
-    flats = {c: 0 for c in coords}
 
     def candidates(c: Coord):
         """The moves of ``c`` in the order they are tried."""
-        full = fails[c] % every == 0
         yield direction[c], lambda at: moved(c, direction[c], steps[c], at)
-        if full:
-            yield -direction[c], lambda at: moved(c, -direction[c], steps[c], at)
+        yield -direction[c], lambda at: moved(c, -direction[c], steps[c], at)
         if c.index < 0:
             return
         mates = [d for d in live if d.block == c.block and d != c and d.index >= 0]
-        if full:
-            cheap = sorted(mates, key=lambda d: -up_effect[d])[:donors]
-            slack = P.slack(c.block)
-            if best.simplexes[c.block][slack.index] > 1e-3:  # free budget first
-                cheap.insert(0, slack)
-            for d in cheap:
-                yield 1.0, lambda at, d=d: P.snap_transfer(
-                    at, P.transfer(at, c, d, steps[c]), c, d, discrete)
+        cheap = sorted(mates, key=lambda d: -up_effect[d])[:donors]
+        slack = P.slack(c.block)
+        if best.simplexes[c.block][slack.index] > 1e-3:  # free budget first
+            cheap.insert(0, slack)
+        for d in cheap:
+            yield 1.0, lambda at, d=d: P.snap_transfer(
+                at, P.transfer(at, c, d, steps[c]), c, d, discrete)
         for r in sorted(mates, key=lambda d: up_effect[d])[:receivers]:
             yield -1.0, lambda at, r=r: P.transfer(at, r, c,
                                                            _shift(at, c, r, steps[c]))
@@ -152,7 +143,6 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
                     continue
                 (v,) = yield [x]
                 used += 1
-                flats[c] = flats[c] + 1 if same(v, fbest) else 0
                 if better(v, fbest):
                     success = True
                     improved_any = improved_any or v < fbest * (1 - revive_gain)
@@ -161,13 +151,6 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
                     best, fbest, direction[c] = x, v, sign
                     steps[c] = min(max_step, steps[c] * 2.0)
                     break
-            if not success and flat_limit and flats[c] >= flat_limit:
-                # its last ``flat_limit`` moves changed nothing: no effect here, frozen
-                # (out of ``live``) like the flat coordinates of the sensitivity pass
-                live.remove(c)
-                if not live:
-                    break
-                continue
             if not success:
                 fails[c] += 1
                 steps[c] *= 0.5
