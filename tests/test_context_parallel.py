@@ -100,3 +100,58 @@ def test_context_parallel_rows_meet_the_issue_target():
     # measured 9.6 % (docs/validation.md); it was 11.6 % with the ring as one kernel
     assert held_out.mape <= 0.097, held_out.render()
     assert held_out.passed
+
+
+# --- context parallelism as a search dimension -------------------------------------------
+
+
+def test_context_parallel_is_a_searchable_dimension_that_takes_the_data_ranks():
+    """A strategy name cannot carry context parallelism: with ``context_parallel`` > 1 the
+    study hands predict the Megatron degrees, d / cp replicas, and the prediction's sequence
+    is split over cp ranks."""
+    import crossflow
+    from crossflow.search.objective import evaluate
+    from crossflow.search.study import load_study
+
+    setup = load_study("llama3-70b-h100-cp")
+    assert setup.space.dimension("context_parallel").choices == (1, 2, 4)
+
+    def design(strategy, cp):
+        return setup.space.decode({"strategy": strategy, "mapping_order": "kp1-kp2-dp-lp",
+                                   "context_parallel": cp, "micro_batch_size": 1,
+                                   "recompute_granularity": "selective",
+                                   "use_distributed_optimizer": True})
+
+    par = setup.parallelism(design("t4-d4-p4-v5-sp", 2))
+    assert "strategy" not in par
+    assert (par["tensor_parallel"], par["pipeline_parallel"], par["data_parallel"],
+            par["virtual_pipeline_stages"], par["sequence_parallel"],
+            par["context_parallel"]) == (4, 4, 2, 5, True, 2)
+    with_cp = crossflow.predict(workload=setup.workload, system=setup.system, parallelism=par)
+    assert with_cp.feasible and with_cp.details["context_parallel"] == 2
+    # the same grid without context parallelism: four replicas, the whole sequence each
+    plain = setup.parallelism(design("t4-d4-p4-v5-sp", 1))
+    assert plain["strategy"] == "t4-d4-p4-v5-sp"
+    times = [evaluate(setup, design("t4-d4-p4-v5-sp", cp)).values(setup.objectives)[0]
+             for cp in (1, 2)]
+    assert times[0] != times[1]
+
+    # a degree that does not divide the strategy's d is an infeasible trial that says why,
+    # not an exception out of the objective
+    bad = evaluate(setup, design("t8-d1-p8-v10-sp", 2))
+    assert not bad.feasible and "divide the strategy's d" in bad.reason
+
+
+def test_context_parallel_in_a_space_for_a_non_transformer_workload_is_refused(tmp_path):
+    from crossflow.errors import ConfigError
+    from crossflow.search.study import load_study
+
+    space = tmp_path / "space.yaml"
+    space.write_text("kind: search_space\nname: s\nstrategy: {kernel_types: [RC]}\n"
+                     "params: {context_parallel: [1, 2]}\n")
+    study = tmp_path / "study.yaml"
+    study.write_text(f"kind: study\nname: lstm-cp\nworkload: lstm-paper-case-study\n"
+                     f"system: deepflow-case-study-512\nsearch_space: {space}\n"
+                     f"objectives: [iteration_time_s]\nn_trials: 10\n")
+    with pytest.raises(ConfigError, match="context_parallel applies to transformer"):
+        load_study(str(study))
