@@ -37,6 +37,7 @@ from crossflow.search.tracking.records import (
     _serialize,
     flatten,
     is_logged,
+    runs_view,
     trial_record,
 )
 
@@ -163,7 +164,9 @@ class StudyTracker:
                 "artifact_root": self.artifact_root, "study_name": self.study_name,
                 "run_name": f"launch-{now:%Y%m%d-%H%M%S}", "start_ms": _ms(now),
                 "tags": tags, "params": params, "bulk": self.bulk,
-                "batch": self.batch_size, "description": self.description}
+                "batch": self.batch_size, "description": self.description,
+                "view": json.dumps(runs_view(self._objectives(), self._space()),
+                                   separators=(",", ":"))}
         self._tmp = Path(tempfile.mkdtemp(prefix="crossflow-tracking-"))
         launch_dir = self._tmp / "launch"
         launch_dir.mkdir()
@@ -275,6 +278,20 @@ class StudyTracker:
                   f"(tracking store {redact(self.tracking_uri)})", file=sys.stderr)
         if self._reader is not None:
             self._reader.join(5.0)
+
+    def _objectives(self) -> list[str]:
+        """The objectives' names the launch parameters give (a study's), else none."""
+        lp = self.launch_params
+        cand = lp.get("metric_names", lp.get("objectives", lp.get("objective")))
+        cand = [cand] if isinstance(cand, str) else cand
+        return [str(c) for c in cand] if isinstance(cand, list | tuple) else []
+
+    def _space(self) -> dict[str, Any] | None:
+        """The search space part of the study's description (simplexes, dimensions)."""
+        space = self.search_space
+        inner = space.get("search_space", space) if isinstance(space, dict) else None
+        return inner if isinstance(inner, dict) and ("simplexes" in inner
+                                                     or "dimensions" in inner) else None
 
     def _names(self, study: Any) -> list[str]:
         if self._metric_names is None:
