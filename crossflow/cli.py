@@ -579,6 +579,9 @@ def _launch(args: argparse.Namespace, setup) -> int:
             seed=args.seed if args.seed is not None else "study", storage=args.storage,
             tracking_uri=args.tracking_uri, track=not args.no_tracking,
             progress=not args.quiet, workers=args.workers, heartbeat_s=args.heartbeat)
+        if result.was_complete:  # nothing ran and nothing was recorded: one line says so
+            print(f"{setup.name}: {studies.complete_line(args.name, result)}")
+            return 1 if result.untracked else EXIT_OK
         print(f"{setup.name}: {result.trials_run} trials run in {result.elapsed_s:.1f} s, "
               f"{result.total} in the study ({redact(args.storage or setup.storage)})")
         _print_best(setup, result.best)

@@ -23,8 +23,6 @@ from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
 from crossflow.config.base import Spec
 from crossflow.config.loader import load_spec
-from crossflow.config.system import SystemSpec
-from crossflow.distributed import predict_distributed
 from crossflow.errors import ConfigError, CrossflowError, InfeasibleDesignError
 from crossflow.kernels.gemm import check_precision, gemm
 from crossflow.prediction import Prediction, infeasible
@@ -96,6 +94,8 @@ def predict(
         )
     sys_spec = None
     if system is not None:
+        from crossflow.config.system import SystemSpec  # not for a GEMM on one device
+
         sys_spec = system if isinstance(system, SystemSpec) else load_spec(system, "systems")
     from_system = hardware is None
     if from_system:
@@ -119,6 +119,8 @@ def predict(
     if spec.kind == "gemm" and parallelism is None:
         p = _predict_gemm(spec, arch)
     else:
+        from crossflow.distributed import predict_distributed  # (networkx) not for a GEMM
+
         p = predict_distributed(spec, arch, system=sys_spec, parallelism=parallelism,
                                 mapping_order=mapping_order)
     if sys_spec is None:

@@ -89,9 +89,9 @@ def test_run_names_the_next_commands_and_a_complete_study_says_how_to_extend(
     assert "complete" not in out
     code, out, err = cli("study", "run", "quickstart", "--trials", "6", "--no-tracking")
     assert code == 0, err
-    assert "0 trials run" in out
-    assert ("the study is complete (6 of 6 trials finished); to extend it, give a larger "
-            "total: crossflow study run quickstart --trials N, with N > 6") in out
+    assert out == ("quickstart: the study is complete (6 of 6 trials finished); to extend "
+                   "it, give a larger total: crossflow study run quickstart --trials N, "
+                   "with N > 6\n"), out
 
 
 def test_next_steps_name_the_ui_when_the_run_was_tracked():
@@ -168,3 +168,59 @@ def test_a_study_files_own_bad_location_is_refused_by_check_and_run_naming_the_f
         assert code == 2 and not out, (args, out)
         assert err.startswith(f"crossflow: error: s.yaml: key '{key}'"), (args, err)
     assert not (tmp_path / "mlruns").exists()
+
+
+def _launches(storage: Path) -> list[dict]:
+    study = optuna.load_study(study_name="quickstart",
+                              storage=studies.make_storage(str(storage)))
+    return [v for k, v in sorted(study.user_attrs.items()) if k.startswith("launch.")]
+
+
+def _mlflow_runs(tmp_path: Path) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("quickstart")
+    return client.search_runs([exp.experiment_id], max_results=1000)
+
+
+@pytest.mark.filterwarnings("ignore:.*noload.*:DeprecationWarning")
+def test_rerunning_a_complete_study_records_no_launch_and_logs_no_run(tmp_path, monkeypatch,
+                                                                       cli):
+    """A re-run of a complete study used to record a launch (so the launch that extends
+    the study got seed + 2, not seed + 1) and log an empty MLflow parent run."""
+    monkeypatch.chdir(tmp_path)
+    storage = tmp_path / "mlruns" / "optuna" / "quickstart.journal"
+    assert cli("study", "run", "quickstart", "--trials", "4", "--quiet")[0] == 0
+    runs = {r.info.run_id for r in _mlflow_runs(tmp_path)}
+    assert len(runs) == 5  # a parent and 4 trials
+    code, out, err = cli("study", "run", "quickstart", "--trials", "4", "--quiet")
+    assert code == 0, err
+    assert len(out.splitlines()) == 1 and "--trials N, with N > 4" in out, out
+    assert {r.info.run_id for r in _mlflow_runs(tmp_path)} == runs
+    assert len(_launches(storage)) == 1
+    assert cli("study", "run", "quickstart", "--trials", "5", "--no-tracking",
+               "--quiet")[0] == 0
+    seed = load_study("quickstart").spec.seed
+    assert [launch["seed"] for launch in _launches(storage)] == [seed, seed + 1]
+
+
+@pytest.mark.filterwarnings("ignore:.*noload.*:DeprecationWarning")
+def test_rerunning_a_complete_study_logs_only_trials_without_a_run(tmp_path, monkeypatch,
+                                                                   cli):
+    """Trials run with --no-tracking (or while the store was down) are logged by the next
+    launch, also when it finds the study complete; still no launch is recorded."""
+    monkeypatch.chdir(tmp_path)
+    storage = tmp_path / "mlruns" / "optuna" / "quickstart.journal"
+    assert cli("study", "run", "quickstart", "--trials", "3", "--no-tracking",
+               "--quiet")[0] == 0
+    code, out, err = cli("study", "run", "quickstart", "--trials", "3", "--quiet")
+    assert code == 0, err
+    assert "logged the 3 finished trials that had no MLflow run" in out, out
+    runs = _mlflow_runs(tmp_path)
+    assert sorted(int(r.data.tags["trial_number"]) for r in runs
+                  if "trial_number" in r.data.tags) == [0, 1, 2]
+    assert len(_launches(storage)) == 1
+    code, out, err = cli("study", "run", "quickstart", "--trials", "3", "--quiet")
+    assert code == 0 and "logged" not in out, out
+    assert len(_mlflow_runs(tmp_path)) == len(runs)  # nothing new: no parent run either

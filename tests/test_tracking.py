@@ -38,7 +38,7 @@ def objective(trial: optuna.Trial) -> float:
     """Toy objective: a pruned 'infeasible' design for x > 2.5, a failure for x < -2.5."""
     x = trial.suggest_float("x", -4.0, 4.0)
     strategy = trial.suggest_categorical("strategy", ["RC-4-2", "CR-8"])
-    trial.set_user_attr("area.core", 1 / (1 + math.exp(-x)))  # a decoded fraction
+    trial.set_user_attr("area_fractions", {"core": 1 / (1 + math.exp(-x))})  # the design
     trial.set_user_attr("mapping_order", "kp1-kp2-dp-lp")
     trial.set_user_attr("gd:chain", trial.number % 2)
     if x > 2.5:
@@ -91,7 +91,8 @@ def check_exactly_once(tmp_path, study: optuna.Study, study_name: str = "toy"):
         assert run.data.tags["sampler"] == "random"
         assert run.data.params["x"] == repr(t.params["x"])
         assert run.data.params["strategy"] == t.params["strategy"]
-        assert float(run.data.params["area.core"]) == pytest.approx(t.user_attrs["area.core"])
+        assert float(run.data.params["area_fractions.core"]) \
+            == pytest.approx(t.user_attrs["area_fractions"]["core"])
         assert run.data.params["mapping_order"] == "kp1-kp2-dp-lp"
         assert run.data.tags["chain"] == str(t.number % 2)
         assert run.info.status == ("FAILED" if t.state == TrialState.FAIL else "FINISHED")
@@ -265,7 +266,7 @@ def test_parent_run_artifacts_params_and_metrics(tmp_path):
     with open(f"{root}/trials.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert [int(r["number"]) for r in rows] == list(range(12))
-    assert {"x", "strategy", "area.core", "iteration_time_s", "state"} <= set(rows[0])
+    assert {"x", "strategy", "area_fractions.core", "iteration_time_s", "state"} <= set(rows[0])
     for png in ("optimization_history.png", "param_importances.png"):
         with open(f"{root}/{png}", "rb") as fh:
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -375,20 +376,55 @@ def test_trial_record_decodes_and_filters():
         distributions={"area.core": optuna.distributions.FloatDistribution(-4, 4),
                        "strategy": optuna.distributions.CategoricalDistribution(["RC-4-2"])},
         value=2.0,
-        user_attrs={"area.core": 0.25, "power": {"core": 0.5, "L2": 0.1},
+        user_attrs={"area.core": 0.25, "power_fractions": {"core": 0.5, "L2": 0.1},
                     "iteration_time_s": 2.0, "memory_per_device_bytes": 1e9,
                     "achieved_flops_per_s": math.inf, "bottleneck": "compute",
-                    "gd:chain": 3, "infeasible_reason": "x"},
+                    "gd:chain": 3, "infeasible_reason": "x", "worker": "h:1"},
         system_attrs={})
     t.datetime_start, t.datetime_complete = start, start + timedelta(seconds=2)
     rec = trial_record(t, "gd", ["iteration_time_s"])
-    assert rec["params"]["area.core"] == "0.25"
-    assert rec["params"]["encoded.area.core"] == "1.5"
-    assert rec["params"]["power.core"] == "0.5" and rec["params"]["bottleneck"] == "compute"
+    # params: the design only; the raw value it replaces and the outcomes are tags
+    assert rec["params"] == {"area.core": "0.25", "power_fractions.core": "0.5",
+                             "power_fractions.L2": "0.1", "strategy": "RC-4-2"}
+    assert rec["tags"]["encoding.area.core"] == "1.5"
+    assert rec["tags"]["bottleneck"] == "compute" and rec["tags"]["worker"] == "h:1"
     assert rec["metrics"] == {"iteration_time_s": 2.0, "memory_per_device_bytes": 1e9}
     assert rec["tags"]["chain"] == "3" and rec["tags"]["sampler"] == "gd"
     assert rec["tags"]["infeasible_reason"] == "x"
     assert rec["end_ms"] - rec["start_ms"] == 2000
+
+
+def test_a_trial_run_shows_the_design_and_keeps_the_simplex_logits_as_tags():
+    """The objective's simplex logits (Optuna's parameters) used to be the run's first
+    params, before the fractions they decode to; now the params are the design."""
+    from crossflow.search import encoding
+
+    logits = dict(zip(encoding.param_names("area", ["core", "L1"]), [1.0, -0.5, 0.25],
+                      strict=True))
+    dists = {k: optuna.distributions.FloatDistribution(-4, 4) for k in logits}
+    dists["logic_node"] = optuna.distributions.CategoricalDistribution(["N5", "N7"])
+    t = optuna.trial.create_trial(
+        params={**logits, "logic_node": "N7"}, distributions=dists, value=1.0,
+        user_attrs={"area_fractions": {"core": 0.5, "L1": 0.2}, "feasible": True,
+                    "baseline": True, "iteration_time_s": 1.0})
+    rec = trial_record(t, "tpe", ["iteration_time_s"])
+    assert rec["params"] == {"area_fractions.core": "0.5", "area_fractions.L1": "0.2",
+                             "logic_node": "N7"}
+    assert {k: v for k, v in rec["tags"].items() if k.startswith("encoding.")} == {
+        "encoding.area.core": "1.0", "encoding.area.L1": "-0.5", "encoding.area.slack": "0.25"}
+    assert rec["tags"]["baseline"] == "true" and rec["tags"]["feasible"] == "true"
+    assert rec["metrics"] == {"iteration_time_s": 1.0}
+
+
+def test_runs_view_shows_the_objectives_and_the_design():
+    from crossflow.search.tracking.records import runs_view
+
+    space = {"simplexes": {"area": {"components": ["core", "L1", "L2", "dram_ctrl"]}},
+             "dimensions": {"logic_node": {}, "strategy": {}}}
+    assert runs_view(["iteration_time_s", "energy_J"], space)["selectedColumns"] == [
+        "metrics.`iteration_time_s`", "metrics.`energy_J`", "params.`logic_node`",
+        "params.`strategy`", "params.`area_fractions.core`", "params.`area_fractions.L1`",
+        "params.`area_fractions.L2`", "tags.`feasible`"]
 
 
 def test_passwords_in_urls_are_not_logged():

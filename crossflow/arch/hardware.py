@@ -13,7 +13,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from crossflow.arch.age import generate
 from crossflow.arch.microarch import MicroArch
 from crossflow.config.base import Spec
 from crossflow.config.loader import load_spec
@@ -56,6 +55,8 @@ def _load_named_hardware(source: str, key: tuple[str, int] | None = None) -> Mic
 def _microarch(spec: Spec) -> MicroArch:
     if hasattr(spec, "to_microarch"):  # a datasheet preset
         return spec.to_microarch()
+    from crossflow.arch.age import generate  # (the technology library) not for a datasheet
+
     try:  # an architecture template: the AGE builds the chip
         return generate(spec)
     except ConfigError as exc:  # e.g. a technology name the library does not have

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import ConfigError
-from crossflow.search.tracking import resolve_locations
 
 #: Report name -> "module:function" (module relative to this package when it starts with ".").
 REPORTS: dict[str, str] = {
@@ -75,6 +74,8 @@ def _log(name: str, out: Path, result: dict, quick: bool, elapsed: float,
          tracking_uri: str | None) -> None:
     import mlflow
     from mlflow.tracking import MlflowClient
+
+    from crossflow.search.tracking import resolve_locations  # (MLflow's side) not for --help
 
     uri, artifact_root = resolve_locations(tracking_uri)
     client = MlflowClient(tracking_uri=uri)

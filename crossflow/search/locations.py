@@ -75,11 +75,66 @@ def redact_text(text: str) -> str:
 
 
 def git_revision() -> tuple[str, bool | None]:
-    """(commit of the CrossFlow source tree or ``"unknown"``, whether it has local changes
-    or None when unknown).  Installed from a wheel, there is no tree: ``("unknown", None)``."""
+    """(commit of the CrossFlow source or ``"unknown"``, whether it has local changes or
+    None when unknown).
+
+    Run from a checkout (or installed editable), the package's own folder is asked.
+    Installed with ``pip install .`` the package lives in site-packages, which is no git
+    tree, so the source is the one pip recorded in the distribution's ``direct_url.json``
+    (:func:`revision_of_source`): a git install names its commit; a local folder is
+    asked as it is now (it may have moved on since the install).  A wheel or archive from
+    elsewhere: ``("unknown", None)``."""
     src = Path(__file__).resolve().parents[2]
-    if not (src / ".git").exists():
+    if (src / ".git").exists():
+        return _git_state(src)
+    recorded = installed_source()
+    return revision_of_source(recorded) if recorded is not None else ("unknown", None)
+
+
+def installed_source() -> dict | None:
+    """The ``direct_url.json`` of the installed distribution that holds this package (what
+    pip records of where it installed it from), or None (not installed by pip, or this
+    package is not the one installed)."""
+    import json
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("crossflow")
+        text = dist.read_text("direct_url.json")
+        here = Path(__file__).resolve()
+        installed = Path(str(dist.locate_file("crossflow/search/locations.py"))).resolve()
+    except (metadata.PackageNotFoundError, OSError, ValueError):
+        return None
+    if not text or installed != here:  # another copy of CrossFlow is the installed one
+        return None
+    try:
+        recorded = json.loads(text)
+    except ValueError:
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def revision_of_source(direct_url: dict) -> tuple[str, bool | None]:
+    """(commit, local changes or None) of the source a ``direct_url.json`` names (PEP 610):
+    ``vcs_info`` of a git install has the exact commit, with no local changes; a local
+    folder (``file://`` with ``dir_info``) is asked with git; anything else is unknown."""
+    vcs = direct_url.get("vcs_info")
+    if isinstance(vcs, dict):
+        commit = vcs.get("commit_id")
+        if vcs.get("vcs") == "git" and isinstance(commit, str) and commit:
+            return commit, False
         return "unknown", None
+    url = direct_url.get("url")
+    if "dir_info" not in direct_url or not isinstance(url, str) or not url.startswith("file:"):
+        return "unknown", None  # an archive or a wheel: no tree to ask
+    from urllib.request import url2pathname
+
+    folder = Path(url2pathname(urlsplit(url).path))
+    return _git_state(folder) if folder.is_dir() else ("unknown", None)
+
+
+def _git_state(src: Path) -> tuple[str, bool | None]:
+    """(HEAD of the git tree at ``src`` or ``"unknown"``, whether tracked files changed)."""
     try:
         rev = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=5, check=True).stdout.strip()

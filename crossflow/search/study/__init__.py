@@ -25,6 +25,7 @@ from crossflow.search.study.launch import (
     check_seed,
     check_study,
     check_tracking_uri,
+    complete_line,
     join_study,
     next_steps,
     resume_command,
@@ -50,7 +51,7 @@ from crossflow.search.study.spec import OBJECTIVES, SAMPLER_NAMES, StudySpec
 __all__ = [
     "OBJECTIVES", "SAMPLER_NAMES", "Launch", "Progress", "RunResult", "StudySetup",
     "StudySpec", "best_design", "check_launch", "check_seed", "check_study", "check_tracking_uri", "best_trial", "best_trials", "export_design", "is_feasible",
-    "join_study", "list_studies", "load_study", "make_storage", "next_steps", "open_study", "pareto_front",
+    "complete_line", "join_study", "list_studies", "load_study", "make_storage", "next_steps", "open_study", "pareto_front",
     "resume_command", "run_study", "study_summary", "summary_lines", "template_document",
     "worker_seed",
 ]

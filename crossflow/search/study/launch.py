@@ -80,6 +80,8 @@ class RunResult:
     tracked: bool = False
     #: finished trials of the study without an MLflow run after the launch (0 untracked)
     untracked: int = 0
+    #: (a complete study) finished trials without an MLflow run that this launch logged
+    backfilled: int = 0
     launch: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -94,14 +96,21 @@ def resume_command(ref: str, n_trials: int | None = None, *, sampler: str | None
             + (f" --storage {redact(storage)}" if storage else ""))
 
 
+def complete_line(ref: str, result: RunResult) -> str:
+    """What ``crossflow study run REF`` says of a study that already had its trials."""
+    logged = (f"; logged the {result.backfilled} finished trials that had no MLflow run"
+              if result.backfilled else "")
+    return (f"the study is complete ({result.finished} of {result.n_trials} trials finished"
+            f"{logged}); to extend it, give a larger total: crossflow study run {ref} "
+            f"--trials N, with N > {max(result.finished, result.n_trials)}")
+
+
 def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None) -> list[str]:
     """What to do after a finished ``crossflow study run REF`` (lines to print): extend a
     study that was already complete, browse the trials, export the best design."""
     lines = []
     if result.was_complete and result.trials_run == 0:
-        lines.append(f"the study is complete ({result.finished} of {result.n_trials} trials "
-                     f"finished); to extend it, give a larger total: crossflow study run "
-                     f"{ref} --trials N, with N > {max(result.finished, result.n_trials)}")
+        lines.append(complete_line(ref, result))
     steps = []
     if result.tracked:
         ui = "crossflow ui" + (f" --tracking-uri {redact(tracking_uri)}" if tracking_uri else "")
@@ -338,6 +347,11 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
     make_sampler(sampler_name, seed=base_seed, options=sampler_options, space=setup.space,
                  n_objectives=len(setup.objectives), setup=setup)
     study = open_study(setup, url, heartbeat_s=options.heartbeat_s)
+    from crossflow.search.workers import census
+
+    before = census(study, total, heartbeats=is_url(url))
+    if before.finished:
+        return _complete(setup, study, total, before.done, uri, options)
 
     if setup.spec.baseline and not study.get_trials(deepcopy=False):
         for params in setup.baseline_trials():
@@ -363,6 +377,38 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
                                  space=setup.space, n_objectives=len(setup.objectives),
                                  setup=setup)
     return _work(setup, study, launch, total, uri, options, summary=True)
+
+
+def _complete(setup: StudySetup, study, total: int, done: int, tracking_uri: str,
+              options: Launch) -> RunResult:
+    """A launch of a study that already has ``total`` finished trials: nothing runs and no
+    launch is recorded, since a recorded launch would shift the seed of the launch that
+    extends the study (launch k seeds ``seed + k``) and log an MLflow parent run with
+    nothing under it.  Only finished trials without an MLflow run (a store that was down,
+    a launch with ``--no-tracking``) are logged, under a parent run of their own."""
+    t0 = time.perf_counter()
+    untracked, tracked, backfilled = 0, False, 0
+    if options.track:
+        from crossflow.search.tracking import unlogged_trials
+
+        try:
+            missing = unlogged_trials(study, setup.name, tracking_uri)
+        except Exception:  # a store that cannot be read: the tracker says what is missing
+            missing = [-1]
+        if missing:  # (-1: not known)
+            launches = sorted(k for k in study.user_attrs if k.startswith("launch."))
+            last = dict(study.user_attrs[launches[-1]]) if launches else {}
+            launch = {**last, "study": setup.name, "n_trials": total, "backfill": True,
+                      "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                      "host": socket.gethostname(), "pid": os.getpid()}
+            with _tracker(setup, tracking_uri, launch) as tracker:
+                tracker.sweep(study)
+            untracked, tracked = len(tracker.missing_runs), True
+            backfilled = tracker.stats.get("worker", {}).get("runs_logged", 0)
+    return RunResult(study, 0, len(study.get_trials(deepcopy=False)), False,
+                     time.perf_counter() - t0, best_design(setup, study), n_trials=total,
+                     finished=done, was_complete=True, tracked=tracked, untracked=untracked,
+                     backfilled=backfilled)
 
 
 def cpu_count() -> int:

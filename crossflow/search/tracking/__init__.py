@@ -38,7 +38,8 @@
   :data:`.logger.RECONNECT_S`; HTTP requests are bounded (:data:`.logger.HTTP_BOUNDS`) and
   so is the drain at the end (:data:`.tracker.DRAIN_S`).  The end of a launch counts the
   finished trials without a run (:attr:`StudyTracker.missing_runs`, said on stderr;
-  ``crossflow study run`` then exits 1); the next launch back-fills them.
+  ``crossflow study run`` then exits 1); the next launch back-fills them (a launch of a
+  complete study does only that: :func:`unlogged_trials`).
 * **Exactly once.**  Runs are keyed by the tag ``trial_number``.  On start the worker reads
   the trial numbers already logged in the experiment; the tracker back-fills every finished
   trial of the study that has no run (a resumed study, or trials a crashed launch never
@@ -79,14 +80,14 @@ from crossflow.search.tracking.records import (
     trial_run_id,
 )
 from crossflow.search.tracking.summary import render_summary
-from crossflow.search.tracking.tracker import StudyTracker
+from crossflow.search.tracking.tracker import StudyTracker, unlogged_trials
 from crossflow.search.tracking.ui import launch_ui, ui_command
 
 __all__ = [
     "CHAIN_ATTR", "EXIT_GRACE_S", "INFEASIBLE_REASON", "LINGER_S", "METRIC_SUFFIXES",
     "SAME_TRIAL_MS", "StudyTracker", "decoded_params", "duplicates", "flatten", "is_logged",
     "launch_ui", "render_summary", "resolve_locations", "trial_record", "trial_run_id",
-    "ui_command",
+    "ui_command", "unlogged_trials",
     # private, imported by crossflow.search.compare and the logging process's entry point
     "_Logger", "_db_lock", "_gather", "_key", "_plain", "_text", "_worker_main",
 ]

@@ -26,7 +26,14 @@ from typing import Any
 from crossflow.search.keys import TRIAL_NUMBER_TAG
 from crossflow.search.tracking import store
 from crossflow.search.tracking.paths import _db_lock
-from crossflow.search.tracking.records import _PER_BATCH, _STATUS, _key, duplicates, is_logged
+from crossflow.search.tracking.records import (
+    _PER_BATCH,
+    _STATUS,
+    VIEW_TAG,
+    _key,
+    duplicates,
+    is_logged,
+)
 from crossflow.search.tracking.summary import render_summary
 
 #: After a SIGTERM the logging process finishes what it was sent, at most this long.
@@ -248,6 +255,9 @@ class _Logger:
                 client.restore_experiment(eid)
             if msg.get("description") and not exp.tags.get(NOTE):  # a store of an older run
                 client.set_experiment_tag(eid, NOTE, msg["description"])
+        view = msg.get("view")
+        if view and (exp is None or exp.tags.get(VIEW_TAG) != view):
+            client.set_experiment_tag(eid, VIEW_TAG, view)
         self.client, self.experiment_id = client, eid
         self.artifact_location = client.get_experiment(eid).artifact_location
         self.bulk = bool(msg.get("bulk", True)) and self._engine() is not None

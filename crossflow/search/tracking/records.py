@@ -99,6 +99,10 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def _tag_text(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else _text(v, _MAX_TAG)
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
@@ -107,35 +111,75 @@ def _ms(dt: datetime | None) -> int | None:
     return int(dt.timestamp() * 1000) if dt is not None else None
 
 
+#: Tag prefix of a trial's raw Optuna parameters that the design replaces (the softmax
+#: logits of a budget simplex): kept with the run, apart from the design it shows.
+ENCODING_PREFIX = "encoding."
+
+
+#: The runs-table view of a study's experiment, kept as MLflow's "shared view state" (an
+#: experiment tag): ``…/#/experiments/<id>/runs?viewStateShareKey=crossflow`` opens the
+#: table with the objectives and the design as columns.  MLflow's own default is Source,
+#: Models and Dataset, none of which a study fills.
+VIEW_KEY = "crossflow"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+#: At most this many design columns (a budget's fractions are many).
+VIEW_PARAMS = 8
+
+
+def runs_view(objectives: list[str], space: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The runs-table view (MLflow's UI state: column ids ``metrics.`name```) of a study:
+    its objectives, then the design's named dimensions (technology, strategy, mapping
+    order), then up to three fractions of each budget, and whether the design is
+    feasible.  ``space``: the ``search_space``
+    part of the study's description (:meth:`StudySetup.describe`)."""
+    space = dict(space or {})
+    design = [str(d) for d in (space.get("dimensions") or {})]
+    for simplex, spec in (space.get("simplexes") or {}).items():
+        design += [f"{simplex}{FRACTIONS_SUFFIX}.{c}"
+                   for c in list((spec or {}).get("components") or [])[:3]]
+    columns = ([f"metrics.`{_key(o)}`" for o in objectives]
+               + [f"params.`{_key(p)}`" for p in design[:VIEW_PARAMS]]
+               + [f"tags.`{FEASIBLE}`"])
+    # no sort by the objective: MLflow sorts only top-level runs, and the launch's trial
+    # runs, listed under it, would lose their nesting without being sorted
+    return {"selectedColumns": columns}
+
+
 def trial_record(trial: Any, sampler: str, metric_names: list[str]) -> dict[str, Any]:
     """Everything the child run of ``trial`` (an Optuna ``FrozenTrial``) holds, as plain
     data: ``params`` (text), ``metrics`` (float), ``tags`` (text), times (ms).
 
-    Params are ``trial.params`` overlaid with the user attributes that hold decoded values
-    (scalars: fractions such as ``area.core``, ``strategy``, ``mapping_order``; dicts are
-    flattened to ``name.key``); a raw parameter a decoded attribute replaces (the encoded
-    simplex coordinate ``area.core``) is kept as ``encoded.<name>``.  Metrics are the trial's
-    values (named by ``metric_names``) and the numeric user attributes whose names end in a
-    unit (:data:`METRIC_SUFFIXES`); non-finite values are left out.  An infeasible trial's
-    values (the study's graded penalty) are ``penalty.<name>``."""
-    params: dict[str, Any] = dict(trial.params)
+    Params are the design only (:func:`decoded_params`: budget fractions such as
+    ``area_fractions.core``, ``strategy``, ``mapping_order``, technology choices), so the
+    run page and the runs table's parameter columns read as the design; a scalar user
+    attribute named like a parameter replaces it too.  A raw parameter the design replaces
+    (the simplex logit ``area.core``) is the tag ``encoding.<name>``; other user
+    attributes (``bottleneck``, ``worker``, ``baseline``) are outcomes and bookkeeping,
+    tags as well.  Metrics are the trial's values (named by ``metric_names``) and the
+    numeric user attributes whose names end in a unit (:data:`METRIC_SUFFIXES`);
+    non-finite values are left out.  An infeasible trial's values (the study's graded
+    penalty) are ``penalty.<name>``."""
     metrics: dict[str, float] = {}
     user = trial.user_attrs
-    decoded: dict[str, Any] = {}
+    params = decoded_params(trial)
+    outcomes: dict[str, Any] = {}
     for k, v in user.items():
-        if k in (INFEASIBLE_REASON, CHAIN_ATTR):
+        if k in (INFEASIBLE_REASON, CHAIN_ATTR) or k in (STRATEGY, MAPPING_ORDER):
             continue
         if k.endswith(METRIC_SUFFIXES) and _is_number(v):
             if math.isfinite(v):
                 metrics[_key(k)] = float(v)
+        elif k.endswith(FRACTIONS_SUFFIX) and isinstance(v, Mapping):
+            continue  # in the design
+        elif k in trial.params and not isinstance(v, Mapping):
+            params[k] = v
         elif isinstance(v, Mapping):
-            decoded.update({f"{k}.{sk}": sv for sk, sv in v.items()})
+            outcomes.update({f"{k}.{sk}": sv for sk, sv in v.items()})
         else:
-            decoded[k] = v
-    for k, v in decoded.items():
-        if k in params and params[k] != v:
-            params[f"encoded.{k}"] = params[k]
-        params[k] = v
+            outcomes[k] = v
+    encodings = {f"{ENCODING_PREFIX}{k}": v for k, v in trial.params.items()
+                 if k not in params or params[k] != v}
+    tags = {_key(k): _tag_text(v) for k, v in {**outcomes, **encodings}.items()}
     values = trial.values or []
     constraints = getattr(trial, "constraints", None) or {}
     infeasible = user.get(FEASIBLE) is False or any(c > 0 for c in constraints.values())
@@ -145,8 +189,8 @@ def trial_record(trial: Any, sampler: str, metric_names: list[str]) -> dict[str,
             # kept apart, so a metric column and its sorting show real values only
             metrics.setdefault(_key(f"penalty.{name}" if infeasible else name), float(v))
     state = trial.state.name
-    tags = {TRIAL_NUMBER_TAG: str(trial.number), "state": state, "sampler": sampler,
-            "mlflow.runName": f"trial-{trial.number:05d}"}
+    tags.update({TRIAL_NUMBER_TAG: str(trial.number), "state": state, "sampler": sampler,
+                 "mlflow.runName": f"trial-{trial.number:05d}"})
     reason = user.get(INFEASIBLE_REASON)
     if constraints:
         violated = {k: c for k, c in constraints.items() if c > 0}

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from crossflow.search.keys import SURPLUS  # a trial never evaluated: it gets no run
-from crossflow.search.locations import git_revision, redact
+from crossflow.search.locations import default_tracking_uri, git_revision, redact
 from crossflow.search.tracking.logger import (
     BATCH_RUNS,
     WORKER_BOOT,
@@ -37,6 +37,7 @@ from crossflow.search.tracking.records import (
     _serialize,
     flatten,
     is_logged,
+    runs_view,
     trial_record,
 )
 
@@ -44,6 +45,35 @@ from crossflow.search.tracking.records import (
 #: tracking store that stops answering must not hold the launch; each of its requests is
 #: bounded too, see :data:`.logger.HTTP_BOUNDS`).
 DRAIN_S = 300.0
+
+
+def unlogged_trials(study: Any, study_name: str, tracking_uri: str | None) -> list[int]:
+    """Numbers of ``study``'s finished trials without a run in the study's experiment at
+    ``tracking_uri`` (None: the default store), read without writing: a store or experiment
+    that does not exist has none of them.  Raises whatever MLflow raises for a store that
+    cannot be read."""
+    import logging
+
+    from crossflow.search.tracking.check import local_path
+
+    finished = _finished(study)
+    if not finished:
+        return []
+    uri = tracking_uri or default_tracking_uri()
+    path = local_path(uri)
+    if path is not None and not path.exists():  # no store yet: MLflow would create one
+        return [t.number for t in finished]
+    from mlflow import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(study_name)
+    if exp is None or exp.lifecycle_stage == "deleted":
+        return [t.number for t in finished]
+    reader = _Logger()
+    reader.client, reader.experiment_id = client, exp.experiment_id
+    known = {n: [s for s, _ in runs] for n, runs in reader._trial_runs().items()}
+    return [t.number for t in finished if not is_logged(known, t.number, _ms(t.datetime_start))]
 
 
 class StudyTracker:
@@ -134,7 +164,9 @@ class StudyTracker:
                 "artifact_root": self.artifact_root, "study_name": self.study_name,
                 "run_name": f"launch-{now:%Y%m%d-%H%M%S}", "start_ms": _ms(now),
                 "tags": tags, "params": params, "bulk": self.bulk,
-                "batch": self.batch_size, "description": self.description}
+                "batch": self.batch_size, "description": self.description,
+                "view": json.dumps(runs_view(self._objectives(), self._space()),
+                                   separators=(",", ":"))}
         self._tmp = Path(tempfile.mkdtemp(prefix="crossflow-tracking-"))
         launch_dir = self._tmp / "launch"
         launch_dir.mkdir()
@@ -246,6 +278,20 @@ class StudyTracker:
                   f"(tracking store {redact(self.tracking_uri)})", file=sys.stderr)
         if self._reader is not None:
             self._reader.join(5.0)
+
+    def _objectives(self) -> list[str]:
+        """The objectives' names the launch parameters give (a study's), else none."""
+        lp = self.launch_params
+        cand = lp.get("metric_names", lp.get("objectives", lp.get("objective")))
+        cand = [cand] if isinstance(cand, str) else cand
+        return [str(c) for c in cand] if isinstance(cand, list | tuple) else []
+
+    def _space(self) -> dict[str, Any] | None:
+        """The search space part of the study's description (simplexes, dimensions)."""
+        space = self.search_space
+        inner = space.get("search_space", space) if isinstance(space, dict) else None
+        return inner if isinstance(inner, dict) and ("simplexes" in inner
+                                                     or "dimensions" in inner) else None
 
     def _names(self, study: Any) -> list[str]:
         if self._metric_names is None:

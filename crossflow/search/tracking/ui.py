@@ -45,6 +45,27 @@ def ui_command(tracking_uri: str | None = None, host: str = "127.0.0.1", port: i
     return cmd
 
 
+def study_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
+    """(study, URL) of each experiment in the store that has CrossFlow's runs-table view
+    (:data:`.records.VIEW_TAG`): the runs page opened with that view.  Reads only: a
+    local store that does not exist has none."""
+    from crossflow.search.tracking.check import local_path
+    from crossflow.search.tracking.records import VIEW_KEY, VIEW_TAG
+
+    path = local_path(tracking_uri)
+    if path is not None and not path.exists():
+        return []
+    import logging
+
+    from mlflow import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    experiments = MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1000)
+    return [(e.name, f"{base_url}/#/experiments/{e.experiment_id}/runs"
+                     f"?viewStateShareKey={VIEW_KEY}")
+            for e in sorted(experiments, key=lambda e: e.name) if VIEW_TAG in e.tags]
+
+
 def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: int = 5000,
               workers: int = 1) -> int:
     """Run ``mlflow ui`` (:func:`ui_command`) until it exits or this process is stopped;
@@ -75,6 +96,14 @@ def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: in
           file=sys.stderr, flush=True)
     proc = spawn_group(cmd, env=env)
     with forward_signals(proc) as received:
+        try:  # read while the server starts; a store it cannot read yet has no links
+            links = study_links(secret, f"http://{host}:{port}")
+        except Exception:
+            links = []
+        if links:
+            print("  each study's trials, with its objectives and design as columns:\n"
+                  + "\n".join(f"    {name}: {url}" for name, url in links),
+                  file=sys.stderr, flush=True)
         code = proc.wait()
     if received:
         return 0 if received[0] == signal.SIGINT else 128 + received[0]
