@@ -726,11 +726,8 @@ def _print_summary(s: dict) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     import time
 
-    from crossflow.outputs import check_output_folder
     from crossflow.reports import run_report
 
-    if args.out is not None:  # before the report's minutes of work
-        check_output_folder(Path(args.out), "--out", "the report's folder")
     t0 = time.perf_counter()
     path = run_report(args.name, args.out, quick=args.quick, tracking_uri=args.tracking_uri)
     print(f"{path} ({time.perf_counter() - t0:.1f} s; logged to MLflow experiment 'reports')")
