@@ -649,7 +649,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
     elif args.storage is not None:
         from crossflow.search.storage import check_storage
 
-        check_storage(args.storage, key="--storage")
+        check_storage(args.storage, key="--storage", for_reading=True)  # show, best
     if args.study_command in ("run", "worker"):
         from crossflow.search.storage import check_heartbeat
 
@@ -659,7 +659,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
         with interrupts_as_ctrl_c():
             return _launch(args, setup)
-    study = studies.open_study(setup, args.storage, create=False)
+    study = studies.open_study(setup, args.storage, create=False, for_reading=True)
     if args.study_command == "show":
         summary = studies.study_summary(setup, study)
         summary["storage"] = redact(args.storage or setup.storage)

@@ -74,3 +74,66 @@ def test_a_report_whose_tracking_store_is_read_only_is_refused_before_its_work(
     _refused(code, err, "--tracking-uri", str(ro_cwd / "mlruns"), "cannot be written")
     assert "--no-tracking" not in err  # report has no such option
     assert not (tmp_path / "out").exists()
+
+
+# --- finding 22: reading a study where nothing can be written ---------------------------------
+
+
+@pytest.fixture
+def journal(tmp_path):
+    """A quickstart study of 3 trials in ``tmp_path/j/q.journal``."""
+    from crossflow.search.study import load_study, run_study
+
+    path = tmp_path / "j" / "q.journal"
+    run_study(load_study("quickstart"), n_trials=3, storage=str(path), track=False,
+              progress=False)
+    return path
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["whole", "torn tail"])
+def test_study_show_and_best_read_a_read_only_journal(cli, journal, read_only, torn):
+    if torn:  # a writer killed mid-record: skipped when read, left for a writer to cut
+        with open(journal, "ab") as fh:
+            fh.write(b'{"op_code":5,"worker_id":"x","trial_id":1,"user_att')
+    before = journal.read_bytes()
+    read_only(journal.parent)
+    code, out, err = cli("study", "show", "quickstart", "--storage", journal)
+    assert code == 0, err
+    assert "3 finished of 3" in out
+    code, out, err = cli("study", "best", "quickstart", "--storage", journal, "--json")
+    assert code == 0, err
+    assert '"trial"' in out
+    assert journal.read_bytes() == before
+    assert sorted(p.name for p in journal.parent.iterdir()) == ["q.journal"]  # no lock
+
+
+def test_study_run_on_a_read_only_journal_is_refused(cli, journal, read_only):
+    before = journal.read_bytes()
+    read_only(journal.parent)
+    code, _, err = cli("study", "run", "quickstart", "--storage", journal, "--trials", "5",
+                       "--no-tracking", "--quiet")
+    _refused(code, err, str(journal), "--storage")
+    assert journal.read_bytes() == before
+
+
+def test_study_list_counts_the_trials_of_a_read_only_journal(cli, tmp_path, read_only,
+                                                              monkeypatch):
+    from crossflow.search.study import load_study, run_study
+
+    here = tmp_path / "here"
+    monkeypatch.chdir(here.parent)
+    run_study(load_study("quickstart"), n_trials=2, storage="here/mlruns/optuna/"
+              "quickstart.journal", track=False, progress=False)
+    monkeypatch.chdir(here)
+
+    def listed() -> str:
+        code, out, err = cli("study", "list")
+        assert code == 0, err
+        return next(line for line in out.splitlines() if line.startswith("quickstart "))
+
+    writable = listed()
+    assert "trials]" in writable and "[not run]" not in writable
+    monkeypatch.chdir(tmp_path)
+    read_only(here)
+    monkeypatch.chdir(here)  # (after the mount: a working directory keeps what it was)
+    assert listed() == writable

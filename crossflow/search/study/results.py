@@ -351,7 +351,7 @@ def _count_trials(path: str, name: str) -> int | None:
     import optuna
 
     try:
-        summaries = optuna.get_all_study_summaries(make_storage(path))
+        summaries = optuna.get_all_study_summaries(make_storage(path, for_reading=True))
     except Exception:  # noqa: BLE001 - a damaged file should not break the listing
         return None
     return next((s.n_trials for s in summaries if s.study_name == name), None)
