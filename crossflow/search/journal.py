@@ -48,6 +48,17 @@ class JournalWriteError(CrossflowError):
     """A record could not be written to a study's journal; nothing half-written is left."""
 
 
+class JournalLostError(CrossflowError):
+    """A study's journal was deleted or moved away while a command had it open."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path}: the study's journal was deleted or moved away while this command ran "
+            "(no such file any more); the launch stops here. Put the journal back (from a "
+            "backup, or where it was moved) and run the same command again to resume; run "
+            "without it and the study starts afresh.")
+
+
 def check_journal_path(path: str | Path, key: str = "storage", *,
                        for_reading: bool = False) -> Path:
     """``path`` as a journal location, or a :class:`ConfigError` when it cannot be one: an
@@ -198,6 +209,12 @@ class SafeJournalBackend(JournalFileBackend):
         _report(self._file_path, None, len(torn))
         return cut
 
+    def read_logs(self, log_number_from: int):
+        try:
+            yield from super().read_logs(log_number_from)
+        except FileNotFoundError:  # (Optuna's own error would surface in a worker thread)
+            raise JournalLostError(self._file_path) from None
+
     # ------------------------------------------------------------------ append
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
@@ -218,6 +235,8 @@ class SafeJournalBackend(JournalFileBackend):
                         os.truncate(self._file_path, size)
                     raise
         except OSError as exc:  # the write, or the lock file (a full disk refuses both)
+            if exc.errno == errno.ENOENT and not os.path.exists(self._file_path):
+                raise JournalLostError(self._file_path) from None
             why = _FULL.get(exc.errno, exc.strerror or str(exc))
             raise JournalWriteError(
                 f"{self._file_path}: cannot write the study's journal ({why}). The records "
