@@ -227,6 +227,8 @@ def _parser() -> argparse.ArgumentParser:
                     "then named after the machine); the CSVs are written beside it")
     ca.add_argument("--quick", action="store_true",
                     help="cpu: fewer shapes and repetitions (seconds instead of minutes)")
+    ca.add_argument("--force", action="store_true",
+                    help="cpu: replace files that exist (the preset and the CSVs beside it)")
 
     st = sub.add_parser("study", help="run and inspect co-optimisation studies (Optuna)",
                         **_about("study"))
@@ -554,7 +556,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return EXIT_OK
     from crossflow.calibrate import calibrate_cpu
 
-    path = calibrate_cpu(Path(args.output), quick=args.quick, option="--output")
+    path = calibrate_cpu(Path(args.output), quick=args.quick, option="--output",
+                         overwrite=args.force, force="--force")
     print(f"wrote {path}")
     return EXIT_OK
 
