@@ -227,6 +227,8 @@ def _parser() -> argparse.ArgumentParser:
                     "then named after the machine); the CSVs are written beside it")
     ca.add_argument("--quick", action="store_true",
                     help="cpu: fewer shapes and repetitions (seconds instead of minutes)")
+    ca.add_argument("--force", action="store_true",
+                    help="cpu: replace files that exist (the preset and the CSVs beside it)")
 
     st = sub.add_parser("study", help="run and inspect co-optimisation studies (Optuna)",
                         **_about("study"))
@@ -554,7 +556,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return EXIT_OK
     from crossflow.calibrate import calibrate_cpu
 
-    path = calibrate_cpu(Path(args.output), quick=args.quick, option="--output")
+    path = calibrate_cpu(Path(args.output), quick=args.quick, option="--output",
+                         overwrite=args.force, force="--force")
     print(f"wrote {path}")
     return EXIT_OK
 
@@ -652,7 +655,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
     elif args.storage is not None:
         from crossflow.search.storage import check_storage
 
-        check_storage(args.storage, key="--storage")
+        check_storage(args.storage, key="--storage", for_reading=True)  # show, best
     if args.study_command in ("run", "worker"):
         from crossflow.search.storage import check_heartbeat
 
@@ -662,7 +665,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
         with interrupts_as_ctrl_c():
             return _launch(args, setup)
-    study = studies.open_study(setup, args.storage, create=False)
+    study = studies.open_study(setup, args.storage, create=False, for_reading=True)
     if args.study_command == "show":
         summary = studies.study_summary(setup, study)
         summary["storage"] = redact(args.storage or setup.storage)
@@ -729,11 +732,8 @@ def _print_summary(s: dict) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     import time
 
-    from crossflow.outputs import check_output_folder
     from crossflow.reports import run_report
 
-    if args.out is not None:  # before the report's minutes of work
-        check_output_folder(Path(args.out), "--out", "the report's folder")
     t0 = time.perf_counter()
     path = run_report(args.name, args.out, quick=args.quick, tracking_uri=args.tracking_uri)
     print(f"{path} ({time.perf_counter() - t0:.1f} s; logged to MLflow experiment 'reports')")

@@ -14,6 +14,7 @@ find them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -67,12 +68,8 @@ def predict(
     ``hardware`` may be left out when ``system`` is given: the device is then the one the
     system file names (``device``).  Given both, ``hardware`` runs with the system's network
     and software, and when it is not the system's own device the Prediction says so
-    (``device_overrides_system`` and a note).
-
-    ``hardware`` may be left out when ``system`` is given: the device is then the one the
-    system file names (``device``).  Given both, ``hardware`` is used with the system's
-    network and software, and the Prediction says so (``device_overrides_system``,
-    ``notes``) when it is not the system's own device.
+    (``device_overrides_system`` and a note) — also for a file that keeps the device's name
+    with other numbers.
 
     Bad input raises :class:`~crossflow.errors.ConfigError`.  A design that cannot run
     (memory over capacity, no tiling fits, an impossible budget) is returned with
@@ -129,20 +126,28 @@ def predict(
         return replace(p, notes=(f"device {sys_spec.device} from system {sys_spec.name}",))
     if _same_device(hardware, arch, sys_spec.device):
         return p
+    given = hardware if isinstance(hardware, str | Path) else arch.name
+    # a file may reuse the device's name with other numbers: the name alone would hide that
+    # the system's fitted constants meet a different chip
+    renamed = (f" ({given} has that device's name, {arch.name}, with other numbers)"
+               if arch.name == sys_spec.device else "")
     return replace(p, device_overrides_system=True, notes=(
-        f"hardware {arch.name} overrides the device system {sys_spec.name} names "
-        f"({sys_spec.device}): the system's network and software (fitted for "
-        f"{sys_spec.device}) are used with {arch.name}",))
+        f"hardware {given if renamed else arch.name} overrides the device system "
+        f"{sys_spec.name} names ({sys_spec.device}){renamed}: the system's network and "
+        f"software (fitted for {sys_spec.device}) are used with it",))
 
 
 def _same_device(hardware: Any, arch: MicroArch, device: str) -> bool:
-    """Whether ``hardware`` (loaded: ``arch``) is the device a system file names."""
-    if str(hardware) == device or arch.name == device:
+    """Whether ``hardware`` (loaded: ``arch``) is the device a system file names: that
+    very name, or a device with every number the same (a copy of its file).  A name alone
+    is not enough: a file may keep the device's name and change its numbers."""
+    if str(hardware) == device:
         return True
     try:
-        return load_hardware(device).name == arch.name
+        own = load_hardware(device)
     except CrossflowError:  # the system's device does not load: it is not this one
         return False
+    return own is arch or dataclasses.asdict(own) == dataclasses.asdict(arch)
 
 
 def _predict_gemm(spec, arch: MicroArch) -> Prediction:

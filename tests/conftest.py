@@ -128,3 +128,39 @@ def postgres_url(postgres_server):
     admin(f'CREATE DATABASE "{name}"')
     yield urlunsplit(urlsplit(postgres_server)._replace(path=f"/{name}"))
     admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# --- read-only places (issue 21) -----------------------------------------------------------
+
+
+@pytest.fixture
+def read_only():
+    """``make(folder)`` turns an existing folder, with what it holds, read-only for this
+    process: permissions for an ordinary user; a read-only bind mount for root (whom
+    permissions do not stop), skipped where mounting is not allowed.  Undone afterwards."""
+    import stat
+    import subprocess
+
+    undo = []
+
+    def make(folder: Path) -> Path:
+        folder = Path(folder)
+        if os.geteuid() != 0:
+            for path in [folder, *folder.rglob("*")]:
+                mode = path.stat().st_mode
+                undo.append(lambda p=path, m=mode: p.chmod(stat.S_IMODE(m)))
+                path.chmod(0o555 if path.is_dir() else 0o444)
+            return folder
+        for command in (["mount", "--bind", str(folder), str(folder)],
+                        ["mount", "-o", "remount,bind,ro", str(folder), str(folder)]):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                if command[1] == "-o":
+                    subprocess.run(["umount", str(folder)], capture_output=True)
+                pytest.skip(f"root, and a read-only bind mount fails here: {done.stderr}")
+        undo.append(lambda: subprocess.run(["umount", str(folder)], capture_output=True))
+        return folder
+
+    yield make
+    for step in reversed(undo):
+        step()

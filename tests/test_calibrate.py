@@ -129,3 +129,30 @@ def test_a_failed_measurement_leaves_the_old_preset(tmp_path, monkeypatch):
         calibrate_cpu(old, quick=True)
     assert old.read_text() == "kind: microarch\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
+
+
+@pytest.mark.parametrize("existing", ["numpy_gemm_mine.csv", "stream_mine.csv", "mine.yaml"])
+def test_an_existing_file_is_replaced_only_with_force(tmp_path, cli, no_measuring, existing):
+    """(issue 21, finding 24) The CSVs beside the preset are replaced no more silently than
+    the preset: without --force any of the three that exists is refused, before measuring,
+    naming it and --force; nothing is touched."""
+    (tmp_path / existing).write_text("mine\n")
+    err = _refused(cli, tmp_path / "mine.yaml", "would be replaced", "--force",
+                   str(tmp_path / existing))
+    assert (tmp_path / existing).read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [existing], err
+
+
+def test_calibrate_cpu_with_force_goes_on_to_measure(tmp_path, cli, monkeypatch):
+    for name in ("mine.yaml", "numpy_gemm_mine.csv", "stream_mine.csv"):
+        (tmp_path / name).write_text("old\n")
+    seen = []
+
+    def measure(**_kw):
+        seen.append(True)
+        raise CrossflowError("stop after the check")
+
+    monkeypatch.setattr(calibrate, "measure", measure)
+    code, _, err = cli("calibrate", "cpu", "--output", tmp_path / "mine.yaml", "--quick",
+                       "--force")
+    assert seen and code == 2 and "stop after the check" in err

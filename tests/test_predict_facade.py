@@ -68,6 +68,37 @@ def test_hardware_other_than_the_systems_device_is_an_explicit_override(cli):
     assert d["device_overrides_system"] is True and d["notes"] == [note]
 
 
+def _a100_copy(tmp_path, frequency: str | None = None):
+    from crossflow.config.loader import preset_dir
+
+    text = (preset_dir("hardware") / "a100-sxm4-80gb.yaml").read_text(encoding="utf-8")
+    if frequency is not None:
+        old = next(line for line in text.splitlines() if "frequency_GHz:" in line)
+        text = text.replace(old, f"  frequency_GHz: {frequency}")
+    path = tmp_path / "mine.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_file_with_the_systems_device_name_and_other_numbers_is_an_override(cli, tmp_path):
+    """(issue 21, finding 24) The name alone does not make it the system's device: a file
+    that keeps ``name: a100-sxm4-80gb`` with another clock gets the override note, naming
+    the file and that its numbers differ."""
+    mine = _a100_copy(tmp_path, frequency="2.5")
+    p = crossflow.predict(workload=MODEL, system="dgx-a100", hardware=str(mine))
+    assert p.hardware == "a100-sxm4-80gb" and p.device_overrides_system
+    (note,) = p.notes
+    assert str(mine) in note and "other numbers" in note and "dgx-a100" in note, note
+    code, out, _ = cli("predict", "--workload", MODEL, "--system", "dgx-a100",
+                       "--hardware", mine)
+    assert code == 0 and f"note: {note}" in out
+
+
+def test_a_copy_of_the_systems_device_file_is_no_override(tmp_path):
+    p = crossflow.predict(workload=MODEL, system="dgx-a100", hardware=str(_a100_copy(tmp_path)))
+    assert not p.device_overrides_system and p.notes == ()
+
+
 def test_no_hardware_and_no_system_is_a_config_error(cli):
     with pytest.raises(ConfigError, match="no device to predict on"):
         crossflow.predict(workload="gemm-8192")

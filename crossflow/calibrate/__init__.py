@@ -89,7 +89,8 @@ __all__ = [
 
 def calibrate_cpu(output: Path, *, quick: bool = False, fma_pipes: int = GENERIC_FMA_PIPES,
                   progress: Callable[[str], None] | None = None,
-                  option: str = "output") -> Path:
+                  option: str = "output", overwrite: bool = True,
+                  force: str = "overwrite=True") -> Path:
     """Measure this machine and write a hardware preset for it; returns the preset's path.
 
     ``output`` is the preset YAML to write (or an existing folder, which gets
@@ -102,6 +103,8 @@ def calibrate_cpu(output: Path, *, quick: bool = False, fma_pipes: int = GENERIC
     ``option`` (``--output`` from the command line) and the path.  All three files are then
     written to temporary files and renamed into place together once everything has been
     measured and the preset validates, so nothing is ever left half-written.
+    ``overwrite=False`` refuses, before anything is measured, when any of the three exists
+    (the message lists them and names ``force``, the option that allows replacing them).
     """
     import yaml
 
@@ -117,7 +120,7 @@ def calibrate_cpu(output: Path, *, quick: bool = False, fma_pipes: int = GENERIC
         (output, option, "the preset"),
         (gemm_path, option, "the GEMM CSV written beside the preset"),
         (stream_path, option, "the STREAM CSV written beside the preset"),
-    ])
+    ], overwrite=overwrite, force=force)
     with files:
         meas = measure(quick=quick, command=f"crossflow.calibrate.calibrate_cpu("
                        f"{str(output)!r}, quick={quick})", progress=progress)

@@ -57,6 +57,7 @@ def run_report(name: str, out_dir: str | Path | None = None, *, quick: bool = Fa
     matplotlib.use("Agg")  # before a report module imports pyplot
     fn = _function(name)
     out = Path(out_dir) if out_dir is not None else Path("mlruns") / "reports" / name
+    check_places(out, tracking_uri if log_mlflow else None, track=log_mlflow)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     result: dict[str, Any] = fn(out, quick)
@@ -68,6 +69,23 @@ def run_report(name: str, out_dir: str | Path | None = None, *, quick: bool = Fa
     if log_mlflow:
         _log(name, out, result, quick, elapsed, tracking_uri)
     return path
+
+
+def check_places(out: Path, tracking_uri: str | None, *, track: bool = True) -> None:
+    """A ConfigError unless the report's folder and its tracking store can be written:
+    checked before the report's work (minutes without --quick), not met when it is saved."""
+    from crossflow.outputs import check_output_folder
+    from crossflow.search.tracking.check import check_tracking
+
+    check_output_folder(Path(out).absolute(), "--out", "the report's folder")
+    if not track:
+        return
+    try:
+        check_tracking(tracking_uri)
+    except ConfigError as exc:  # (its usual advice names --no-tracking, which report lacks)
+        raise ConfigError(exc.problem, file=exc.file, key=exc.key, value=exc.value,
+                          allowed="another store with --tracking-uri, or run where "
+                          "mlruns/ can be written") from None
 
 
 def _log(name: str, out: Path, result: dict, quick: bool, elapsed: float,

@@ -193,6 +193,7 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
 
         check_storage(storage)
     root = Path(root or MLRUNS)
+    check_places(setup, root, storage=storage, tracking_uri=tracking_uri, track=track)
     t0 = time.perf_counter()
     known = best_known(setup, root=root, progress=progress, **(best_known_options or {}))
     tasks = [(setup.file or setup.name, s, seed, budget, storage, str(root))
@@ -232,12 +233,42 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     run_id = None
     if track:
         run_id = log_mlflow(setup, runs, summary, files, reference, known, budget, seeds,
-                            tracking_uri or setup.spec.tracking_uri or
-                            (f"sqlite:///{(root / 'mlflow.db').resolve()}"
-                             if root != Path(MLRUNS) else None))
+                            _tracking_uri(setup, tracking_uri, root))
     return {"study": setup.name, "runs": runs, "summary": summary, "reference": reference, "best_known": known,
             "beaten": beaten, "table": table, "files": files, "mlflow_run_id": run_id,
             "elapsed_s": elapsed}
+
+
+def _tracking_uri(setup, tracking_uri: str | None, root: Path) -> str | None:
+    """Where a comparison logs: ``--tracking-uri``, the study's, else ``root``'s store
+    (None: the default ``mlruns/mlflow.db``)."""
+    return tracking_uri or setup.spec.tracking_uri or (
+        f"sqlite:///{(root / 'mlflow.db').resolve()}" if root != Path(MLRUNS) else None)
+
+
+def check_places(setup, root: Path, *, storage: str | None = None,
+                 tracking_uri: str | None = None, track: bool = True) -> None:
+    """A ConfigError unless the comparison can write where it will: ``root`` (the report,
+    the best-known cache and, without ``storage``, the journals) and the tracking store.
+    Checked before the best-known search, which alone takes minutes, so that an unwritable
+    place is not found only when its result is to be saved."""
+    from crossflow.outputs import check_output_folder
+    from crossflow.search.tracking.check import check_tracking
+
+    check_output_folder(Path(root).absolute(), "--root", "the comparison's folder: its "
+                        "report, the best-known cache" + ("" if storage else
+                                                          " and the runs' journals"))
+    if not track:
+        return
+    from_file = not tracking_uri and setup.spec.tracking_uri is not None
+    try:
+        check_tracking(_tracking_uri(setup, tracking_uri, root), storage,
+                       key="tracking_uri" if from_file else "--tracking-uri")
+    except ConfigError as exc:
+        if from_file and setup.file:  # the study file's URI: its message names that file
+            raise ConfigError(exc.problem, file=setup.file, key=exc.key, value=exc.value,
+                              allowed=exc.allowed) from None
+        raise
 
 
 def _say(enabled: bool, r: dict[str, Any], done: int, total: int) -> None:

@@ -371,18 +371,19 @@ STORAGES = ("a journal file path (created when missing), sqlite:///FILE.db, "
 _MLFLOW_TABLES = {"experiments", "runs", "metrics", "params"}
 
 
-def check_storage(url: str, *, key: str = "storage") -> None:
+def check_storage(url: str, *, key: str = "storage", for_reading: bool = False) -> None:
     """A ConfigError, before anything is created, unless ``url`` can hold studies: a journal
     path that can be a file (:func:`~crossflow.search.journal.check_journal_path`), or a
     database URL whose scheme SQLAlchemy knows, whose driver is installed, that is not an
     in-memory SQLite database and not MLflow's tracking database.  Nothing is created (a
-    SQLite file is only read, when it exists)."""
+    SQLite file is only read, when it exists).  ``for_reading``: the caller only reads, so
+    a journal file that can be read will do."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("an empty storage", key=key, value=url, allowed=STORAGES)
     if not is_url(url):
         from crossflow.search.journal import check_journal_path
 
-        check_journal_path(url, key=key)
+        check_journal_path(url, key=key, for_reading=for_reading)
         return
     check_userinfo(url, key=key)
     shown = redact(url)
@@ -447,14 +448,16 @@ def _existing_tables(url: str) -> set[str]:
 
 
 def make_storage(url: str, *, heartbeat_s: float | None = None,
-                 reconnect_s: float = RECONNECT_S):
+                 reconnect_s: float = RECONNECT_S, for_reading: bool = False):
     """An Optuna storage for ``url``: an RDB URL (``://``) gives a
     :class:`ResilientRDBStorage` with heartbeats every ``heartbeat_s`` seconds (default
     :data:`HEARTBEAT_S`) and stale-trial retry; anything else is a journal file path
-    (created with its folder)."""
+    (created with its folder).  ``for_reading``: the caller only reads (``study show``,
+    ``study best``), so an existing journal this process cannot write is opened read-only
+    rather than refused."""
     import optuna
 
-    check_storage(url)
+    check_storage(url, for_reading=for_reading)
     check_heartbeat(heartbeat_s, key="heartbeat_s")
     if is_url(url):
         if url.startswith("sqlite:///"):
@@ -483,9 +486,11 @@ def make_storage(url: str, *, heartbeat_s: float | None = None,
                 raise
     from optuna.storages import JournalStorage
 
-    from crossflow.search.journal import SafeJournalBackend
+    from crossflow.search.journal import ReadOnlyJournalBackend, SafeJournalBackend, writable
 
     path = Path(url)
+    if for_reading and path.is_file() and not writable(path):
+        return JournalStorage(ReadOnlyJournalBackend(str(path)))
     path.parent.mkdir(parents=True, exist_ok=True)
     return JournalStorage(SafeJournalBackend(str(path)))
 

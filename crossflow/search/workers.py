@@ -305,9 +305,10 @@ def work(study, objective, total: int, *, callbacks: list[Any], stop: GracefulSt
         try:
             study.optimize(budgeted, n_trials=c.free, callbacks=[*callbacks, full, stop],
                            catch=(Surplus,), gc_after_trial=False)
-        except AssertionError as exc:
-            # Optuna's trial runner asserts when recording a trial's end fails; the
-            # storage's own error (a full disk, say) is what the user must read
+        except (AssertionError, UnboundLocalError) as exc:
+            # Optuna's trial runner asserts, or meets an unset local in its `finally`, when
+            # recording a trial's end fails; the storage's own error (a full disk, a journal
+            # deleted under the launch) is what the user must read
             raise _storage_error(exc) or exc from None
 
 

@@ -132,3 +132,28 @@ def test_report_out_that_is_not_a_folder_is_refused_before_any_work(tmp_path, cl
     _paragraph(err)
     assert "--out" in err and str(out) in err and "nothing was written" in err
     assert (tmp_path / "plain").read_text() == "x"
+
+
+@pytest.mark.parametrize("failing", ["x.hardware.yaml", "x.yaml"])
+def test_a_failed_write_names_the_file_that_failed(here, monkeypatch, failing):
+    """(issue 21, finding 24) The message names the file whose write failed — a side file
+    as such — not always the design file."""
+    setup = load_study("quickstart")
+    study = open_study(setup, str(here / "mlruns/optuna/quickstart.journal"), create=False)
+    design = best_design(setup, study)
+    real = Path.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.name.startswith(f".{failing}."):  # the temporary file beside it
+            raise OSError(28, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(ConfigError) as info:
+        export_design(design, here / "x.yaml")
+    text = str(info.value)
+    assert f"{here / failing} (" in text and "No space left on device" in text, text
+    if failing == "x.hardware.yaml":
+        assert "the design's hardware" in text and f"{here / 'x.yaml'} (" not in text, text
+    assert not (here / "x.yaml").exists() and not (here / "x.hardware.yaml").exists()
+    assert not _leftovers(here)

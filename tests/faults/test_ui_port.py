@@ -121,6 +121,7 @@ def test_the_ui_says_its_url_and_the_plain_mlflow_command(monkeypatch, capsys):
 
     monkeypatch.setattr(children, "spawn_group", spawn)
     monkeypatch.setattr(children, "kill_group", lambda proc, *a, **k: 0)  # no group to end
+    monkeypatch.setattr(ui, "check_store", lambda uri: None)  # no database behind the URL
     assert ui.launch_ui("postgresql://bob:secret@127.0.0.1:5432/mlflow", port=port) == 0
     err = capsys.readouterr().err
     assert f"http://127.0.0.1:{port}" in err and "Ctrl-C" in err

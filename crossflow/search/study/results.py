@@ -187,17 +187,21 @@ def export_design(design: Mapping[str, Any], path: str | Path, *, overwrite: boo
     outputs = [(p, option, labels.get(part, f"the design's {part}, written beside it"))
                for part, p in paths.items()]
     with OutputFiles(outputs, overwrite=overwrite) as files:
-        try:
-            _write_export(files, design, paths)
-        except OSError as exc:  # a full disk, say: the temporary files are removed
-            raise output_error(Path(path), option, "the exported design",
-                               f"could not be written ({exc.strerror or exc})") from None
+        def write(part: str, text: str) -> None:
+            try:
+                files.temp(paths[part]).write_text(text, encoding="utf-8")
+            except OSError as exc:  # a full disk, say: the temporary files are removed
+                what = next(w for p, _, w in outputs if p == paths[part])
+                raise output_error(paths[part], option, what,
+                                   f"could not be written ({exc.strerror or exc})") from None
+
+        _write_export(write, design, paths)
         files.commit()
     return paths
 
 
-def _write_export(files, design: Mapping[str, Any], paths: Mapping[str, Path]) -> None:
-    """The export's files, to the temporary files of ``files``."""
+def _write_export(write, design: Mapping[str, Any], paths: Mapping[str, Path]) -> None:
+    """The export's files, each through ``write(part, text)``."""
     args = design["predict"]
     command = ["crossflow", "predict"]
     for part in ("workload", "hardware", "system", "parallelism"):
@@ -205,8 +209,7 @@ def _write_export(files, design: Mapping[str, Any], paths: Mapping[str, Path]) -
         if value is None:
             continue
         if part in paths:
-            files.temp(paths[part]).write_text(
-                yaml.safe_dump(dict(value), sort_keys=False), encoding="utf-8")
+            write(part, yaml.safe_dump(dict(value), sort_keys=False))
             value = str(paths[part])
         command += [f"--{part}", str(value)]
     if args.get("mapping_order"):
@@ -216,8 +219,7 @@ def _write_export(files, design: Mapping[str, Any], paths: Mapping[str, Path]) -
     header = (f"# Best design of study {design['study']} (trial {design['trial']}).\n"
               "# 'predict' holds the keyword arguments of crossflow.predict(**predict);\n"
               f"# from the shell:\n#   {doc['command']}\n")
-    files.temp(paths["design"]).write_text(header + yaml.safe_dump(doc, sort_keys=False),
-                                           encoding="utf-8")
+    write("design", header + yaml.safe_dump(doc, sort_keys=False))
 
 
 # --- summaries ------------------------------------------------------------------------------
@@ -351,7 +353,7 @@ def _count_trials(path: str, name: str) -> int | None:
     import optuna
 
     try:
-        summaries = optuna.get_all_study_summaries(make_storage(path))
+        summaries = optuna.get_all_study_summaries(make_storage(path, for_reading=True))
     except Exception:  # noqa: BLE001 - a damaged file should not break the listing
         return None
     return next((s.n_trials for s in summaries if s.study_name == name), None)

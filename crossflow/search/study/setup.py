@@ -340,17 +340,20 @@ def _parallelism(source: Any, base: Path | None, file: str | None):
 
 
 def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = True,
-               sampler=None, heartbeat_s: float | None = None):
+               sampler=None, heartbeat_s: float | None = None, for_reading: bool = False):
     """The Optuna study of ``setup`` in ``storage`` (default: the study's), created if
     ``create`` (else a ConfigError when it is not there).  ``heartbeat_s``: seconds between
-    heartbeats of running trials on an RDB storage (see :mod:`crossflow.search.storage`)."""
+    heartbeats of running trials on an RDB storage (see :mod:`crossflow.search.storage`).
+    ``for_reading`` (with ``create=False``): the caller only reads, so a journal in a
+    read-only place is opened read-only."""
     import optuna
 
     url = storage or setup.storage
     if not create and not is_url(url) and not Path(url).is_file():
         raise ConfigError(f"no study {setup.name!r}: {url} does not exist; run it first "
                           f"('crossflow study run {setup.name}')", key="storage", value=url)
-    backend = make_storage(url, heartbeat_s=heartbeat_s)
+    backend = make_storage(url, heartbeat_s=heartbeat_s,
+                           for_reading=for_reading and not create)
     try:  # loaded first: an existing study that is refused below gets nothing written
         study = optuna.load_study(study_name=setup.name, storage=backend, sampler=sampler)
     except KeyError:

@@ -9,28 +9,31 @@ from pathlib import Path
 from crossflow.search.locations import default_tracking_uri
 
 
-def resolve_locations(tracking_uri: str | None,
-                      artifact_root: str | None = None) -> tuple[str, str | None]:
+def resolve_locations(tracking_uri: str | None, artifact_root: str | None = None, *,
+                      create: bool = True) -> tuple[str, str | None]:
     """(tracking URI, artifact root URI or None).
 
     No URI: the SQLite store ``<cwd>/mlruns/mlflow.db`` with artifacts in
     ``<cwd>/mlruns/artifacts``.  A ``sqlite:///path/x.db`` URI: artifacts beside the
     database (``path/artifacts``).  A server (``http(s)://``, ``databricks``): the server's
     own artifact store unless ``artifact_root`` is given.  Any other database URI:
-    ``<cwd>/mlruns/artifacts``.  Local artifact directories are created."""
+    ``<cwd>/mlruns/artifacts``.  Local artifact directories are created unless not
+    ``create`` (a reader such as ``crossflow ui`` on a read-only store)."""
     uri = tracking_uri or default_tracking_uri()
     if artifact_root is None:
         if uri.startswith(("http://", "https://", "databricks")):
             return uri, None
         if uri.startswith("sqlite:///"):
             db = Path(uri[len("sqlite:///"):])
-            db.parent.mkdir(parents=True, exist_ok=True)
+            if create:
+                db.parent.mkdir(parents=True, exist_ok=True)
             artifact_root = str(db.parent.resolve() / "artifacts")
         else:
             artifact_root = str(Path.cwd().resolve() / "mlruns" / "artifacts")
     if "://" not in artifact_root:
         path = Path(artifact_root).resolve()
-        path.mkdir(parents=True, exist_ok=True)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
         artifact_root = path.as_uri()
     return uri, artifact_root.rstrip("/")
 

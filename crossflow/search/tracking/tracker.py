@@ -370,6 +370,24 @@ class StudyTracker:
         self.stats["records_sent"] += 1
         return {"op": "trial", "record": record, "backfill": backfill}
 
+    def _summary_msg(self, study: Any, best_design: Any) -> dict[str, Any]:
+        return {"op": "summary", "study_name": self.study_name,
+                "directions": [d.name.lower() for d in study.directions],
+                "metric_names": self._names(study), "sampler": self._sampler(study),
+                "best_design": best_design, "space": _plain(self.search_space),
+                "trials": [_serialize(t) for t in study.get_trials(deepcopy=False)]}
+
+    def _read_study(self, read, *args: Any) -> Any:
+        """``read(*args)``, which reads the study's storage; None when the storage fails
+        (a journal deleted, a database gone): the launch's own thread meets the same error
+        and reports it, so this thread logs what it can instead of dying with a
+        traceback."""
+        try:
+            return read(*args)
+        except Exception as exc:  # noqa: BLE001 - see above
+            self.stats.setdefault("storage_errors", []).append(f"{type(exc).__name__}: {exc}")
+            return None
+
     def _front(self) -> None:
         """Queue -> messages, in batches of whatever is waiting -> :meth:`_dispatch`."""
         cpu0 = time.thread_time()
@@ -387,22 +405,18 @@ class StudyTracker:
                     if kind == "msg":
                         msgs.append(item[1])
                     elif kind == "trial":
-                        msgs.append(self._trial_msg(item[1], item[2]))
+                        msgs.append(self._read_study(self._trial_msg, item[1], item[2]))
                     elif kind == "summary":
-                        study = item[1]
-                        msgs.append({
-                            "op": "summary", "study_name": self.study_name,
-                            "directions": [d.name.lower() for d in study.directions],
-                            "metric_names": self._names(study), "sampler": self._sampler(study),
-                            "best_design": item[2], "space": _plain(self.search_space),
-                            "trials": [_serialize(t) for t in study.get_trials(deepcopy=False)]})
+                        msgs.append(self._read_study(self._summary_msg, item[1], item[2]))
                     elif kind == "sweep":  # every finished trial without a run
                         self._dispatch([m for m in msgs if m])
                         msgs = []
                         self._ready.wait(timeout=120)
                         known = self._known or {}
-                        msgs += [self._trial_msg(item[1], t) for t in _finished(item[1])
-                                 if not is_logged(known, t.number, _ms(t.datetime_start))]
+                        msgs += self._read_study(lambda study, known=known: [
+                            self._trial_msg(study, t) for t in _finished(study)
+                            if not is_logged(known, t.number, _ms(t.datetime_start))],
+                            item[1]) or []
                 self._dispatch([m for m in msgs if m])
         finally:
             if self._proc is not None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import socket
 import sys
 
 from crossflow.errors import ConfigError
-from crossflow.search.locations import redact
+from crossflow.search.locations import default_tracking_uri, redact
 from crossflow.search.tracking.paths import resolve_locations
 
 
@@ -33,11 +34,91 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
                 file="command line", key="--port", value=port) from None
 
 
+#: Tracking stores that are databases MLflow opens itself (a server is asked, not opened).
+_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def check_store(tracking_uri: str | None) -> None:
+    """Refuse (:class:`ConfigError`, exit 2) a tracking database MLflow cannot open — not
+    readable, not a database, a schema MLflow must migrate, a migration left half-done —
+    before the server starts, which would print MLflow's traceback per worker and exit.
+    Opened as the server opens it (a new store's tables are made, as the server would)."""
+    from crossflow.search.tracking.check import _reachable, local_path, scheme_of
+
+    uri = tracking_uri or default_tracking_uri()
+    kind = scheme_of(uri)
+    if kind not in _DATABASES:
+        return
+    shown = redact(uri)
+
+    def refuse(problem: str) -> ConfigError:
+        return ConfigError(problem, file="command line", key="--tracking-uri", value=shown,
+                           allowed="a tracking database MLflow can open (--tracking-uri), "
+                           "e.g. the sqlite:///.../mlflow.db a study run made")
+
+    path = local_path(uri) if kind == "sqlite" else None
+    if path is not None and path.exists():
+        if not path.is_file():
+            raise refuse(f"{path} is not a regular file")
+        if not os.access(path, os.R_OK):
+            raise refuse(f"{path} cannot be read by this user (permission denied)")
+    elif path is not None:  # a new, empty store, as the server would make it
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise refuse(f"{path} does not exist and its folder cannot be made "
+                         f"({exc.strerror or exc})") from None
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise refuse(f"{path} does not exist and cannot be created: its folder "
+                         f"{path.parent} is read-only for this user")
+    if kind != "sqlite":
+        try:
+            _reachable(uri, 5.0)
+        except ConfigError as exc:  # (its advice names --no-tracking, which ui lacks)
+            raise refuse(exc.problem) from None
+    import sqlalchemy
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from crossflow.search.storage import _engine_kwargs
+
+    what = f"the tracking database {path}" if path is not None else "this tracking database"
+    engine = None
+    quiet = logging.getLogger("mlflow")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL + 1)  # MLflow logs each failure with its traceback
+    try:
+        # one connection attempt: MLflow's own engine retries a refused login or an
+        # unopenable file for minutes; the store is then opened on this engine, as the
+        # server opens it (a new store's tables made, an existing one's schema verified)
+        engine = sqlalchemy.create_engine(uri, **_engine_kwargs(uri))
+        sqlalchemy.inspect(engine).get_table_names()
+        SqlAlchemyStore._engine_map[uri] = engine
+        SqlAlchemyStore(uri, resolve_locations(uri, create=False)[1])
+    except Exception as exc:  # noqa: BLE001 - whatever MLflow raises, said in one line
+        raise refuse(f"MLflow cannot open {what}: {_first(exc)}") from None
+    finally:
+        quiet.setLevel(level)
+        if engine is not None:
+            SqlAlchemyStore._engine_map.pop(uri, None)
+            engine.dispose()
+
+
+def _first(exc: BaseException) -> str:
+    """An error's text in one line: MLflow's advice kept, its small print and SQLAlchemy's
+    statement and background link dropped."""
+    text = " ".join(str(exc).split())
+    for marker in (" NOTE: ", " [SQL: ", " (Background on this error"):
+        cut = text.find(marker)
+        text = text[:cut] if cut > 0 else text
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
 def ui_command(tracking_uri: str | None = None, host: str = "127.0.0.1", port: int = 5000,
                workers: int = 1) -> list[str]:
     """The ``mlflow ui`` command line for a store (default: ``mlruns/mlflow.db`` here, its
     artifacts in ``mlruns/artifacts``)."""
-    uri, artifacts = resolve_locations(tracking_uri)
+    # (created by MLflow when an artifact is first logged: a read-only store can be browsed)
+    uri, artifacts = resolve_locations(tracking_uri, create=False)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
            "--host", host, "--port", str(port), "--workers", str(workers)]
     if artifacts is not None and tracking_uri is None:
@@ -82,6 +163,7 @@ def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: in
     from crossflow.search.children import forward_signals, spawn_group
 
     check_port(port, host)
+    check_store(tracking_uri)
     cmd = ui_command(tracking_uri, host, port, workers)
     # the store's URL (it may hold a password) goes by the environment, which `ps` does not
     # show to other users, not on the server's and its supervisor's command lines
