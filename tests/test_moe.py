@@ -229,8 +229,10 @@ def test_expert_parallel_is_a_searchable_parallelism_option():
 
     setup = load_study("qwen3-30b-a3b-h100")
     assert setup.space.dimension("expert_parallel").choices == (1, 2, 4, 8, 16)
+    assert setup.space.dimension("context_parallel").choices == (1, 2)
     design = setup.space.decode({"strategy": "t1-d16-p1", "mapping_order": "kp1-kp2-dp-lp",
-                                 "expert_parallel": 8, "micro_batch_size": 1,
+                                 "expert_parallel": 8, "context_parallel": 1,
+                                 "micro_batch_size": 1,
                                  "use_distributed_optimizer": True})
     par = setup.parallelism(design)
     assert par["strategy"] == "t1-d16-p1" and par["expert_parallel"] == 8
