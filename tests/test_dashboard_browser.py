@@ -15,58 +15,23 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import pytest
 from test_ui_browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
-    LOCAL,
     artifacts_dir,
-    free_port,
+    crossflow_server,
     need,
-    server_env,
-    stop_group,
-    tail,
 )
 
 TRIALS = 12
 
 
-@contextlib.contextmanager
 def dashboard_server(cwd: Path, *args: str, timeout_s: float = 60):
-    """``crossflow dashboard ARGS --port P`` running in ``cwd``; yields its base URL.  The
-    server runs in its own process group, stopped at exit."""
-    port = free_port()
-    log = open(cwd / "dashboard.log", "w+b")  # noqa: SIM115 - closed in the finally
-    proc = subprocess.Popen([sys.executable, "-m", "crossflow.cli", "dashboard", *args,
-                             "--port", str(port)], cwd=cwd, env=server_env(),
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"crossflow dashboard exited with {proc.returncode}:\n{tail(log)}")
-            try:
-                with LOCAL.open(url + "/api/studies", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"crossflow dashboard did not answer on {url} in {timeout_s:.0f} "
-                            f"s:\n{tail(log)}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        stop_group(proc)
-        log.close()
+    """``crossflow dashboard ARGS`` running in ``cwd`` (:func:`crossflow_server`)."""
+    return crossflow_server(cwd, "dashboard", args, "/api/studies", timeout_s)
 
 
 def best_feasible(work: Path):

@@ -81,35 +81,42 @@ def server_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def ui_server(cwd: Path, *args: str, timeout_s: float = 90):
-    """``crossflow ui --port P ARGS`` running in ``cwd``; yields its base URL.  The server
-    (and MLflow's uvicorn / gunicorn workers) run in their own process group, killed at
-    exit."""
+def crossflow_server(cwd: Path, command: str, args: tuple[str, ...], health: str,
+                     timeout_s: float):
+    """``crossflow COMMAND ARGS --port P`` running in ``cwd`` until ``health`` answers 200;
+    yields its base URL.  The server (and its workers) run in their own process group,
+    killed at exit; its output is in ``cwd/COMMAND.log``."""
     port = free_port()
-    log = open(cwd / "ui.log", "w+b")  # noqa: SIM115 - closed in the finally
-    proc = subprocess.Popen([sys.executable, "-m", "crossflow.cli", "ui", "--port", str(port),
-                             *args], cwd=cwd, env=server_env(), stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log = open(cwd / f"{command}.log", "w+b")  # noqa: SIM115 - closed in the finally
+    proc = subprocess.Popen([sys.executable, "-m", "crossflow.cli", command, *args,
+                             "--port", str(port)], cwd=cwd, env=server_env(),
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"crossflow ui exited with {proc.returncode}:\n{tail(log)}")
+                pytest.fail(f"crossflow {command} exited with {proc.returncode}:\n{tail(log)}")
             try:
-                with LOCAL.open(url + "/health", timeout=2) as resp:
+                with LOCAL.open(url + health, timeout=2) as resp:
                     if resp.status == 200:
                         break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"crossflow ui did not answer on {url} in {timeout_s:.0f} s:\n"
-                            f"{tail(log)}")
+                pytest.fail(f"crossflow {command} did not answer on {url} in "
+                            f"{timeout_s:.0f} s:\n{tail(log)}")
             time.sleep(0.25)
         yield url
     finally:
         stop_group(proc)
         log.close()
+
+
+def ui_server(cwd: Path, *args: str, timeout_s: float = 90):
+    """``crossflow ui ARGS`` running in ``cwd`` (:func:`crossflow_server`)."""
+    return crossflow_server(cwd, "ui", args, "/health", timeout_s)
 
 
 def study_link(cwd: Path, url: str, name: str = "quickstart", timeout_s: float = 30) -> str:

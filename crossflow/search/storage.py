@@ -417,10 +417,11 @@ def check_storage(url: str, *, key: str = "storage", for_reading: bool = False) 
                           "a storage of their own", key=key, value=shown, allowed=STORAGES)
 
 
-def _existing_tables(url: str) -> set[str]:
-    """The tables of the database at ``url``, read without creating anything (empty when it
-    does not exist or cannot be reached: opening the storage then says why)."""
+def existing_tables(url: str) -> set[str]:
+    """The tables of the database at ``url``, read without creating anything (none when a
+    SQLite file does not exist); the driver's error when it cannot be read."""
     if url.startswith("sqlite:"):
+        import contextlib
         import sqlite3
 
         from sqlalchemy.engine import make_url
@@ -428,22 +429,25 @@ def _existing_tables(url: str) -> set[str]:
         path = make_url(url).database
         if not path or not Path(path).is_file():
             return set()
-        try:
-            with sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True,
-                                 timeout=5) as conn:
-                rows = conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-                return {r[0] for r in rows}
-        except sqlite3.Error:
-            return set()
+        with contextlib.closing(sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro",
+                                                uri=True, timeout=5)) as conn:
+            return {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table'")}
     import sqlalchemy
 
+    engine = sqlalchemy.create_engine(url, **_engine_kwargs(url))
     try:
-        engine = sqlalchemy.create_engine(url, **_engine_kwargs(url))
-        try:
-            return set(sqlalchemy.inspect(engine).get_table_names())
-        finally:
-            engine.dispose()
-    except Exception:  # noqa: BLE001 - unreachable now: make_storage retries and reports it
+        return set(sqlalchemy.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _existing_tables(url: str) -> set[str]:
+    """:func:`existing_tables`, empty when the database cannot be read (opening the storage
+    then says why: make_storage retries and reports it)."""
+    try:
+        return existing_tables(url)
+    except Exception:  # noqa: BLE001 - any driver's error
         return set()
 
 

@@ -415,22 +415,10 @@ def open_source(location: str, key: str = "storage"):
 def _tables(url: str, key: str) -> set[str]:
     """The tables of the database at ``url`` (nothing is created; a SQLite file that does
     not exist has none), or a ConfigError when it cannot be reached."""
-    import sqlalchemy
+    from crossflow.search.storage import existing_tables
 
-    from crossflow.search.storage import _engine_kwargs
-
-    if url.startswith("sqlite:"):
-        from sqlalchemy.engine import make_url
-
-        path = make_url(url).database
-        if not path or not Path(path).is_file():
-            return set()
     try:
-        engine = sqlalchemy.create_engine(url, **_engine_kwargs(url))
-        try:
-            return set(sqlalchemy.inspect(engine).get_table_names())
-        finally:
-            engine.dispose()
+        return existing_tables(url)
     except Exception as exc:  # noqa: BLE001 - any driver's error: said in one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"cannot read the database ({first})", key=key,
