@@ -13,7 +13,6 @@ trials (Optuna constraints).  The trial's page is saved as ``test-artifacts/dash
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ from test_ui_browser import (
     CHROMIUM_ARGS,
     artifacts_dir,
     crossflow_server,
-    need,
+    playwright_or_skip,
 )
 
 TRIALS = 12
@@ -47,14 +46,7 @@ def best_feasible(work: Path):
 
 
 def test_dashboard_shows_decoded_designs_in_chromium(cli, tmp_path, monkeypatch):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    if sync_playwright is None:
-        need("playwright is not installed")
-    if not os.access(CHROMIUM, os.X_OK):
-        need(f"{CHROMIUM} is not installed")
+    sync_playwright = playwright_or_skip()
 
     work = tmp_path / "study"
     work.mkdir()

@@ -179,6 +179,18 @@ GRID_JS = """() => {
 }"""
 
 
+def playwright_or_skip():
+    """Playwright's ``sync_playwright`` where it and Debian's Chromium are installed (else
+    the test is skipped, or fails in CI: :func:`need`)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        need("playwright is not installed")
+    if not os.access(CHROMIUM, os.X_OK):
+        need(f"{CHROMIUM} is not installed")
+    return sync_playwright
+
+
 def cell(row: dict[str, str], name: str) -> str | None:
     """The text of the column whose id names ``name`` (``params.`logic_node``` etc.)."""
     for col, text in row.items():
@@ -188,14 +200,7 @@ def cell(row: dict[str, str], name: str) -> str | None:
 
 
 def test_mlflow_ui_shows_trials_in_chromium(cli, tmp_path, monkeypatch):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    if sync_playwright is None:
-        need("playwright is not installed")
-    if not os.access(CHROMIUM, os.X_OK):
-        need(f"{CHROMIUM} is not installed")
+    sync_playwright = playwright_or_skip()
 
     work = tmp_path / "study"
     work.mkdir()
