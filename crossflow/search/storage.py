@@ -168,6 +168,31 @@ _DB_METHODS = (
 UNBEATEN_S = 30.0
 
 
+#: Attempts at opening a fresh database whose schema other workers create at the same time.
+SCHEMA_RACE_ATTEMPTS = 5
+
+
+def _first_open(open_storage) -> None:
+    """``open_storage()`` (Optuna's RDBStorage set-up: it creates the schema and stamps its
+    version when the database has none), again after a short random pause when it lost a
+    race with another worker creating the same schema: two first launches on a fresh
+    database both see no tables, both create them, and the second one's version stamp or
+    type violates a unique constraint.  The retry finds the schema made."""
+    import random
+
+    import sqlalchemy.exc as sa
+
+    for attempt in range(SCHEMA_RACE_ATTEMPTS):
+        try:
+            return open_storage()
+        except (sa.IntegrityError, sa.ProgrammingError) as exc:
+            text = str(exc).lower()
+            if attempt + 1 == SCHEMA_RACE_ATTEMPTS or not any(
+                    k in text for k in ("unique", "already exists", "duplicate")):
+                raise
+            time.sleep(random.uniform(0.05, 0.3))
+
+
 def _resilient_class():
     from optuna.storages import RDBStorage
     from optuna.storages._rdb import models
@@ -195,7 +220,8 @@ def _resilient_class():
             #: as Optuna's contract says)
             self._running: set[int] = set()
             # the first connection too (a worker started while the database restarts)
-            retrying(lambda: RDBStorage.__init__(self, url, **kwargs), reconnect_s)
+            retrying(lambda: _first_open(lambda: RDBStorage.__init__(self, url, **kwargs)),
+                     reconnect_s)
 
         #: User attributes written at once all the same: which worker runs a trial (so a
         #: running trial's process can be found from anywhere).
