@@ -51,7 +51,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, example, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from crossflow import cli
@@ -295,6 +295,11 @@ def _sqlite(path: Path) -> bool:
 def check_run(argv: list[str], base: Path) -> None:
     refused = _refused_by_parser(argv)
     assume(refused or _runs_live(argv))
+    checked_run(argv, base, refused=refused)
+
+
+def checked_run(argv: list[str], base: Path, refused: bool = False) -> tuple[int, str, str]:
+    """Run ``argv`` in a fresh working directory under ``base`` and assert the contract."""
     cwd = _workdir(base)
     code, out, err = crossflow(argv, cwd)
     what = f"crossflow {' '.join(map(repr, argv))}\nexit {code}\nstderr: {err[-3000:]}"
@@ -308,6 +313,7 @@ def check_run(argv: list[str], base: Path) -> None:
         errors = [line for line in lines if line.startswith("crossflow: error: ")]
         assert len(errors) >= 1, what
     assert not half_written(cwd), (half_written(cwd), what)
+    return code, out, err
 
 
 # --- the tests --------------------------------------------------------------------------------
@@ -329,3 +335,24 @@ def test_every_command_is_fuzzed():
     names = {p[0] for p in COMMANDS if p}
     assert {"predict", "check", "study", "ui", "dashboard", "compare"} <= names
     assert {("study", s) for s in ("list", "run", "worker", "show", "best")} <= set(COMMANDS)
+
+
+# --- what the long run found (issue 21), each a regression test ------------------------------
+
+
+def test_compare_budget_below_the_baselines(tmp_path):
+    """``compare --budget 2`` on a study with 3 baseline trials ran every sampler, then
+    raised ``RuntimeError: ... 3 evaluations, not 2`` with a traceback."""
+    code, _, err = checked_run(["compare", "quickstart", "--samplers", "random", "--seeds",
+                                "1", "--budget", "2", "--no-tracking", "--quiet"], tmp_path)
+    assert code == 2 and "3 baseline trials" in err, err
+
+
+@pytest.mark.parametrize("argv", [["check", "a\nb.yaml"], ["check", "x\x1b[2J.yaml"],
+                                  ["predict", "--workload", "g\u202e\udcff"]],
+                         ids=["newline", "terminal-escape", "bidi-undecodable"])
+def test_an_error_naming_odd_characters_stays_one_line(argv, tmp_path):
+    """A file name with a newline printed its error on two lines (``a`` / ``b.yaml: file not
+    found.``), a terminal escape reached the terminal: each is now written escaped."""
+    code, _, err = checked_run(argv, tmp_path)
+    assert code == 2 and err.strip().count("\n") == 0 and "\x1b" not in err, err
