@@ -349,10 +349,14 @@ def test_compare_budget_below_the_baselines(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["check", "a\nb.yaml"], ["check", "x\x1b[2J.yaml"],
-                                  ["predict", "--workload", "g\u202e\udcff"]],
-                         ids=["newline", "terminal-escape", "bidi-undecodable"])
+                                  ["predict", "--workload", "g\u202e\udcff"],
+                                  ["study", "show", "", "\x17O.\x1eq5\x85"]],
+                         ids=["newline", "terminal-escape", "bidi-undecodable",
+                              "record-separator"])
 def test_an_error_naming_odd_characters_stays_one_line(argv, tmp_path):
     """A file name with a newline printed its error on two lines (``a`` / ``b.yaml: file not
-    found.``), a terminal escape reached the terminal: each is now written escaped."""
+    found.``), a terminal escape reached the terminal, and argparse's "unrecognized
+    arguments" echoed a record separator (a line break to ``splitlines``; found by the long
+    run on ``study show``): each is now written escaped."""
     code, _, err = checked_run(argv, tmp_path)
     assert code == 2 and err.strip().count("\n") == 0 and "\x1b" not in err, err
