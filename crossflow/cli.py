@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from crossflow import __version__
-from crossflow.errors import ConfigError, CrossflowError
+from crossflow.errors import ConfigError, CrossflowError, one_paragraph
 
 EXIT_OK, EXIT_TOLERANCE, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
 
@@ -369,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if isinstance(exc, ConfigError) and not exc.file:
             exc = exc.with_file("command line")  # a value given as an argument
-        print(f"crossflow: error: {exc}", file=sys.stderr)
+        print(f"crossflow: error: {one_paragraph(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("crossflow: interrupted", file=sys.stderr)
@@ -537,7 +537,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             if args.debug:
                 raise
             errors.append(exc)
-            print(f"crossflow: error: {exc}", file=sys.stderr)
+            print(f"crossflow: error: {one_paragraph(str(exc))}", file=sys.stderr)
     return EXIT_BAD_INPUT if errors else EXIT_OK
 
 

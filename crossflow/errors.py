@@ -66,6 +66,15 @@ class InfeasibleDesignError(CrossflowError):
         self.memory_bytes = memory_bytes
 
 
+def one_paragraph(text: str) -> str:
+    """``text`` as the one line an error is printed as: a character that would break it or
+    could not be shown (a newline or tab in a path, a terminal escape, an undecodable byte
+    of a command-line argument) is written as its Python escape, as ``repr`` would."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -188,6 +188,11 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     if seeds < 1 or budget < 1 or workers < 1:
         raise ConfigError("seeds, budget and workers must be >= 1", key="compare",
                           value={"seeds": seeds, "budget": budget, "workers": workers})
+    baselines = len(setup.baseline_trials()) if setup.spec.baseline else 0
+    if budget < baselines:  # every run evaluates them first: no equal budget below that
+        raise ConfigError(f"the budget is smaller than the study's {baselines} baseline "
+                          f"trials, which every run evaluates first", key="budget",
+                          value=budget, allowed=f"an integer >= {baselines}")
     if storage is not None:  # a bad URL fails here, not after the best-known search
         from crossflow.search.storage import check_storage
 
