@@ -585,7 +585,8 @@ def _launch(args: argparse.Namespace, setup) -> int:
         if result.was_complete:  # nothing ran and nothing was recorded: one line says so
             print(f"{setup.name}: {studies.complete_line(args.name, result)}")
             return 1 if result.untracked else EXIT_OK
-        print(f"{setup.name}: {result.trials_run} trials run in {result.elapsed_s:.1f} s, "
+        run = f"{result.trials_run} trial{'' if result.trials_run == 1 else 's'}"
+        print(f"{setup.name}: {run} run in {result.elapsed_s:.1f} s, "
               f"{result.total} in the study ({redact(args.storage or setup.storage)})")
         _print_best(setup, result.best)
         if result.interrupted:

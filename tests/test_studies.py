@@ -95,6 +95,15 @@ def test_rerunning_resumes_without_repeating(tmp_path):
     assert [launch["seed"] for launch in launches] == [0, 1]
 
 
+def test_a_total_below_the_baseline_trials_runs_that_many(tmp_path):
+    """--trials is the study's total: the template's baseline trials count in it."""
+    setup = load_study("quickstart")
+    assert len(setup.baseline_trials()) > 1
+    result = _run(setup, tmp_path, 1)
+    assert result.trials_run == 1 and len(result.study.trials) == 1
+    assert result.study.trials[0].user_attrs.get("baseline") is True
+
+
 def test_interrupted_study_resumes(tmp_path, monkeypatch):
     setup = load_study("quickstart")
     calls = {"n": 0}

@@ -354,7 +354,8 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
         return _complete(setup, study, total, before.done, uri, options)
 
     if setup.spec.baseline and not study.get_trials(deepcopy=False):
-        for params in setup.baseline_trials():
+        # the study's total counts them: a total below their number runs that many of them
+        for params in setup.baseline_trials()[:total]:
             study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
     workers = _worker_count(study, total, options.workers, heartbeats=is_url(url))
     index = sum(1 for k in study.user_attrs if k.startswith("launch."))
