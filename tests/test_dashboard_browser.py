@@ -12,15 +12,11 @@ trials (Optuna constraints).  The trial's page is saved as ``test-artifacts/dash
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import tempfile
 from pathlib import Path
 
 from test_ui_browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     artifacts_dir,
+    chromium_page,
     crossflow_server,
     playwright_or_skip,
 )
@@ -61,37 +57,25 @@ def test_dashboard_shows_decoded_designs_in_chromium(cli, tmp_path, monkeypatch)
     logic = f"design.logic_node {best.params['logic_node']}"
 
     shot = artifacts_dir() / "dashboard.png"
-    profile = tempfile.mkdtemp(prefix="crossflow-chromium-")
-    try:
-        with dashboard_server(work, "quickstart") as url, sync_playwright() as p:
-            ctx = p.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-                viewport={"width": 1400, "height": 900})
-            try:
-                ctx.set_default_timeout(20_000)
-                page = ctx.new_page()
-                page.goto(f"{url}/dashboard/studies/0/trials?numbers={best.number}",
-                          wait_until="load")
-                page.get_by_text(f"Trial {best.number} (trial_id=").wait_for()
-                # the decoded design, first among the user attributes; the logits stay
-                # the parameters
-                page.get_by_text(want, exact=True).wait_for()
-                assert page.get_by_text(logic, exact=True).is_visible()
-                assert page.get_by_text("Best Trial", exact=True).first.is_visible()
-                page.wait_for_timeout(300)
-                page.screenshot(path=str(shot))
-                # infeasible trials are Optuna constraints: the timeline marks them
-                page.goto(f"{url}/dashboard/studies/0", wait_until="load")
-                page.locator("svg text", has_text="Infeasible").first.wait_for(
-                    state="attached")
-                page.get_by_text("iteration_time_s").first.wait_for(state="attached")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=str(shot.with_name("dashboard-failure.png")),
-                                    full_page=True)
-                raise
-            finally:
-                ctx.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
+    with (
+        dashboard_server(work, "quickstart") as url,
+        sync_playwright() as p,
+        chromium_page(p, width=1400, height=900,
+                      failure_shot=shot.with_name("dashboard-failure.png")) as page,
+    ):
+        page.goto(f"{url}/dashboard/studies/0/trials?numbers={best.number}",
+                  wait_until="load")
+        page.get_by_text(f"Trial {best.number} (trial_id=").wait_for()
+        # the decoded design, first among the user attributes; the logits stay
+        # the parameters
+        page.get_by_text(want, exact=True).wait_for()
+        assert page.get_by_text(logic, exact=True).is_visible()
+        assert page.get_by_text("Best Trial", exact=True).first.is_visible()
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(shot))
+        # infeasible trials are Optuna constraints: the timeline marks them
+        page.goto(f"{url}/dashboard/studies/0", wait_until="load")
+        page.locator("svg text", has_text="Infeasible").first.wait_for(
+            state="attached")
+        page.get_by_text("iteration_time_s").first.wait_for(state="attached")
     assert shot.stat().st_size > 10_000

@@ -191,6 +191,30 @@ def playwright_or_skip():
     return sync_playwright
 
 
+@contextlib.contextmanager
+def chromium_page(playwright, *, width: int, height: int, failure_shot: Path):
+    """A page of Debian's Chromium (headless, a throwaway profile); a screenshot of the whole
+    page goes to ``failure_shot`` when the test fails inside."""
+    profile = tempfile.mkdtemp(prefix="crossflow-chromium-")
+    try:
+        ctx = playwright.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": width, "height": height})
+        try:
+            ctx.set_default_timeout(20_000)
+            page = ctx.new_page()
+            try:
+                yield page
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(failure_shot), full_page=True)
+                raise
+        finally:
+            ctx.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 def cell(row: dict[str, str], name: str) -> str | None:
     """The text of the column whose id names ``name`` (``params.`logic_node``` etc.)."""
     for col, text in row.items():
@@ -211,59 +235,47 @@ def test_mlflow_ui_shows_trials_in_chromium(cli, tmp_path, monkeypatch):
     assert len(stored) == TRIALS, sorted(stored)
 
     shot = artifacts_dir() / "mlflow-ui.png"
-    profile = tempfile.mkdtemp(prefix="crossflow-chromium-")
-    try:
-        with ui_server(work) as url, sync_playwright() as p:
-            ctx = p.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-                viewport={"width": 1600, "height": 1000})
-            try:
-                ctx.set_default_timeout(20_000)
-                page = ctx.new_page()
-                page.goto(url, wait_until="load")
-                # MLflow 3 opens in its GenAI view; trials are runs of the model-training view
-                experiments = page.get_by_role("link", name="Experiments", exact=True).first
-                experiments.wait_for()
-                training = page.get_by_text("Model training", exact=True)
-                if training.count():
-                    training.first.click()
-                experiments.click()
-                page.get_by_role("link", name="quickstart", exact=True).first.click()
-                page.get_by_text("matching runs").first.wait_for()
-                assert "/experiments/" in page.url and "/runs" in page.url, page.url
-                # the study's link that crossflow ui prints opens the runs table with the
-                # objective and the design as columns (MLflow's default: dataset, source,
-                # models), none picked by hand
-                page.goto(study_link(work, url), wait_until="load")
-                page.get_by_text("matching runs").first.wait_for()
-                close = page.get_by_role("button", name="Close", exact=True)
-                if close.count():  # the assistant side panel takes a third of the width
-                    close.first.click()
-                # the launch's parent run: expand it to show the trials' child runs
-                launch = page.locator(".ag-row").filter(
-                    has=page.get_by_role("link", name=re.compile(r"^launch-")))
-                launch.first.wait_for()
-                launch.first.locator("button").first.click()
-                page.get_by_role("link", name=f"trial-{TRIALS - 1:05d}").wait_for()
-                page.get_by_role("link", name="trial-00000", exact=True).wait_for()
-                page.wait_for_timeout(500)  # let the grid settle for the screenshot
-                page.screenshot(path=str(shot), full_page=True)
+    with (
+        ui_server(work) as url,
+        sync_playwright() as p,
+        chromium_page(p, width=1600, height=1000,
+                      failure_shot=shot.with_name("mlflow-ui-failure.png")) as page,
+    ):
+        page.goto(url, wait_until="load")
+        # MLflow 3 opens in its GenAI view; trials are runs of the model-training view
+        experiments = page.get_by_role("link", name="Experiments", exact=True).first
+        experiments.wait_for()
+        training = page.get_by_text("Model training", exact=True)
+        if training.count():
+            training.first.click()
+        experiments.click()
+        page.get_by_role("link", name="quickstart", exact=True).first.click()
+        page.get_by_text("matching runs").first.wait_for()
+        assert "/experiments/" in page.url and "/runs" in page.url, page.url
+        # the study's link that crossflow ui prints opens the runs table with the
+        # objective and the design as columns (MLflow's default: dataset, source,
+        # models), none picked by hand
+        page.goto(study_link(work, url), wait_until="load")
+        page.get_by_text("matching runs").first.wait_for()
+        close = page.get_by_role("button", name="Close", exact=True)
+        if close.count():  # the assistant side panel takes a third of the width
+            close.first.click()
+        # the launch's parent run: expand it to show the trials' child runs
+        launch = page.locator(".ag-row").filter(
+            has=page.get_by_role("link", name=re.compile(r"^launch-")))
+        launch.first.wait_for()
+        launch.first.locator("button").first.click()
+        page.get_by_role("link", name=f"trial-{TRIALS - 1:05d}").wait_for()
+        page.get_by_role("link", name="trial-00000", exact=True).wait_for()
+        page.wait_for_timeout(500)  # let the grid settle for the screenshot
+        page.screenshot(path=str(shot), full_page=True)
 
-                headers = page.locator(".ag-header-cell").all_inner_texts()
-                text = " ".join(headers)
-                for name in (METRIC, PARAM, PARAM2):
-                    assert name in text, f"column {name} not in the header {headers}"
-                assert "Dataset" not in text and "Source" not in text, headers
-                rows = page.evaluate(GRID_JS)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=str(shot.with_name("mlflow-ui-failure.png")),
-                                    full_page=True)
-                raise
-            finally:
-                ctx.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
+        headers = page.locator(".ag-header-cell").all_inner_texts()
+        text = " ".join(headers)
+        for name in (METRIC, PARAM, PARAM2):
+            assert name in text, f"column {name} not in the header {headers}"
+        assert "Dataset" not in text and "Source" not in text, headers
+        rows = page.evaluate(GRID_JS)
 
     shown: dict[str, dict[str, str]] = {}
     for row in rows.values():
