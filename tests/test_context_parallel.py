@@ -106,9 +106,9 @@ def test_context_parallel_rows_meet_the_issue_target():
 
 
 def test_context_parallel_is_a_searchable_dimension_that_takes_the_data_ranks():
-    """A strategy name cannot carry context parallelism: with ``context_parallel`` > 1 the
-    study hands predict the Megatron degrees, d / cp replicas, and the prediction's sequence
-    is split over cp ranks."""
+    """With a strategy name, ``context_parallel`` takes the ranks of the strategy's data
+    dimension: d / cp replicas, each sequence split over cp ranks — the same prediction as
+    the Megatron degrees written out."""
     import crossflow
     from crossflow.search.objective import evaluate
     from crossflow.search.study import load_study
@@ -123,12 +123,14 @@ def test_context_parallel_is_a_searchable_dimension_that_takes_the_data_ranks():
                                    "use_distributed_optimizer": True})
 
     par = setup.parallelism(design("t4-d4-p4-v5-sp", 2))
-    assert "strategy" not in par
-    assert (par["tensor_parallel"], par["pipeline_parallel"], par["data_parallel"],
-            par["virtual_pipeline_stages"], par["sequence_parallel"],
-            par["context_parallel"]) == (4, 4, 2, 5, True, 2)
+    assert par["strategy"] == "t4-d4-p4-v5-sp" and par["context_parallel"] == 2
     with_cp = crossflow.predict(workload=setup.workload, system=setup.system, parallelism=par)
     assert with_cp.feasible and with_cp.details["context_parallel"] == 2
+    degrees = {k: v for k, v in par.items() if k != "strategy"} | {
+        "tensor_parallel": 4, "pipeline_parallel": 4, "data_parallel": 2,
+        "virtual_pipeline_stages": 5, "sequence_parallel": True}
+    assert crossflow.predict(workload=setup.workload, system=setup.system,
+                             parallelism=degrees).time_s == with_cp.time_s
     # the same grid without context parallelism: four replicas, the whole sequence each
     plain = setup.parallelism(design("t4-d4-p4-v5-sp", 1))
     assert plain["strategy"] == "t4-d4-p4-v5-sp"

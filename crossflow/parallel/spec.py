@@ -68,7 +68,7 @@ class ParallelismSpec(Spec):
     #: this many devices, keys and values passed around a ring during attention.  The devices
     #: are tensor × context × data × pipeline; in the strategy's grid the context ranks sit
     #: in the data-parallel dimension (Megatron orders them tp-cp-dp-pp), so ``data_parallel``
-    #: stays the number of model replicas
+    #: stays the number of model replicas; with a strategy name its ``d`` is data × context
     context_parallel: Degree = 1
     #: expert parallelism (Megatron's ``--expert-model-parallel-size``): the routed experts of
     #: each MoE layer are split over this many ranks, tokens exchanged by all-to-alls.  Not a
@@ -97,9 +97,7 @@ class ParallelismSpec(Spec):
     @model_validator(mode="after")
     def _consistent(self) -> ParallelismSpec:
         if self.context_parallel > 1 and self.strategy is not None:
-            raise ConfigError("context parallelism takes the Megatron degrees, not a paper "
-                              "strategy name", key="context_parallel",
-                              value=self.context_parallel)
+            self._check_context_parallel()
         if self.expert_parallel > 1:
             self._check_expert_parallel()
         if (self.use_distributed_optimizer is not None and "zero1" in self.model_fields_set
@@ -120,6 +118,19 @@ class ParallelismSpec(Spec):
                               value=self.virtual_pipeline_stages, allowed="schedule: 1f1b")
         self.to_strategy()
         return self
+
+    def _check_context_parallel(self) -> None:
+        """With a strategy name (a search's design), the grid's d is data × context: the
+        context ranks are taken from it, so cp must divide it (Megatron's tensor
+        parallelism only: the paper's kernel parallelism splits no sequence)."""
+        strategy = Strategy.parse(self.strategy)
+        if strategy.kp_type != "TP" or strategy.dp % self.context_parallel:
+            raise ConfigError(
+                f"with a strategy name, context parallelism takes the ranks of its data "
+                f"dimension (Megatron's tp-cp-dp-pp order), so its degree must divide the "
+                f"strategy's d ({self.strategy!r}: {strategy.kp_type}, d = {strategy.dp})",
+                key="context_parallel", value=self.context_parallel,
+                allowed=f"a divisor of {strategy.dp}" if strategy.kp_type == "TP" else "1")
 
     def _check_expert_parallel(self) -> None:
         strategy = self.to_strategy()

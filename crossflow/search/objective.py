@@ -125,21 +125,12 @@ def evaluate_many(setup, designs: Sequence[Design]) -> list[Evaluation]:
             outcome = [Evaluation(None, False, f"invalid hardware: {exc}", 1.0,
                                   designs[i].mapping_order) for i in members]
         else:
-            # a design whose parallelism the configuration refuses (a context-parallel
-            # degree that does not divide the strategy's d) is one infeasible trial
-            got: dict[int, Any] = {}
-            runnable, candidates = [], []
-            for i in members:
-                try:
-                    candidates.append((setup.parallelism(designs[i]), designs[i].mapping_order))
-                    runnable.append(i)
-                except ConfigError as exc:
-                    got[i] = exc
-            if candidates:
-                got.update(zip(runnable, predict_many(setup.workload, arch, setup.system,
-                                                      candidates, return_exceptions=True),
-                               strict=True))
-            outcome = [_outcome(arch, got[i], designs[i]) for i in members]
+            candidates = [(setup.parallelism(designs[i]), designs[i].mapping_order)
+                          for i in members]
+            predictions = predict_many(setup.workload, arch, setup.system, candidates,
+                                       return_exceptions=True)
+            outcome = [_outcome(arch, p, designs[i]) for i, p in zip(members, predictions,
+                                                                      strict=True)]
         share = (time.perf_counter() - t0) / len(members)
         for i, ev in zip(members, outcome, strict=True):
             results[i] = replace(ev, eval_time_s=share)

@@ -99,8 +99,6 @@ class StudySetup:
         if design.strategy is not None:
             out["strategy"] = design.strategy
         out.update(design.parallelism)
-        if out.get("context_parallel", 1) > 1 and "strategy" in out:
-            out.update(_megatron_degrees(out.pop("strategy"), out["context_parallel"]))
         return out
 
     def baseline_params(self) -> dict[str, Any]:
@@ -308,21 +306,6 @@ def check_precision_of(setup: StudySetup) -> None:
                               "arithmetic for the workload's precision", file=setup.file,
                               key="workload", value=f"precision: {precision}",
                               allowed=exc.allowed) from None
-
-
-def _megatron_degrees(strategy: str, cp: int) -> dict[str, Any]:
-    """A strategy's Megatron degrees under context parallelism ``cp``: its grid's data
-    dimension holds the context ranks (Megatron's tp-cp-dp-pp order), so the replicas are
-    d / cp, which a strategy name cannot say itself."""
-    s = Strategy.parse(strategy)
-    if s.kp_type != "TP" or s.dp % cp:
-        raise ConfigError(
-            f"context parallelism takes the data-parallel dimension's ranks of a Megatron "
-            f"strategy, so its degree must divide the strategy's d ({strategy!r}: "
-            f"{s.kp_type}, d = {s.dp})", key="context_parallel", value=cp,
-            allowed=f"a divisor of {s.dp}" if s.kp_type == "TP" else "1")
-    return {"tensor_parallel": s.tp, "pipeline_parallel": s.pp, "data_parallel": s.dp // cp,
-            "virtual_pipeline_stages": s.vp, "sequence_parallel": s.sp}
 
 
 def _parallelism(source: Any, base: Path | None, file: str | None):
