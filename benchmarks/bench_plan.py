@@ -32,10 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import suite  # noqa: E402  (benchmarks/suite.py: the table of studies)
 
+_DEFAULTS: dict[str, dict] = {}
 
-def run(spec, budget: int, seed: int, settings: dict) -> list[float]:
+
+def run(spec, budget: int, seed: int, settings: dict,
+        phases: list[list] | None = None) -> list[float]:
     """Every evaluation's value (inf when infeasible), the baseline trials first (a study
-    samples their missing dimensions at random: counted here as inf)."""
+    samples their missing dimensions at random: counted here as inf); ``phases`` (when
+    given) gets the plan's phases in order, each as [name, evaluations]."""
     import functools
 
     from crossflow.search.objective import evaluate, evaluate_many
@@ -48,21 +52,32 @@ def run(spec, budget: int, seed: int, settings: dict) -> list[float]:
     # "exchange" entry sets them here, to measure what each rule is worth
     settings = dict(settings)
     _plan.exchange = functools.partial(_inner.exchange, **settings.pop("exchange", {}))
+    # ... and a "plan" entry sets the plan module's constants (PATIENCE, SIGMA0, ...); a
+    # pool worker runs many tasks, so each task starts from the module's own values
+    defaults = _DEFAULTS.setdefault("plan", {k: getattr(_plan, k) for k in dir(_plan)
+                                             if k.isupper()})
+    for k, v in {**defaults, **settings.pop("plan", {})}.items():
+        setattr(_plan, k, v)
     setup = load_study(spec)
     names = {d.name for d in setup.space.dimensions}
     values = [evaluate(setup, setup.design(p)).values(setup.objectives)[0]
               if names <= set(p) else math.inf for p in setup.baseline_trials()]
     gen = plan(Problem(setup), seed=seed, settings=Settings(**settings), records=[])
-    _, batch = next(gen)
+    phase, batch = next(gen)
     while len(values) < budget:
         batch = batch[:budget - len(values)]
+        if phases is not None:
+            if phases and phases[-1][0] == phase:
+                phases[-1][1] += len(batch)
+            else:
+                phases.append([phase, len(batch)])
         got = [e.values(setup.objectives)[0] if e.feasible else math.inf
                for e in evaluate_many(setup, [setup.design(p) for p in batch])]
         values += got
         if len(values) >= budget:
             break
         try:
-            _, batch = gen.send(got)
+            phase, batch = gen.send(got)
         except StopIteration:  # the plan has seen the whole (discrete) space
             break
     return values
@@ -71,13 +86,14 @@ def run(spec, budget: int, seed: int, settings: dict) -> list[float]:
 def _task(task):
     entry, variant, settings, seed, budget = task
     t0 = time.perf_counter()
+    phases: list[list] = []
     try:
-        values = run(entry["spec"], budget, seed, settings)
+        values = run(entry["spec"], budget, seed, settings, phases)
     except BaseException as exc:  # a StopIteration would end the pool's iterator silently
         raise RuntimeError(f"{entry['name']} {variant}: {exc!r}") from exc
     return {"study": entry["name"], "half": entry["half"], "variant": variant, "seed": seed,
             "values": [v if math.isfinite(v) else None for v in values],
-            "wall_s": round(time.perf_counter() - t0, 2)}
+            "phases": phases, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def main() -> None:
@@ -140,7 +156,7 @@ def main() -> None:
             print(f"  @{b:5d} {v:24s} median {statistics.median(gaps):7.2f} %  worst "
                   f"{max(gaps):7.2f} %")
     if args.out:
-        args.out.write_text(json.dumps({"variants": variants, "rows": rows}, indent=1))
+        args.out.write_text(json.dumps({"variants": variants, "rows": rows, "runs": runs}))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from crossflow.search.samplers.structured import Settings, StructuredSampler
 from crossflow.search.samplers.structured._inner import exchange
-from crossflow.search.samplers.structured._plan import plan
+from crossflow.search.samplers.structured._plan import _axial, plan
 from crossflow.search.samplers.structured._problem import Cont, Problem
 from crossflow.search.samplers.structured._sampler import (
     DONE,
@@ -117,7 +117,7 @@ def test_paper_lstm_512_extended_from_120_to_400_trials_improves(tmp_path):
     extended = _run(setup, tmp_path, 400).study
     assert len(extended.trials) == 400
     new = [t for t in extended.trials if t.number >= 120]
-    assert {t.user_attrs[PHASE] for t in new} <= {"race", "search"}
+    assert {t.user_attrs[PHASE] for t in new} <= {"axial", "race", "search", "cma"}
     assert min(t.value for t in new if is_feasible(t)) < 0.9 * best_120
 
 
@@ -411,3 +411,50 @@ def test_combinations_the_configuration_refuses_are_never_evaluated():
     outcomes = evaluate_many(setup, [setup.design(p) for p in batch])
     assert not [e.reason for e in outcomes if not e.feasible
                 and e.reason.startswith("invalid combination")]
+
+
+def _toy_far(cont: Cont) -> float:
+    """The toy with a far basin: an SRAM holding 70 % of the area keeps everything on chip
+    (a quarter of the time), a cliff no local move from the template's split reaches."""
+    t = _toy(cont)
+    return t / 4 if cont.simplexes["area"][1] >= 0.7 else t
+
+
+def _exchange_to_end(P, start, f, budget=300):
+    gen = exchange(P, {}, start, f(start), budget, np.random.default_rng(0))
+    try:
+        batch = next(gen)
+        while True:
+            batch = gen.send([f(x) for x in batch])
+    except StopIteration as end:
+        return end.value
+
+
+def test_axial_probes_raise_one_share_and_keep_the_others_proportions():
+    P = _ToyProblem(_ToySetup2())
+    x = Cont({"area": np.array([0.3, 0.05, 0.3, 0.35]), "pins": np.array([0.1, 0.5, 0.4])})
+    probes = _axial(P, x, (0.5, 0.8))
+    # every component of each simplex (slack excluded) at each share it does not hold yet
+    # (pins.b has half already)
+    assert len(probes) == 3 * 2 + 2 * 2 - 1
+    for p in probes:
+        changed = [n for n in ("area", "pins") if not np.array_equal(p.simplexes[n],
+                                                                      x.simplexes[n])]
+        assert len(changed) == 1
+        v, w = x.simplexes[changed[0]], p.simplexes[changed[0]]
+        assert w.sum() == pytest.approx(1.0)
+        (i,) = [k for k in range(len(v)) if not math.isclose(w[k] / v[k], w[-1] / v[-1])]
+        assert w[i] in (0.5, 0.8)
+        others = np.delete(w, i) / np.delete(v, i)
+        assert np.allclose(others, others[0])                 # the rest scaled together
+
+
+def test_the_best_axial_probe_starts_a_search_in_a_basin_the_template_never_reaches():
+    P = _ToyProblem(_ToySetup())
+    start = Cont({"area": np.array([0.3, 0.05, 0.3, 0.35])})
+    near, f_near = _exchange_to_end(P, start, _toy_far)
+    assert near.simplexes["area"][1] < 0.7                   # the template's basin
+    probes = _axial(P, start, (0.5, 0.8))
+    best = min(probes, key=_toy_far)
+    far, f_far = _exchange_to_end(P, best, _toy_far)
+    assert far.simplexes["area"][1] >= 0.7 and f_far < 0.8 * f_near

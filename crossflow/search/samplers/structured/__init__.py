@@ -14,9 +14,13 @@ So the driver (:mod:`._plan`) is built from standard parts:
    (no evaluation; the rejected ones are stored on the study as
    ``structured.memory_rejected``), then every feasible combination in one mapping order,
    then every class of equivalent mapping orders for the best few;
-2. a successive-halving race of local searches of the budget split (a pattern search whose
-   moves land on the AGE's step edges, :mod:`._inner`) among the best few combinations;
-3. the winner's local search, then IPOP-CMA-ES from its best point, alternating.
+2. axial probes of the best combination's split (one budget component raised to half and to
+   four fifths of its simplex: the axial design of mixture experiments), which find the
+   basins a local search from the template's split does not reach;
+3. a successive-halving race of local searches of the budget split (a pattern search whose
+   moves land on the AGE's step edges, :mod:`._inner`) among the best few combinations and
+   the best probe;
+4. the winner's local search, then IPOP-CMA-ES from its best point, alternating.
 
 Every point it evaluates is an Optuna trial (logged to MLflow like any other).  Its four
 settings (:class:`._plan.Settings`) are keyword arguments, settable from a study's

@@ -1,4 +1,5 @@
-"""The driver's plan: screen the discrete choices, race local searches, IPOP-CMA-ES.
+"""The driver's plan: screen the discrete choices, probe the split's axes, race local
+searches, IPOP-CMA-ES.
 
 :func:`plan` is a generator: it yields batches of points (parameter dicts; the points of a
 batch may be evaluated side by side), each with the name of its phase, and receives their
@@ -23,13 +24,17 @@ Phases (every point yielded is one model evaluation, one trial):
    A space with nothing continuous ends the plan there (the sampler goes on with TPE,
    which learns from the screen's trials), after every other order class of every
    combination when ``screen_cap`` is ``all``.
-4. **Race** (successive halving): the ``contenders`` best (combination, order) pairs each
-   run the local search (:func:`._inner.exchange`, a pattern search whose moves land on the
-   AGE's step edges) from the start split, in installments of ``race`` evaluations per
-   coordinate; after each installment the worse half is dropped and the installment
-   doubles, until one is left.  A pair that needs another split (more link power, say)
-   shows it here.
-5. **Search**: the winner's local search runs to its end; then CMA-ES (Hansen's, the
+4. **Axial probes**: the best combination at the start split with one budget component
+   raised to half and to four fifths of its simplex (:func:`_axial`, the axial design of
+   mixture experiments); the best probe is a start of its own in the race.  It is how the
+   plan reaches a basin the template's split is far from (an L2 that holds the weights).
+5. **Race** (successive halving): the ``contenders`` best (combination, order) pairs, each
+   from the start split, and the best axial probe each run the local search
+   (:func:`._inner.exchange`, a pattern search whose moves land on the AGE's step edges),
+   in installments of ``race`` evaluations per coordinate; after each installment the
+   worse half is dropped and the installment doubles, until one is left.  A pair that
+   needs another split (more link power, say) shows it here.
+6. **Search**: the winner's local search runs to its end; then CMA-ES (Hansen's, the
    ``cmaes`` package) from its best point, in the simplexes' natural coordinates (the
    softmax logits), until it stalls; then the local search again from the best point;
    and so on, CMA-ES's population doubled at every turn (IPOP-CMA-ES).  For ever.
@@ -55,7 +60,8 @@ from crossflow.search.space import MAPPING_ORDER
 
 Plan = Generator[tuple[str, list[dict[str, Any]]], list[float], None]
 #: The phase of each batch (stored on its trials as the user attribute ``driver_phase``).
-SCREEN, ORDERS, RACE, SEARCH = "screen", "orders", "race", "search"
+SCREEN, ORDERS, AXIAL_PHASE, RACE, SEARCH, CMA = (
+    "screen", "orders", "axial", "race", "search", "cma")
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,14 @@ SIGMA0 = encoding.SPAN / 2
 #: to the local search often did better on the tuning half (median 1.86 % at 1000
 #: evaluations) than runs left to converge by Hansen's own-history rule (2.22 %).
 PATIENCE = 10
+#: The axial probes' shares (:func:`_axial`): a component raised to half the budget, and to
+#: four fifths of it.  On the suite's tuning half (11 studies with a budget split) they took
+#: the worst gap at 1000 evaluations from 50.2 to 15.3 % and the mean from 8.4 to 4.4 %
+#: (at 300: 64.0 -> 30.6 %, mean 13.1 -> 10.3 %); the median moved by noise (1.95 -> 2.12 %
+#: at 1000).  One share alone did less: 0.5 or 0.7 alone missed the L2-heavy basin of
+#: lstm-4k-64-n3, 0.8 alone lost 3 % on lstm-paper-512-n7-600mm (docs/search-benchmarks.md,
+#: "A fifth round").
+AXIAL = (0.5, 0.8)
 #: A relative gain below this is no gain (the model's own noise floor is far below).
 GAIN = 1e-6
 
@@ -185,9 +199,18 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     def combo(i: int) -> dict[str, Any]:
         return _with(P, feasible[i], order[i])
 
-    # 4. the race: successive halving of local searches
-    alive = [i for i in ranking[:S.contenders] if math.isfinite(value[i])] or ranking[:1]
-    runs = {i: _Local(P, combo(i), x0, value[i], rng) for i in alive}
+    # 4. the axial probes of the best combination, whose best is a start in 5. the race:
+    # successive halving of local searches
+    tops = [i for i in ranking[:S.contenders] if math.isfinite(value[i])] or ranking[:1]
+    starts = [(i, x0, value[i]) for i in tops]
+    if AXIAL:
+        xs = _axial(P, x0, AXIAL)
+        got = yield from ask.points(AXIAL_PHASE, [(combo(tops[0]), x) for x in xs])
+        j = int(np.argmin(got)) if got else 0
+        if got and math.isfinite(got[j]):
+            starts.append((tops[0], xs[j], got[j]))
+    runs = [_Local(P, combo(i), x, f, rng) for i, x, f in starts]
+    alive = list(range(len(runs)))
     installment = S.race * max(1, len(P.coords))
     while len(alive) > 1:
         for i in alive:
@@ -197,7 +220,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     lead = runs[alive[0]]
     discrete = lead.discrete
 
-    # 5. the search: the local search to its end, then CMA-ES from the incumbent (its
+    # 6. the search: the local search to its end, then CMA-ES from the incumbent (its
     # population doubled at every turn: IPOP-CMA-ES) and the local search again from the
     # best point found
     popsize = None
@@ -207,11 +230,32 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         x, fx = lead.best, lead.value
         cma = _Cma(P, discrete, x, fx, rng, popsize=popsize)
         while not cma.stalled():
-            yield from cma.generation(ask, SEARCH)
+            yield from cma.generation(ask, CMA)
         popsize = 2 * cma.cma.population_size
         if cma.value < fx:
             x, fx = cma.best, cma.value
         lead = _Local(P, discrete, x, fx, rng)
+
+
+def _axial(P: Problem, x: Cont, shares: tuple[float, ...]) -> list[Cont]:
+    """The axial points of the split ``x``: one component of one simplex raised to each of
+    ``shares``, the others (slack included) scaled down in proportion — the axial design of
+    mixture experiments (Cornell, *Experiments with Mixtures*, 3rd ed., Wiley 2002), taken
+    from the start split instead of the centroid.  A design in which one unit dominates
+    (L2 large enough to hold the weights, the core with most of the power) sits in another
+    basin of the AGE's whole-unit cliffs than the template's, and a local search from the
+    template does not cross to it."""
+    out = []
+    for name, s in P.simplexes.items():
+        v = x.simplexes[name]
+        for i in range(len(s.components)):
+            for f in shares:
+                if v[i] >= f:
+                    continue
+                w = v * (1 - f) / max(1e-12, 1 - v[i])
+                w[i] = f
+                out.append(Cont({**x.simplexes, name: w}, x.floats))
+    return out
 
 
 def _with(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
