@@ -102,6 +102,30 @@ def test_context_parallel_rows_meet_the_issue_target():
     assert held_out.passed
 
 
+def test_exposing_the_rings_and_the_gradient_reductions_does_not_explain_the_cp_rows():
+    """Issue #22's candidates, bounded: with every transfer of the ring and the whole
+    gradient reduction over the data × context ranks put back on the critical path (an upper
+    bound: Transformer Engine overlaps the first, Megatron-Core the second), every held-out
+    row is still too fast and the mean signed error stays above +5 % (+11 % as modelled;
+    docs/software-stack.md, "What the context-parallel rows leave unexplained")."""
+    import crossflow
+    from crossflow.validation.megatron_bridge import _roomy, case, cp_rows
+
+    errors = []
+    for r in cp_rows():
+        spec, par = case(r)
+        p = crossflow.predict(workload=spec, hardware=_roomy("h100-sxm5-80gb"),
+                              system="dgx-h100-megatron-core", parallelism=par)
+        hidden = p.details["hidden_comm_s"]
+        assert hidden["cp_comm_s"] > 0 and p.breakdown["cp_comm_s"] < 0.01 * p.time_s
+        worst = p.time_s + hidden["cp_comm_s"] + hidden["dp_allreduce_s"]
+        measured = (spec.global_batch_size * spec.seq_length
+                    / (float(r["tokens_per_s_per_gpu"]) * int(r["num_gpus"])))
+        errors.append(measured / worst - 1)  # predicted tokens/s over measured, minus 1
+    assert min(errors) > 0
+    assert sum(errors) / len(errors) > 0.05
+
+
 # --- context parallelism as a search dimension -------------------------------------------
 
 

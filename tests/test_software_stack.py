@@ -156,15 +156,18 @@ def test_vtrain_held_out_four_gpu_rows():
 
 
 def test_vtrain_on_dgx_a100_without_host_is_what_the_issue_reports():
-    """Without the layer the model under-predicts every micro-batch-1 row, by ~50 % on
-    average (issue #12); with it the same rows are unbiased."""
+    """Without the layer the model under-predicts the micro-batch-1 rows, by ~40 % on
+    average (issue #12); with it the same rows are unbiased.  One small row (h2048, t1 d4)
+    is +3 % on ``dgx-a100`` since that profile prices the weight gradients' accumulation
+    into the fp32 buffer (issue #19; −3.6 % before)."""
     import numpy as np
 
     from crossflow.validation.vtrain import predict_rows, vtrain_rows
 
     sample = [r for r in vtrain_rows() if r["micro batch"] == "1"][:40]
     without = predict_rows("dgx-a100", sample)
-    assert all(r.error < 0 for r in without)
+    assert sum(r.error < 0 for r in without) >= len(without) - 1
+    assert max(r.error for r in without) < 0.05
     assert float(np.mean([r.error for r in without])) < -0.4
     with_layer = predict_rows("dgx-a100-megatron-deepspeed", sample)
     assert abs(float(np.mean([r.error for r in with_layer]))) < 0.1

@@ -281,6 +281,13 @@ class SoftwareSpec(Spec):
     #: bytes per parameter of the gradient buffer kept in memory: Megatron-LM keeps an fp32
     #: ``main_grad`` (4, the default); Megatron-Core's buffer has the reduction's type
     main_grad_bytes: Literal[2, 4] = 4
+    #: Megatron's ``--gradient-accumulation-fusion``: each weight-gradient GEMM accumulates
+    #: into the ``main_grad`` buffer (C += AᵀB, ``wgrad_gemm_accum_*``), reading and writing
+    #: ``main_grad_bytes`` per weight element in its epilogue, after a main loop only as
+    #: long as the micro-batch's tokens; that traffic is priced after the GEMM's own time at
+    #: the device's DRAM bandwidth and efficiency (False: the gradient is written once, in
+    #: the GEMM's roofline)
+    gradient_accumulation_fusion: bool = False
 
     @property
     def has_host(self) -> bool:

@@ -25,7 +25,7 @@ INDEX_BYTES = 8
 #: A flash-attention kernel's efficiency relative to the device's GEMM efficiency where no
 #: software profile gives its own: FlashAttention-2 reaches up to 73 % of A100 peak forward
 #: and 63 % backward (Dao 2023, arXiv:2307.08691, §4.1) where cuBLAS GEMMs sustain ~86 %
-#: (the dgx-a100 profile's 0.863): 0.68 / 0.863 ~ 0.8.
+#: (the dgx-a100 profile's 0.863 before issue #19, 0.899 since): 0.68 / 0.86 ~ 0.8.
 FLASH_RELATIVE_EFFICIENCY = 0.8
 
 

@@ -191,7 +191,8 @@ def transformer_iteration(
         routed = b * s // cp // tp * spec.moe_router_topk * h * nbytes
         a2a = network.all_to_all(routed, ep)
     moe_efficiency = software.moe_efficiency if software is not None else 1.0
-    blocks, ends = _passes(arch, spec, tp, sp, coll, cp, ep, a2a, moe_efficiency)
+    blocks, ends = _passes(arch, spec, tp, sp, coll, cp, ep, a2a, moe_efficiency,
+                           accum_bytes(software))
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
     # Context parallelism (Transformer Engine's ring attention, crossflow.sim.ring_attention):
     # each rank holds 1/cp of every sequence and passes its keys and values around the ring
@@ -233,8 +234,13 @@ def transformer_iteration(
     # every chunk but the first its gradients (which the previous receives).
     # With ``overlap.p2p`` (Megatron-Core's overlap_p2p_comm) the transfers run on their own
     # stream behind the next chunk's computation.
+    # Each tensor-parallel rank sends 1/tp of the activation: without sequence parallelism
+    # its 1-D chunk, gathered again on the receiver (SC21 §4.1's scatter-gather); with it
+    # the rank's own sequence shard, which the next stage takes as it is (Megatron-LM's
+    # p2p_communication._communicate skips the split and the gather under
+    # ``sequence_parallel``)
     p2p = network.p2p(act / tp if tp > 1 else act, "lp") if pp > 1 else 0.0
-    if pp > 1 and tp > 1:
+    if pp > 1 and tp > 1 and not sp:
         p2p += network.collective("all_gather", act, "kp1")
     p2p_on_device = 0.0 if overlap.p2p else p2p
     for g in range(chunks - 1):
@@ -433,8 +439,17 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, blocks_J, ends, stage_param
     return kernels + adam_J * tp * pp * dp + links
 
 
+def accum_bytes(software) -> int:
+    """Bytes each weight-gradient element costs a GEMM beyond its roofline: the gradient
+    buffer read and written where the profile fuses the accumulation into the GEMM
+    (``gradient_accumulation_fusion``), else 0."""
+    if software is None or not software.gradient_accumulation_fusion:
+        return 0
+    return 2 * software.main_grad_bytes
+
+
 def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int = 1,
-            a2a: float = 0.0, moe_efficiency: float = 1.0):
+            a2a: float = 0.0, moe_efficiency: float = 1.0, accum: float = 0.0):
     """Forward / backward times of one block of each kind the model has (a dict: is it an
     MoE layer -> (forward, backward)), and of the embedding and of the head (per
     micro-batch, one tensor-parallel and context-parallel rank), priced from the workload
@@ -442,11 +457,13 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int
     ``cp``; a flash attention core becomes Transformer Engine's ring
     (:mod:`crossflow.sim.ring_attention`), an unfused one keeps 1/cp of its heads;
     expert parallelism gives each rank 1/ep of the experts, each with ep times the tokens
-    (:func:`_expert_shard`); ``a2a`` is the seconds of one of its all-to-alls."""
+    (:func:`_expert_shard`); ``a2a`` is the seconds of one of its all-to-alls; ``accum``
+    the bytes per weight gradient of the accumulation into the gradient buffer
+    (:func:`accum_bytes`)."""
     blocks = {}
     for moe in sorted(set(spec.moe_layers)):
         *block, ends = _block_passes(arch, _one_block(spec, moe), tp, sp, coll, cp, ep,
-                                     a2a if moe else 0.0, moe_efficiency)
+                                     a2a if moe else 0.0, moe_efficiency, accum)
         blocks[moe] = tuple(block)
     return blocks, ends
 
@@ -463,7 +480,7 @@ def _expert_shard(attrs: dict, ep: int) -> dict:
 
 
 def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: int,
-                  a2a: float, moe_efficiency: float = 1.0):
+                  a2a: float, moe_efficiency: float = 1.0, accum: float = 0.0):
     graph = transformer_graph(spec)
     strategy = Strategy.megatron(tp=tp, sp=sp, dp=cp)
     groups: dict[tuple[int, bool], list[dict]] = {}
@@ -491,11 +508,12 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
     on = tp > 1
     count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute)
     block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f, a2a, moe_efficiency)
-    block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b, a2a, moe_efficiency)
+    block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b, a2a, moe_efficiency,
+                          accum)
     emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm, on)
     emb_b = price_nodes(arch, groups[(-1, True)])
     head_f = price_nodes(arch, groups[(1, False)])
-    head_b = price_nodes(arch, groups[(1, True)], vocab_comm, on)
+    head_b = price_nodes(arch, groups[(1, True)], vocab_comm, on, accum_bytes=accum)
     return block_f, block_b, (emb_f, emb_b, head_f, head_b)
 
 

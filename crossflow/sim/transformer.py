@@ -43,6 +43,9 @@ class PassTimes:
     #: the kernels in issue order: (0 forward / recomputed op, 1 backward op, 2 collective;
     #: device seconds)
     trace: tuple[tuple[int, float], ...] = ()
+    #: of ``memory``: the weight-gradient GEMMs' accumulation into the gradient buffer
+    #: (:func:`grad_accumulation_s`; 0 without gradient-accumulation fusion)
+    grad_accum: float = 0.0
 
     @property
     def total(self) -> float:
@@ -56,15 +59,31 @@ A2A_AFTER: frozenset[str] = frozenset({"permute", "expert_fc2", "unpermute.bwd",
                                        "expert_fc1.dX"})
 
 
+def grad_accumulation_s(arch: MicroArch, elements: float, accum_bytes: float) -> float:
+    """Seconds a weight-gradient GEMM spends accumulating ``elements`` gradients into the
+    gradient buffer (``accum_bytes`` read and written per element) beyond its roofline.
+
+    Megatron-LM's fused weight-gradient GEMM (``fused_dense_cuda.wgrad_gemm_accum_fp32``,
+    ``LinearWithGradAccumulationAndAsyncCommunication``, the code of Korthikanti et al.
+    2022) computes C += AᵀB into the fp32 ``main_grad``: each output tile's epilogue
+    reads and writes it after a main loop whose length is the micro-batch's tokens, so the
+    traffic does not hide behind the tile's FLOPs; its weight relative to the GEMM grows as
+    1/tokens.  Priced at main memory's bandwidth and the device's own DRAM efficiency (the
+    GEMM kernels', not the software profile's memory-bound kernels')."""
+    dram = arch.main_memory
+    return elements * accum_bytes / (dram.bandwidth_Bps * dram.efficiency)
+
+
 def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
-                collectives: int = 0, a2a: float = 0.0, moe_efficiency: float = 1.0
-                ) -> PassTimes:
+                collectives: int = 0, a2a: float = 0.0, moe_efficiency: float = 1.0,
+                accum_bytes: float = 0.0) -> PassTimes:
     """The pass over ``nodes``: ``tp_comm`` seconds of ``collectives`` tensor-parallel
     collectives spread through it, and an all-to-all of ``a2a`` seconds after each node
     named in :data:`A2A_AFTER` (none when ``a2a`` is 0: one expert-parallel rank).  An MoE
     layer's own kernels (nodes marked ``moe_op``) take 1 / ``moe_efficiency`` of their
-    price."""
-    compute = memory = energy = attention = ep_comm = 0.0
+    price.  ``accum_bytes`` > 0: each weight-gradient GEMM accumulates into the gradient
+    buffer (:func:`grad_accumulation_s`, counted as memory time)."""
+    compute = memory = energy = attention = ep_comm = grad_accum = 0.0
     backward = 0
     trace = []
     a2a_count = 0
@@ -79,6 +98,11 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
                 attention += t
         else:
             memory += t
+        if accum_bytes and attrs["op"] == "gemm" and attrs.get("wgrad_elements"):
+            extra = grad_accumulation_s(arch, attrs["wgrad_elements"], accum_bytes)
+            memory += extra
+            grad_accum += extra
+            t += extra
         is_bwd = attrs["phase"] == "bwd"
         backward += is_bwd
         trace.append((int(is_bwd), t))
@@ -91,7 +115,8 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
         for i in range(collectives, 0, -1):
             trace.insert(round(i * every), (2, tp_comm / collectives))
     return PassTimes(compute, memory, tp_comm, energy, ep_comm, attention,
-                     len(nodes) - backward, backward, collectives + a2a_count, tuple(trace))
+                     len(nodes) - backward, backward, collectives + a2a_count, tuple(trace),
+                     grad_accum)
 
 
 def collective_count(*, sp: bool, recompute: str) -> tuple[int, int]:
