@@ -270,13 +270,38 @@ def _resilient_class():
             from optuna.trial import TrialState
 
             if state == TrialState.RUNNING:  # a WAITING trial this process takes up
-                taken = super().set_trial_state_values(trial_id, state, values)
+                taken = values is None and self._take_waiting(trial_id)
+                if not taken:  # Optuna's answer: False, or the error its contract says
+                    taken = super().set_trial_state_values(trial_id, state, values)
                 if taken:
                     self._running.add(trial_id)
                 return taken
             self._flush_user_attrs(trial_id)
             self._running.discard(trial_id)
             return super().set_trial_state_values(trial_id, state, values)
+
+        def _take_waiting(self, trial_id: int) -> bool:
+            """WAITING -> RUNNING in one conditional UPDATE: True for exactly one of the
+            processes that take the trial at once.  (Optuna reads the state, then writes
+            it, under SELECT ... FOR UPDATE, which SQLite ignores: two workers popping one
+            enqueued trial together both got it, both ran it, and the second to finish
+            raised "Cannot tell a COMPLETE trial".)"""
+            from datetime import datetime
+
+            import sqlalchemy
+            from optuna.trial import TrialState
+
+            def take() -> bool:
+                with _create_scoped_session(self.scoped_session, True) as session:
+                    done = session.execute(
+                        sqlalchemy.update(models.TrialModel)
+                        .where(models.TrialModel.trial_id == trial_id,
+                               models.TrialModel.state == TrialState.WAITING)
+                        .values(state=TrialState.RUNNING, datetime_start=datetime.now())
+                        .execution_options(synchronize_session=False))
+                    return done.rowcount == 1
+
+            return retrying(take, self.reconnect_s)
 
         def _get_trials(self, study_id: int, states, included_trial_ids: set[int],
                         trial_id_greater_than: int) -> list:
