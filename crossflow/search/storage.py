@@ -165,15 +165,23 @@ def _or_unreachable(storage, fn, recovered=None):
     ends is :class:`StorageUnreachable` (the outermost call only: an inner one's error is
     the outer one's to retry)."""
     outer = not getattr(_RETRYING, "active", False)
+    # once a window has run out, the next calls (Optuna recording the trial's end, the
+    # clean-up on the way out) try once each: waiting a window again for each would hold
+    # the launch's end for minutes; a call that gets through opens the window again
+    gone = outer and getattr(storage, "_unreachable", False)
     try:
-        return retrying(fn, storage.reconnect_s, recovered=recovered)
+        result = retrying(fn, 0.0 if gone else storage.reconnect_s, recovered=recovered)
     except StorageUnreachable:
         raise
     except Exception as exc:
         if outer and _connection_lost(exc):
+            storage._unreachable = True
             raise StorageUnreachable(getattr(storage, "shown_url", None),
                                      storage.reconnect_s, exc) from exc
         raise
+    if gone:
+        storage._unreachable = False
+    return result
 
 
 def _retrying(name: str, method):
