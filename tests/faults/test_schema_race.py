@@ -156,3 +156,27 @@ def test_first_launches_on_a_fresh_sqlite_database_run_each_trial_once(tmp_path)
 
 def test_first_launches_on_a_fresh_postgres_database_run_each_trial_once(postgres_url):
     _launch_race(postgres_url)
+
+
+def test_a_trial_finished_by_another_process_is_skipped_not_told_again(tmp_path):
+    """Whatever the way a trial this worker runs gets finished elsewhere (the same trial run
+    twice, or failed as stale and retried by another worker), Optuna refuses to tell it
+    again ("Cannot tell a COMPLETE trial"): the worker drops its result and goes on."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from crossflow.search.storage import make_storage
+    from crossflow.search.workers import GracefulStop, work
+
+    study = optuna.create_study(storage=make_storage(f"sqlite:///{tmp_path}/q.db"))
+
+    def objective(trial):
+        if trial.number == 1:  # another process finishes it meanwhile, with its own value
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [0.5])
+        return float(trial.number)
+
+    with GracefulStop() as stop:
+        work(study, objective, 4, callbacks=[], stop=stop, heartbeats=True)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    assert [t.value for t in trials] == [0.0, 0.5, 2.0, 3.0]

@@ -4,9 +4,14 @@ and before trial 1 — so that a study never runs for hours while its MLflow run
 :func:`check_tracking` refuses (:class:`~crossflow.errors.ConfigError`, exit 2, one
 paragraph naming ``--tracking-uri``) an unknown URI scheme, a server or database that does
 not answer within :data:`CHECK_S`, a SQLite file that is the study's own Optuna storage,
-and a local store (SQLite file, file store, artifact directory) that cannot be written.
+and a local store (SQLite file, file store, artifact directory) that cannot be written,
+and an existing SQLite store MLflow could not open (:func:`unusable_store`: half-created
+with data in it, or of another MLflow's schema).
 Nothing is created: a directory that does not exist yet is checked through the nearest one
-that does.  No ``mlflow`` import (it takes a second); sockets and ``urllib`` only.
+that does (only a store that is not current is read under its lock, ``<db>.lock``).  No
+``mlflow`` import (it takes a second): sockets and ``urllib``, and for an existing SQLite
+store the revision of the cached empty store (MLflow's own schema only when none is
+cached).
 """
 
 from __future__ import annotations
