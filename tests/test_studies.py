@@ -157,6 +157,68 @@ def _worker(path: str, n: int, seed: int, out) -> None:
     out.put(result.trials_run)
 
 
+def _check_shared_trials(trials, ran: list[int], n: int) -> None:
+    """What workers sharing one storage leave: trials numbered without gap, exactly ``n``
+    COMPLETE ones, each run by one worker.  The one other outcome allowed is the documented
+    race for the last slot (:mod:`crossflow.search.workers`): the loser's trial is FAIL with
+    the ``surplus`` user attribute and was never evaluated (no value, no result recorded),
+    at most one per worker; it counts in no worker's ``ran``."""
+    from crossflow.search.keys import SURPLUS, WORKER
+
+    numbers = [t.number for t in trials]
+    assert numbers == list(range(len(trials)))           # no duplicate, no gap
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    surplus = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get(SURPLUS)]
+    assert len(complete) + len(surplus) == len(trials), \
+        [(t.number, t.state.name) for t in trials if t not in complete + surplus]
+    for t in surplus:                                    # never evaluated
+        assert t.values is None and "feasible" not in t.user_attrs \
+            and "eval_time_s" not in t.user_attrs, t
+    by_worker = [t.user_attrs.get(WORKER) for t in surplus]
+    assert None not in by_worker and len(set(by_worker)) == len(by_worker) <= len(ran)
+    # every finished trial was run (and reported) by exactly one worker; each stops once
+    # the study has n trials finished or in flight, so the total overshoots by at most one
+    assert sum(ran) == len(complete) == n
+    assert n <= len(trials) <= n + 1
+    assert all(r > 0 for r in ran)
+
+
+def test_shared_trials_check_accepts_only_an_unevaluated_surplus():
+    """The check of :func:`test_two_workers_share_one_journal`, on made-up trials: the
+    race's surplus FAIL passes; a surplus that was evaluated, two from one worker, or any
+    other FAIL does not."""
+    import optuna
+
+    from crossflow.search.keys import SURPLUS, WORKER
+
+    def trial(number, state=TrialState.COMPLETE, worker="h:1", **attrs):
+        return optuna.trial.FrozenTrial(
+            number=number, trial_id=number, state=state,
+            value=1.0 if state == TrialState.COMPLETE else None, datetime_start=None,
+            datetime_complete=None, params={}, distributions={},
+            user_attrs={WORKER: worker, **attrs}, system_attrs={}, intermediate_values={})
+
+    def numbered(trials):
+        for i, t in enumerate(trials):
+            t.number = i
+        return trials
+
+    done = [trial(i, worker=f"h:{1 + i % 2}") for i in range(4)]
+    surplus = trial(4, TrialState.FAIL, worker="h:2", **{SURPLUS: True})
+    _check_shared_trials(numbered(done), [2, 2], 4)
+    _check_shared_trials(numbered(done + [surplus]), [2, 2], 4)
+    bad = [
+        trial(4, TrialState.FAIL, worker="h:2", **{SURPLUS: True, "feasible": True}),
+        trial(4, TrialState.FAIL, worker="h:2"),          # a FAIL that is no surplus
+    ]
+    for extra in bad:
+        with pytest.raises(AssertionError):
+            _check_shared_trials(numbered(done + [extra]), [2, 2], 4)
+    with pytest.raises(AssertionError):                   # two surplus trials of one worker
+        _check_shared_trials(numbered(done[:3] + [surplus, trial(4, TrialState.FAIL,
+                                      worker="h:2", **{SURPLUS: True})]), [2, 1], 3)
+
+
 def test_two_workers_share_one_journal(tmp_path):
     path = str(tmp_path / "shared.journal")
     ctx = multiprocessing.get_context("fork")
@@ -172,15 +234,7 @@ def test_two_workers_share_one_journal(tmp_path):
     setup = load_study("quickstart")
     from crossflow.search.study import open_study
 
-    trials = open_study(setup, path, create=False).trials
-    numbers = [t.number for t in trials]
-    assert numbers == list(range(len(trials)))           # no duplicate, no gap
-    assert all(t.state == TrialState.COMPLETE for t in trials)
-    # every trial was run (and reported) by exactly one worker; each stops once the study
-    # has n trials finished or in flight, so the total overshoots by at most one per worker
-    assert sum(ran) == len(trials)
-    assert n <= len(trials) <= n + 1
-    assert all(r > 0 for r in ran)
+    _check_shared_trials(open_study(setup, path, create=False).trials, ran, n)
 
 
 def test_cli_quickstart_show_best_export_and_predict(tmp_path, monkeypatch, cli):

@@ -28,6 +28,7 @@ here.  Nothing here imports optuna at module import time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
@@ -37,7 +38,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from crossflow.errors import ConfigError
+from crossflow.errors import ConfigError, CrossflowError
 from crossflow.search.keys import WORKER
 from crossflow.search.locations import check_userinfo, is_url, redact
 
@@ -58,8 +59,26 @@ def check_heartbeat(seconds: float | None, key: str = "--heartbeat") -> None:
         raise ConfigError(f"must be from 1 to {MAX_HEARTBEAT_S} seconds (a dead worker's "
                           f"trial is retried after about {GRACE_BEATS} heartbeats)",
                           key=key, value=seconds, allowed=f"1 to {MAX_HEARTBEAT_S}")
-#: How long a storage call keeps retrying while the database cannot be reached.
-RECONNECT_S = 60.0
+#: The environment variable that sets :data:`RECONNECT_S` (seconds, > 0), for every
+#: process of a launch (its workers inherit it): a shorter window for tests, a longer one
+#: for a database whose failover takes minutes.
+RECONNECT_ENV = "CROSSFLOW_RECONNECT_S"
+
+
+def _reconnect_s(default: float = 60.0) -> float:
+    import math
+    import os
+
+    try:
+        seconds = float(os.environ.get(RECONNECT_ENV, default))
+    except ValueError:
+        return default
+    return seconds if math.isfinite(seconds) and seconds > 0 else default
+
+
+#: How long a storage call keeps retrying while the database cannot be reached (60 s, or
+#: :data:`RECONNECT_ENV`).
+RECONNECT_S = _reconnect_s()
 #: Attempts to retry a storage call lost with its connection wait this long first (s),
 #: doubling up to the last value.
 _BACKOFF = (0.1, 0.2, 0.5, 1.0, 2.0)
@@ -118,6 +137,53 @@ def retrying(fn, reconnect_s: float = RECONNECT_S, *, recovered=None):
         _RETRYING.active = False
 
 
+class StorageUnreachable(CrossflowError):
+    """The study's database did not answer for the whole reconnect window: the launch stops
+    (exit 2) with one paragraph; every finished trial is in the database, so the same
+    command resumes the study once it is back."""
+
+    def __init__(self, where: str | None, seconds: float, exc: BaseException) -> None:
+        reason = exc  # the driver's own error, innermost (SQLAlchemy's wraps it)
+        for _ in range(8):
+            inner = getattr(reason, "orig", None) or reason.__cause__
+            if inner is None or inner is reason:
+                break
+            reason = inner
+        lines = str(reason).strip().splitlines()
+        why = " ".join(lines[0].split()) if lines else type(reason).__name__
+        why = why if len(why) <= 200 else why[:199] + "…"
+        name = f"the study's database {where}" if where else "the study's database"
+        super().__init__(
+            f"{name} did not answer for {seconds:g} s ({why}); the launch stops here. "
+            "Every finished trial is kept in the database: once it answers again, run the "
+            "same command and the study resumes where it stopped (a trial that was running "
+            f"is run again). {RECONNECT_ENV} sets how long to wait (seconds).")
+
+
+def _or_unreachable(storage, fn, recovered=None):
+    """:func:`retrying` for ``storage``'s calls: a connection still lost when the window
+    ends is :class:`StorageUnreachable` (the outermost call only: an inner one's error is
+    the outer one's to retry)."""
+    outer = not getattr(_RETRYING, "active", False)
+    # once a window has run out, the next calls (Optuna recording the trial's end, the
+    # clean-up on the way out) try once each: waiting a window again for each would hold
+    # the launch's end for minutes; a call that gets through opens the window again
+    gone = outer and getattr(storage, "_unreachable", False)
+    try:
+        result = retrying(fn, 0.0 if gone else storage.reconnect_s, recovered=recovered)
+    except StorageUnreachable:
+        raise
+    except Exception as exc:
+        if outer and _connection_lost(exc):
+            storage._unreachable = True
+            raise StorageUnreachable(getattr(storage, "shown_url", None),
+                                     storage.reconnect_s, exc) from exc
+        raise
+    if gone:
+        storage._unreachable = False
+    return result
+
+
 def _retrying(name: str, method):
     """``method`` of :class:`ResilientRDBStorage`, retried while the connection is lost."""
 
@@ -127,8 +193,7 @@ def _retrying(name: str, method):
         if name == "set_trial_state_values":
             def recovered(exc):
                 return _already_set(self, args, kwargs, exc)
-        return retrying(lambda: method(self, *args, **kwargs), self.reconnect_s,
-                        recovered=recovered)
+        return _or_unreachable(self, lambda: method(self, *args, **kwargs), recovered)
 
     return call
 
@@ -214,6 +279,7 @@ def _resilient_class():
 
         def __init__(self, url: str, *, reconnect_s: float = RECONNECT_S, **kwargs: Any):
             self.reconnect_s = reconnect_s
+            self.shown_url = redact(url)
             self._user_attrs: dict[int, dict[str, Any]] = {}
             #: the RUNNING trials this process runs: only theirs are held back (another
             #: trial's attribute is written at once, so a missing or finished trial raises
@@ -264,19 +330,51 @@ def _resilient_class():
                         index_elements=[model.trial_id, model.key],
                         set_={"value_json": insert.excluded.value_json}))
 
-            retrying(write, self.reconnect_s)
+            _or_unreachable(self, write)
 
         def set_trial_state_values(self, trial_id: int, state, values=None) -> bool:
             from optuna.trial import TrialState
 
             if state == TrialState.RUNNING:  # a WAITING trial this process takes up
-                taken = super().set_trial_state_values(trial_id, state, values)
+                taken = values is None and self._take_waiting(trial_id)
+                if not taken:  # Optuna's answer: False, or the error its contract says
+                    taken = super().set_trial_state_values(trial_id, state, values)
                 if taken:
                     self._running.add(trial_id)
                 return taken
             self._flush_user_attrs(trial_id)
             self._running.discard(trial_id)
             return super().set_trial_state_values(trial_id, state, values)
+
+        def _take_waiting(self, trial_id: int) -> bool:
+            """WAITING -> RUNNING in one conditional UPDATE: True for exactly one of the
+            processes that take the trial at once.  (Optuna reads the state, then writes
+            it, under SELECT ... FOR UPDATE, which SQLite ignores: two workers popping one
+            enqueued trial together both got it, both ran it, and the second to finish
+            raised "Cannot tell a COMPLETE trial".)"""
+            from datetime import datetime
+
+            import sqlalchemy
+            from optuna.trial import TrialState
+
+            def take() -> bool:
+                with _create_scoped_session(self.scoped_session, True) as session:
+                    done = session.execute(
+                        sqlalchemy.update(models.TrialModel)
+                        .where(models.TrialModel.trial_id == trial_id,
+                               models.TrialModel.state == TrialState.WAITING)
+                        .values(state=TrialState.RUNNING, datetime_start=datetime.now())
+                        .execution_options(synchronize_session=False))
+                    return done.rowcount == 1
+
+            return _or_unreachable(self, take)
+
+        def record_heartbeat(self, trial_id: int) -> None:
+            """A heartbeat (Optuna's heartbeat thread): one the database did not take within
+            the window is skipped, not raised in that thread as a traceback; the trial's
+            own next storage call ends the launch with :class:`StorageUnreachable`."""
+            with contextlib.suppress(StorageUnreachable):
+                super().record_heartbeat(trial_id)
 
         def _get_trials(self, study_id: int, states, included_trial_ids: set[int],
                         trial_id_greater_than: int) -> list:
@@ -320,7 +418,7 @@ def _resilient_class():
                             t.datetime_start < cutoff,
                             ~sqlalchemy.exists().where(hb.trial_id == t.trial_id))).scalars())
 
-            return stale + [i for i in retrying(unbeaten, self.reconnect_s) if i not in stale]
+            return stale + [i for i in _or_unreachable(self, unbeaten) if i not in stale]
 
         def count_live(self, study_id: int) -> int:
             """Trials COMPLETE, PRUNED, RUNNING or WAITING: one COUNT query (Optuna's
@@ -338,7 +436,7 @@ def _resilient_class():
                         .where(models.TrialModel.study_id == study_id,
                                models.TrialModel.state.in_(live))).scalar_one())
 
-            return retrying(count, self.reconnect_s)
+            return _or_unreachable(self, count)
 
         def __getstate__(self):
             state = super().__getstate__()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -55,6 +56,8 @@ STALE_RUNNING = timedelta(minutes=10)
 UNCLAIMED_RUNNING = timedelta(minutes=2)
 #: Seconds between two looks at the storage while waiting for trials running elsewhere.
 POLL_S = 0.5
+#: Optuna's refusal to tell the end of a trial that is no longer RUNNING (``optuna.study._tell``).
+_FINISHED_ELSEWHERE = re.compile(r"Cannot tell a (COMPLETE|PRUNED|FAIL) trial\.")
 
 
 #: The environment variable that gives ``crossflow study worker`` its storage when
@@ -305,6 +308,12 @@ def work(study, objective, total: int, *, callbacks: list[Any], stop: GracefulSt
         try:
             study.optimize(budgeted, n_trials=c.free, callbacks=[*callbacks, full, stop],
                            catch=(Surplus,), gc_after_trial=False)
+        except ValueError as exc:
+            # Optuna tells a trial's end only if it is still RUNNING: one another process
+            # finished meanwhile (it ran the same trial, or failed it as stale and enqueued
+            # a copy) is that process's; this one's result is dropped, the loop goes on
+            if not _FINISHED_ELSEWHERE.fullmatch(str(exc)):
+                raise
         except (AssertionError, UnboundLocalError) as exc:
             # Optuna's trial runner asserts, or meets an unset local in its `finally`, when
             # recording a trial's end fails; the storage's own error (a full disk, a journal

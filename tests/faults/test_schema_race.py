@@ -72,3 +72,111 @@ def test_only_a_lost_schema_race_is_retried():
 def test_workers_opening_a_fresh_postgres_database_together_all_open_it(postgres_url):
     results = _race(postgres_url)
     assert results == ["ok"] * WORKERS, results
+
+
+# --- the enqueued trials of a fresh study, taken by first launches together -----------------
+# Optuna takes a WAITING trial (an enqueued baseline, a dead worker's retry) by reading its
+# state, then writing RUNNING, under SELECT ... FOR UPDATE, which SQLite ignores: two workers
+# both took one, both ran it, and the second to finish printed "ValueError: Cannot tell a
+# COMPLETE trial" and stopped (issue 21, finding 9).
+
+
+def _take_all(url: str, name: str, at: float) -> list[int]:
+    import optuna
+
+    from crossflow.search.storage import make_storage
+
+    study = optuna.load_study(study_name=name, storage=make_storage(url))
+    taken = []
+    while time.time() < at:
+        pass
+    while (trial_id := study._pop_waiting_trial_id()) is not None:
+        taken.append(trial_id)
+    return taken
+
+
+def test_workers_taking_enqueued_trials_together_take_each_once(tmp_path):
+    import optuna
+
+    from crossflow.search.storage import make_storage
+
+    url = f"sqlite:///{tmp_path}/q.db"
+    for k in range(3):
+        study = optuna.create_study(study_name=f"q{k}", storage=make_storage(url))
+        for i in range(100):
+            study.enqueue_trial({"x": i})
+        at = time.time() + 1.0
+        with mp.get_context("fork").Pool(WORKERS) as pool:
+            taken = pool.starmap(_take_all, [(url, f"q{k}", at)] * WORKERS)
+        ids = sorted(i for got in taken for i in got)
+        assert ids == sorted(t._trial_id for t in study.get_trials()), (k, len(ids))
+
+
+def _launch(url: str, at: float, seed: int) -> str:
+    from crossflow.search.study import load_study, run_study
+
+    setup = load_study("quickstart")
+    while time.time() < at:
+        pass
+    try:
+        return run_study(setup, n_trials=LAUNCH_TRIALS, storage=url, seed=seed, track=False,
+                         progress=False).trials_run
+    except Exception as exc:  # noqa: BLE001 - the test reports whatever it is
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+LAUNCH_TRIALS = 12
+
+
+def _launch_race(url: str) -> None:
+    """WORKERS first launches of one study on a fresh storage at the same instant: each
+    ends normally, together they finish exactly the budget, each trial run once."""
+    import optuna
+    from optuna.trial import TrialState
+
+    import crossflow.search.storage  # noqa: F401 - imported before the fork
+    from crossflow.search.keys import SURPLUS
+    from crossflow.search.study import load_study  # noqa: F401
+
+    at = time.time() + 1.0
+    with mp.get_context("fork").Pool(WORKERS) as pool:
+        ran = pool.starmap(_launch, [(url, at, seed) for seed in range(WORKERS)])
+    assert all(isinstance(r, int) for r in ran), ran
+    trials = optuna.load_study(study_name="quickstart", storage=url).trials
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert sum(ran) == len(complete) == LAUNCH_TRIALS, (ran, len(complete))
+    assert all(t.state == TrialState.COMPLETE or t.user_attrs.get(SURPLUS) for t in trials)
+
+
+def test_first_launches_on_a_fresh_sqlite_database_run_each_trial_once(tmp_path):
+    # before: 1 race in 5 printed "Cannot tell a COMPLETE trial" from a worker
+    for k in range(4):
+        _launch_race(f"sqlite:///{tmp_path}/studies-{k}.db")
+
+
+def test_first_launches_on_a_fresh_postgres_database_run_each_trial_once(postgres_url):
+    _launch_race(postgres_url)
+
+
+def test_a_trial_finished_by_another_process_is_skipped_not_told_again(tmp_path):
+    """Whatever the way a trial this worker runs gets finished elsewhere (the same trial run
+    twice, or failed as stale and retried by another worker), Optuna refuses to tell it
+    again ("Cannot tell a COMPLETE trial"): the worker drops its result and goes on."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from crossflow.search.storage import make_storage
+    from crossflow.search.workers import GracefulStop, work
+
+    study = optuna.create_study(storage=make_storage(f"sqlite:///{tmp_path}/q.db"))
+
+    def objective(trial):
+        if trial.number == 1:  # another process finishes it meanwhile, with its own value
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [0.5])
+        return float(trial.number)
+
+    with GracefulStop() as stop:
+        work(study, objective, 4, callbacks=[], stop=stop, heartbeats=True)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    assert [t.value for t in trials] == [0.0, 0.5, 2.0, 3.0]

@@ -48,8 +48,13 @@ def _store(made_store, tmp_path, damage: str | None):
     with sqlite3.connect(db) as conn:
         if damage == "older schema":
             conn.execute("UPDATE alembic_version SET version_num = '0a8213491aaa'")
-        elif damage == "half migrated":  # tables of later revisions made, the record not
-            conn.execute("DROP TABLE experiments")
+        elif damage in ("half migrated", "half created"):  # a later revision's table
+            conn.execute("DROP TABLE spans")       # missing, the revision recorded
+            if damage == "half migrated":          # ... in a store holding data
+                conn.execute("INSERT INTO experiments (experiment_id, name, "
+                             "artifact_location, lifecycle_stage, creation_time, "
+                             "last_update_time, workspace) VALUES (1, 'quickstart', '/tmp/a', "
+                             "'active', 0, 0, 'default')")
     return db
 
 
@@ -60,7 +65,8 @@ def _ui(tmp_path, capsys, uri: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize("damage, said", [
     ("older schema", "out-of-date database schema"),
-    ("half migrated", "MLflow cannot open the tracking database"),
+    ("half migrated", "MLflow cannot open the tracking database: the MLflow tracking "
+                      "database"),
     ("not a database", "file is not a database"),
 ])
 def test_a_tracking_database_mlflow_cannot_open_is_refused_before_the_server(
@@ -71,6 +77,28 @@ def test_a_tracking_database_mlflow_cannot_open_is_refused_before_the_server(
     assert err.startswith("crossflow: error: ") and "Traceback" not in err, err
     assert err.strip().count("\n") == 0, err
     assert "--tracking-uri" in err and str(db) in err and said in err, err
+    assert servers == []
+
+
+def test_a_half_created_store_holding_nothing_is_made_anew_and_served(
+        made_store, tmp_path, capsys, servers):
+    """A store whose creation was cut short (a full disk) and that holds nothing a new
+    store does not is made anew, as a launch does, and served (issue 21, finding 6)."""
+    from crossflow.search.tracking import store
+
+    db = _store(made_store, tmp_path, "half created")
+    assert store.store_state(f"sqlite:///{db}").half_created
+    with pytest.raises(RuntimeError, match="a server would start"):
+        _ui(tmp_path, capsys, f"sqlite:///{db}")
+    assert len(servers) == 1 and store.store_state(f"sqlite:///{db}").current
+
+
+def test_a_half_created_store_holding_data_says_what_to_do(made_store, tmp_path, capsys,
+                                                           servers):
+    db = _store(made_store, tmp_path, "half migrated")
+    code, err = _ui(tmp_path, capsys, f"sqlite:///{db}")
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "half-created" in err and f"mlflow db upgrade sqlite:///{db}" in err, err
     assert servers == []
 
 

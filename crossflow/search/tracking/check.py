@@ -4,9 +4,14 @@ and before trial 1 — so that a study never runs for hours while its MLflow run
 :func:`check_tracking` refuses (:class:`~crossflow.errors.ConfigError`, exit 2, one
 paragraph naming ``--tracking-uri``) an unknown URI scheme, a server or database that does
 not answer within :data:`CHECK_S`, a SQLite file that is the study's own Optuna storage,
-and a local store (SQLite file, file store, artifact directory) that cannot be written.
+and a local store (SQLite file, file store, artifact directory) that cannot be written,
+and an existing SQLite store MLflow could not open (:func:`unusable_store`: half-created
+with data in it, or of another MLflow's schema).
 Nothing is created: a directory that does not exist yet is checked through the nearest one
-that does.  No ``mlflow`` import (it takes a second); sockets and ``urllib`` only.
+that does (only a store that is not current is read under its lock, ``<db>.lock``).  No
+``mlflow`` import (it takes a second): sockets and ``urllib``, and for an existing SQLite
+store the revision of the cached empty store (MLflow's own schema only when none is
+cached).
 """
 
 from __future__ import annotations
@@ -138,6 +143,7 @@ def _check_local(uri: str, path: Path) -> None:
                              f"writing ({exc.strerror or exc})", _ALTERNATIVES) from None
             if head and head != b"SQLite format 3\x00":
                 raise _error(uri, f"{path} is not an SQLite database", _ALTERNATIVES)
+            _check_schema(uri)
         # SQLite writes a journal beside the database; artifacts go beside it too
         _writable_dir(uri, path.parent, "the tracking directory")
     else:  # a file store: a directory
@@ -145,6 +151,46 @@ def _check_local(uri: str, path: Path) -> None:
             raise _error(uri, f"the file tracking store {path} is not a directory",
                          _ALTERNATIVES)
         _writable_dir(uri, path, "the file tracking store")
+
+
+def unusable_store(uri: str) -> str | None:
+    """Why MLflow could not use the existing SQLite tracking database of ``uri`` (a clause
+    naming the file and what to do), or None.  A half-created one (a creation cut short by
+    a full disk, say) that holds nothing a new store does not is no problem: the launch
+    makes it anew (:func:`~.store.rebuild_half_created`).  Read under the store's lock, so
+    a store another launch is creating is seen when made."""
+    from crossflow.search.tracking import store
+    from crossflow.search.tracking.paths import _db_lock
+
+    state = store.store_state(uri)
+    if state is None or state.current:
+        return None
+    with contextlib.suppress(OSError), _db_lock(uri):  # (a read-only folder: no lock)
+        state = store.store_state(uri)
+    if state is None or state.current or (state.half_created and not state.holds_data):
+        return None
+    return store_advice(state)
+
+
+def store_advice(state) -> str:
+    """What is wrong with a tracking database MLflow cannot open, and what to do."""
+    url = f"sqlite:///{state.path}"
+    if state.half_created:
+        runs = f"{state.runs} run{'' if state.runs == 1 else 's'}"
+        return (f"the MLflow tracking database {state.path} is half-created: "
+                f"{state.describe()}, as a creation or upgrade cut short (a full disk, a "
+                f"crash) leaves it; it holds data ({runs}), so it is not made anew: back it "
+                f"up, then run 'mlflow db upgrade {url}', or move it away and a new store "
+                "is made")
+    return (f"the MLflow tracking database {state.path} has another MLflow version's schema "
+            f"({state.describe()}): if an older MLflow made it, back it up, then run "
+            f"'mlflow db upgrade {url}'; if a newer one did, use that MLflow")
+
+
+def _check_schema(uri: str) -> None:
+    problem = unusable_store(uri)
+    if problem:
+        raise _error(uri, problem, _ALTERNATIVES)
 
 
 def _answers(uri: str, timeout: float) -> None:

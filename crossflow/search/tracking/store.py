@@ -39,8 +39,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import sys
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,18 +103,147 @@ def _is_empty_store(path: Path) -> bool:
     return ok and len(revisions) == 1 and experiments == [(0, "Default")] and runs == 0
 
 
+#: Rows a new MLflow store holds (table -> the key values allowed): anything else is data.
+_NEW_STORE_ROWS = {"alembic_version": None, "experiments": {(0, "Default")},
+                   "workspaces": {("default",)}}
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """What a SQLite tracking database holds, read without MLflow (:func:`store_state`)."""
+
+    path: Path
+    revision: str | None       # alembic_version's one row (None: no table, or not one row)
+    head: str                  # this MLflow's schema revision
+    missing: tuple[str, ...]   # tables this MLflow's schema has and the database lacks
+    runs: int                  # rows of ``runs`` (0 when the table is missing)
+    holds_data: bool           # rows a new store does not have (runs, experiments, ...)
+
+    @property
+    def half_created(self) -> bool:
+        """A creation or upgrade of the schema cut short (a full disk, a crash): tables or
+        the revision record missing.  MLflow then runs its migrations
+        again over what is there, which fails ("table spans already exists")."""
+        return self.revision is None or bool(self.missing)
+
+    @property
+    def current(self) -> bool:
+        return not self.half_created and self.revision == self.head
+
+    def describe(self) -> str:
+        """The problem, in a clause: what is missing or different."""
+        if self.revision is None:
+            return "it has no MLflow schema revision"
+        if self.missing:
+            some = ", ".join(self.missing[:3]) + (", ..." if len(self.missing) > 3 else "")
+            return (f"{len(self.missing)} of this MLflow's tables are missing ({some}; "
+                    f"schema revision {self.revision}, this MLflow's is {self.head})")
+        return f"its schema revision is {self.revision}, this MLflow's is {self.head}"
+
+
+def _schema_of(path: Path, *, check: bool = False) -> tuple[list[str], set[str], bool, int,
+                                                           bool]:
+    """(alembic revisions, tables, SQLite's quick check ok (only if ``check``: it reads the
+    whole file), runs, holds data) of a SQLite file, read only.  Raises sqlite3.Error when
+    it is no SQLite database."""
+    with contextlib.closing(sqlite3.connect(_ro(path), uri=True)) as db:
+        tables = {r[0] for r in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+        revisions = [r[0] for r in db.execute("SELECT version_num FROM alembic_version")] \
+            if "alembic_version" in tables else []
+        ok = not check or db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        runs = db.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+        data = False
+        for table in sorted(tables):
+            allowed = _NEW_STORE_ROWS.get(table, set())
+            if allowed is None:
+                continue
+            if table == "experiments":
+                rows = set(db.execute("SELECT experiment_id, name FROM experiments"))
+            elif table == "workspaces":
+                rows = set(db.execute("SELECT name FROM workspaces"))
+            else:
+                rows = {None} if db.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchone() \
+                    else set()
+            if rows - allowed:
+                data = True
+                break
+    return revisions, tables, ok, runs, data
+
+
+def _head_schema() -> tuple[str, frozenset[str]]:
+    """(revision, tables) of this MLflow's schema: from the cached empty store when there is
+    one (no MLflow import, which takes seconds), else from MLflow's own models."""
+    template = _template_path()
+    if template is not None and template.is_file():
+        with contextlib.suppress(sqlite3.Error):
+            revisions, tables, ok, _, data = _schema_of(template, check=True)
+            if ok and len(revisions) == 1 and not data:
+                return revisions[0], frozenset(tables - {"alembic_version"})
+    import mlflow.store.db.utils as db_utils
+    from mlflow.store.db.base_sql_model import Base
+
+    return db_utils._get_latest_schema_revision(), frozenset(Base.metadata.tables)
+
+
+def store_state(uri: str) -> StoreState | None:
+    """What the existing SQLite tracking database of ``uri`` holds; None when there is no
+    such file (or it is no SQLite database: MLflow says so when it opens it)."""
+    if not uri.startswith("sqlite:///") or any(c in uri for c in "?#"):
+        return None
+    path = Path(uri[len("sqlite:///"):])
+    if path.name in ("", ":memory:") or not path.is_file():
+        return None
+    try:
+        revisions, tables, _, runs, data = _schema_of(path)
+    except sqlite3.Error:
+        return None
+    head, expected = _head_schema()
+    return StoreState(path=path, revision=revisions[0] if len(revisions) == 1 else None,
+                      head=head, missing=tuple(sorted(expected - tables)), runs=runs,
+                      holds_data=data)
+
+
+def rebuild_half_created(uri: str) -> bool:
+    """The caller holds :func:`~.paths._db_lock`: a half-created SQLite tracking database
+    (:attr:`StoreState.half_created`) that holds nothing a new store does not is removed,
+    with SQLite's journal beside it, so that it is made again (:func:`seed_sqlite`).
+    Returns whether it was; a store holding data is never touched."""
+    state = store_state(uri)
+    if state is None or not state.half_created or state.holds_data:
+        return False
+    # MLflow keeps one engine per URI for the process: its pooled connections would go on
+    # writing to the removed file (a retried start of the logging process)
+    sql_store = sys.modules.get("mlflow.store.tracking.sqlalchemy_store")
+    engine_map = getattr(getattr(sql_store, "SqlAlchemyStore", None), "_engine_map", None)
+    engine = engine_map.pop(uri, None) if isinstance(engine_map, dict) else None
+    if engine is not None:
+        engine.dispose()
+    for suffix in ("-journal", "-wal", "-shm", ""):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{state.path}{suffix}")
+    return True
+
+
 def seed_sqlite(uri: str) -> str:
     """Before MLflow first opens the SQLite database of ``uri`` (the caller holds
-    :func:`~.paths._db_lock`): a missing database becomes a copy of the cached empty one of
-    this MLflow version, so MLflow finds its schema current and runs no migration.
+    :func:`~.paths._db_lock`): a missing database, or a half-created one that holds nothing
+    (:func:`rebuild_half_created`), becomes a copy of the cached empty one of this MLflow
+    version, so MLflow finds its schema current and runs no migration.
     Returns "copied"; "missing" when the database is missing and no valid copy is cached
     (MLflow creates it; then :func:`remember_sqlite` keeps a copy); "" otherwise (not
     SQLite, the database exists)."""
     if not uri.startswith("sqlite:///") or any(c in uri for c in "?#"):
         return ""  # SQLAlchemy options or a SQLite URI filename: MLflow decides
     path = Path(uri[len("sqlite:///"):])
-    if path.name in ("", ":memory:") or path.exists() or not path.parent.is_dir():
+    if path.name in ("", ":memory:") or not path.parent.is_dir():
         return ""
+    if path.exists():
+        try:
+            if not rebuild_half_created(uri):
+                return ""
+        except (OSError, sqlite3.Error):  # unreadable, or not removable: MLflow decides
+            return ""
     template = _template_path()
     if template is None or not template.is_file():
         return "missing"

@@ -121,6 +121,9 @@ class StudyTracker:
         self._sent: set[int] = set()
         self._known: dict[int, list[int]] | None = None
         self._ready = threading.Event()
+        #: the study's storage failed a read (a database away past its reconnect window, a
+        #: journal deleted): later reads are skipped rather than each waiting that window
+        self._storage_gone = False
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
@@ -381,10 +384,15 @@ class StudyTracker:
         """``read(*args)``, which reads the study's storage; None when the storage fails
         (a journal deleted, a database gone): the launch's own thread meets the same error
         and reports it, so this thread logs what it can instead of dying with a
-        traceback."""
+        traceback.  After one failure it reads no more (each read of a database that is
+        gone waits out the reconnect window: queued sweeps would hold the launch's end for
+        minutes)."""
+        if self._storage_gone:
+            return None
         try:
             return read(*args)
         except Exception as exc:  # noqa: BLE001 - see above
+            self._storage_gone = True
             self.stats.setdefault("storage_errors", []).append(f"{type(exc).__name__}: {exc}")
             return None
 
@@ -428,7 +436,7 @@ class StudyTracker:
         """Numbers of the study's finished trials that have no MLflow run after this launch
         (by the logger's final account of the store; every finished trial when the logger
         gave none)."""
-        if self._study is None:
+        if self._study is None or self._storage_gone:
             return []
         try:
             numbers = [t.number for t in _finished(self._study)]

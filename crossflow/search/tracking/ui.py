@@ -62,6 +62,7 @@ def check_store(tracking_uri: str | None) -> None:
             raise refuse(f"{path} is not a regular file")
         if not os.access(path, os.R_OK):
             raise refuse(f"{path} cannot be read by this user (permission denied)")
+        _half_created(uri, refuse)
     elif path is not None:  # a new, empty store, as the server would make it
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +102,31 @@ def check_store(tracking_uri: str | None) -> None:
         if engine is not None:
             SqlAlchemyStore._engine_map.pop(uri, None)
             engine.dispose()
+
+
+def _half_created(uri: str, refuse) -> None:
+    """A half-created SQLite store (:attr:`~.store.StoreState.half_created`, a creation cut
+    short by a full disk, say) is made anew when it holds nothing a new store does not
+    (under the store's lock, as a launch does), and refused with what to do when it holds
+    data: MLflow would run its migrations over it again and fail."""
+    from crossflow.search.tracking import store
+    from crossflow.search.tracking.check import store_advice
+    from crossflow.search.tracking.paths import _db_lock
+
+    state = store.store_state(uri)
+    if state is None or not state.half_created:
+        return
+    if not state.holds_data:
+        try:
+            with _db_lock(uri):
+                store.rebuild_half_created(uri)
+            return
+        except OSError as exc:
+            raise refuse(f"MLflow cannot open the tracking database {state.path}: it is "
+                         f"half-created ({state.describe()}) and holds no run, but it "
+                         f"cannot be made anew here ({exc.strerror or exc}); delete it "
+                         "where it can be written") from None
+    raise refuse(f"MLflow cannot open the tracking database: {store_advice(state)}")
 
 
 def _first(exc: BaseException) -> str:
