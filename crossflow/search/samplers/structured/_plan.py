@@ -128,12 +128,15 @@ SIGMA0 = encoding.SPAN / 2
 #: evaluations) than runs left to converge by Hansen's own-history rule (2.22 %).
 PATIENCE = 10
 #: The axial probes' shares (:func:`_axial`): a component raised to half the budget, and to
-#: four fifths of it.  On the suite's tuning half (11 studies with a budget split) they took
-#: the worst gap at 1000 evaluations from 50.2 to 15.3 % and the mean from 8.4 to 4.4 %
-#: (at 300: 64.0 -> 30.6 %, mean 13.1 -> 10.3 %); the median moved by noise (1.95 -> 2.12 %
-#: at 1000).  One share alone did less: 0.5 or 0.7 alone missed the L2-heavy basin of
-#: lstm-4k-64-n3, 0.8 alone lost 3 % on lstm-paper-512-n7-600mm (docs/search-benchmarks.md,
-#: "A fifth round").
+#: four fifths of it; the best probe races beside the combinations.  On the suite's tuning
+#: half (11 studies with a budget split, one seed) this took the mean gap at 1000
+#: evaluations from 8.4 to 4.4 % and the worst from 50.2 to 15.3 % (at 300: mean 13.1 ->
+#: 10.3 %, worst 64.0 -> 30.6 %; medians 1.95 -> 2.12 % and 5.47 -> 6.38 %, noise-sized),
+#: and on the checking half the median at 1000 from 4.3 to 1.6 %.  One share alone did less
+#: (0.5 or 0.7 missed the L2-heavy basin of lstm-4k-64-n3); the probe in the place of the
+#: second combination was better at 300 on the tuning half but lost one checking study by
+#: 23 %; probing the race's winner after the race instead moved no median or mean by more
+#: than 0.05 points (docs/search-benchmarks.md, "A fifth round").
 AXIAL = (0.5, 0.8)
 #: A relative gain below this is no gain (the model's own noise floor is far below).
 GAIN = 1e-6
