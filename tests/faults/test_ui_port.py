@@ -130,3 +130,19 @@ def test_the_ui_says_its_url_and_the_plain_mlflow_command(monkeypatch, capsys):
     cmd, env = spawned[0]
     assert not any("secret" in part for part in cmd) and "--backend-store-uri" not in cmd
     assert env["MLFLOW_BACKEND_STORE_URI"] == "postgresql://bob:secret@127.0.0.1:5432/mlflow"
+
+
+def test_links_of_a_database_that_does_not_answer_come_back_at_once():
+    """MLflow's own engine retries a database that refuses the connection with exponential
+    back-off for about an hour; the ui's study links try once and have none."""
+    import time
+
+    from crossflow.search.tracking import ui
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]        # closed again: nothing listens there
+    t0 = time.monotonic()
+    assert ui.study_links(f"postgresql://bob:secret@127.0.0.1:{port}/mlflow",
+                          "http://127.0.0.1:5000") == []
+    assert time.monotonic() - t0 < 10

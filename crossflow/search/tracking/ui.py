@@ -152,11 +152,33 @@ def ui_command(tracking_uri: str | None = None, host: str = "127.0.0.1", port: i
     return cmd
 
 
+def _one_attempt_engine(uri: str) -> bool:
+    """Give MLflow's store of ``uri`` an engine that has connected once, and say whether it
+    could: MLflow's own engine retries a database that does not answer with exponential
+    back-off for about an hour (15 attempts), which would hold ``crossflow ui`` before its
+    links; a store that cannot be read now simply has no links."""
+    import sqlalchemy
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from crossflow.search.storage import _engine_kwargs
+
+    if uri in SqlAlchemyStore._engine_map:
+        return True
+    engine = sqlalchemy.create_engine(uri, **_engine_kwargs(uri))
+    try:
+        sqlalchemy.inspect(engine).get_table_names()
+    except Exception:  # noqa: BLE001 - any failure to read: no links
+        engine.dispose()
+        return False
+    SqlAlchemyStore._engine_map[uri] = engine
+    return True
+
+
 def study_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
     """(study, URL) of each experiment in the store that has CrossFlow's runs-table view
     (:data:`.records.VIEW_TAG`): the runs page opened with that view.  Reads only: a
     local store that does not exist has none."""
-    from crossflow.search.tracking.check import local_path
+    from crossflow.search.tracking.check import local_path, scheme_of
     from crossflow.search.tracking.records import VIEW_KEY, VIEW_TAG
 
     path = local_path(tracking_uri)
@@ -167,6 +189,8 @@ def study_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
     from mlflow import MlflowClient
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    if scheme_of(tracking_uri) in _DATABASES and not _one_attempt_engine(tracking_uri):
+        return []
     experiments = MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1000)
     return [(e.name, f"{base_url}/#/experiments/{e.experiment_id}/runs"
                      f"?viewStateShareKey={VIEW_KEY}")
