@@ -77,10 +77,7 @@ def check_store(tracking_uri: str | None) -> None:
             _reachable(uri, 5.0)
         except ConfigError as exc:  # (its advice names --no-tracking, which ui lacks)
             raise refuse(exc.problem) from None
-    import sqlalchemy
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    from crossflow.search.storage import _engine_kwargs
 
     what = f"the tracking database {path}" if path is not None else "this tracking database"
     engine = None
@@ -88,11 +85,9 @@ def check_store(tracking_uri: str | None) -> None:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL + 1)  # MLflow logs each failure with its traceback
     try:
-        # one connection attempt: MLflow's own engine retries a refused login or an
-        # unopenable file for minutes; the store is then opened on this engine, as the
+        # the store is opened on an engine that connected once (_engine_once), as the
         # server opens it (a new store's tables made, an existing one's schema verified)
-        engine = sqlalchemy.create_engine(uri, **_engine_kwargs(uri))
-        sqlalchemy.inspect(engine).get_table_names()
+        engine = _engine_once(uri)
         SqlAlchemyStore._engine_map[uri] = engine
         SqlAlchemyStore(uri, resolve_locations(uri, create=False)[1])
     except Exception as exc:  # noqa: BLE001 - whatever MLflow raises, said in one line
@@ -152,26 +147,23 @@ def ui_command(tracking_uri: str | None = None, host: str = "127.0.0.1", port: i
     return cmd
 
 
-def _one_attempt_engine(uri: str) -> bool:
-    """Give MLflow's store of ``uri`` an engine that has connected once, and say whether it
-    could: MLflow's own engine retries a database that does not answer with exponential
-    back-off for about an hour (15 attempts), which would hold ``crossflow ui`` before its
-    links; a store that cannot be read now simply has no links."""
+def _engine_once(uri: str):
+    """A SQLAlchemy engine of the tracking database ``uri`` that has connected and read its
+    tables once, for MLflow's store to use (``SqlAlchemyStore._engine_map``): MLflow's own
+    engine retries a refused login, an unopenable file or a database that does not answer
+    with exponential back-off for about an hour (15 attempts).  Raises what the one attempt
+    raised, the engine disposed."""
     import sqlalchemy
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     from crossflow.search.storage import _engine_kwargs
 
-    if uri in SqlAlchemyStore._engine_map:
-        return True
     engine = sqlalchemy.create_engine(uri, **_engine_kwargs(uri))
     try:
         sqlalchemy.inspect(engine).get_table_names()
-    except Exception:  # noqa: BLE001 - any failure to read: no links
+    except BaseException:
         engine.dispose()
-        return False
-    SqlAlchemyStore._engine_map[uri] = engine
-    return True
+        raise
+    return engine
 
 
 def study_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
@@ -189,8 +181,14 @@ def study_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
     from mlflow import MlflowClient
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
-    if scheme_of(tracking_uri) in _DATABASES and not _one_attempt_engine(tracking_uri):
-        return []
+    if scheme_of(tracking_uri) in _DATABASES:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        if tracking_uri not in SqlAlchemyStore._engine_map:
+            try:  # a store that cannot be read now has no links (nor an hour of retries)
+                SqlAlchemyStore._engine_map[tracking_uri] = _engine_once(tracking_uri)
+            except Exception:  # noqa: BLE001 - any failure to read: no links
+                return []
     experiments = MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1000)
     return [(e.name, f"{base_url}/#/experiments/{e.experiment_id}/runs"
                      f"?viewStateShareKey={VIEW_KEY}")
