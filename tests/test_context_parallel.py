@@ -52,10 +52,14 @@ def test_context_parallel_ring_merges_and_accumulates_once_per_step():
     merges = [n for n in forward if n["name"] == "attn.cp_out"]
     assert len(merges) == 4 and all(n["elements"] == q for n in merges)
     assert [n["inputs"] for n in merges] == [1, 2, 2, 2]  # rescale, then rescale and add
+    # the softmax log-sum-exps, fp32, one per query row and head: copied, then folded in
+    lse = [n for n in forward if n["name"] == "attn.cp_lse"]
+    assert [n["inputs"] for n in lse] == [1, 2, 2, 2]
+    assert all(n["elements"] == HEADS * SEQ // 4 and n["precision"] == "fp32" for n in lse)
     backward = ring_nodes(_attn(5), 4, kv_elements=q // 4)
     assert sum(n["name"] == "attn.cp_dq" for n in backward) == 4
     assert sum(n["name"] == "attn.cp_dkv" for n in backward) == 4
-    assert not any(n["name"] == "attn.cp_out" for n in backward)
+    assert not any(n["name"] in ("attn.cp_out", "attn.cp_lse") for n in backward)
 
 
 def test_context_parallel_ring_transfers_hide_only_behind_their_own_step():

@@ -27,13 +27,21 @@ through :func:`crossflow.sim.transformer.price_nodes`), so the extra launches an
 memory-bound passes fall in the pass's time.  The rank modelled is the last (r = cp−1,
 every later step a "lower triangle"): its merges and dq additions are over its whole
 output, the larger for grouped-query attention, whose keys and values are smaller than
-the queries.  The per-step log-sum-exp merges (4 bytes per query row and head, against
-2·head_dim for the output) are left out.
+the queries.  Its forward also merges the steps' softmax log-sum-exps, one fp32 value per
+query row and head: the first step's copied (``torch.clone(softmax_lse_per_step[0])``),
+each later one folded in (``flash_attn_fwd_softmax_lse_correction``: max, min, exp, log1p,
+add — one fused kernel reading both, writing one), cp kernels of 4 bytes per row and head
+against the output merges' 2·head_dim; its backward reads the log-sum-exp as it is (the
+second-half copy is for ranks r < cp−1).
 """
 
 from __future__ import annotations
 
 from crossflow.workloads.graph import node_flops
+
+#: FLOPs per query row and head of a log-sum-exp merge (Transformer Engine's
+#: ``flash_attn_fwd_softmax_lse_correction``: max, min, subtract, exp, log1p, add)
+LSE_MERGE_FLOPS = 6.0
 
 
 def ring_nodes(attn: dict, cp: int, kv_elements: int) -> list[dict]:
@@ -63,12 +71,14 @@ def ring_nodes(attn: dict, cp: int, kv_elements: int) -> list[dict]:
         out["flops"] = node_flops(out)
         return out
 
-    def pass_over(tag: str, elements: int, inputs: int) -> dict:
+    def pass_over(tag: str, elements: int, inputs: int, precision: str | None = None,
+                  flops: float | None = None) -> dict:
         """A memory-bound pass: ``inputs`` tensors of ``elements`` read, one written."""
         out = {"op": "elementwise", "name": f"{name}.{tag}", "phase": attn["phase"],
-               "layer": attn["layer"], "precision": attn["precision"],
+               "layer": attn["layer"], "precision": precision or attn["precision"],
                "elements": elements, "inputs": inputs, "outputs": 1,
-               "flops_per_element": inputs - 1, "batch_key": None}
+               "flops_per_element": inputs - 1 if flops is None else flops,
+               "batch_key": None}
         out["flops"] = node_flops(out)
         return out
 
@@ -89,6 +99,10 @@ def ring_nodes(attn: dict, cp: int, kv_elements: int) -> list[dict]:
             nodes.append(pass_over("cp_dkv", kv_elements if not i else (
                 kv_elements // 2 if causal else kv_elements), 2 if i else 1))
     if not backward:
+        # the log-sum-exps (fp32, one per query row and head): step 0's copied, each later
+        # step's folded in as its kernel ends (flash_attn_fwd_softmax_lse_correction)
+        nodes += [pass_over("cp_lse", heads * local, 2 if i else 1, "fp32",
+                            LSE_MERGE_FLOPS if i else 0.0) for i in range(cp)]
         # the merge after the last step: the first partial output rescaled
         # (flash_attn_fwd_out_correction_init), each further one rescaled and added
         nodes += [pass_over("cp_out", q_elements, 2 if i else 1) for i in range(cp)]
