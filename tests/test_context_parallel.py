@@ -101,17 +101,31 @@ def test_context_parallel_rows_meet_the_issue_target():
 
     held_out = cp_dataset()
     assert MAX_MAPE_CP <= 0.10
-    # measured 9.6 % (docs/validation.md); it was 11.6 % with the ring as one kernel
-    assert held_out.mape <= 0.097, held_out.render()
+    # measured 8.0 % (docs/validation.md); 11.6 % with the ring as one kernel, 9.6 % with
+    # the ring and without the weight-gradient accumulation into main_grad
+    assert held_out.mape <= 0.082, held_out.render()
     assert held_out.passed
+
+
+def test_context_parallel_rows_are_less_one_sided():
+    """Issue #22: every held-out row was predicted too fast, mean +9.6 %.  With the
+    log-sum-exp merges and the profile's weight-gradient accumulation into main_grad (a cost
+    per micro-batch and weight, so per token twice as heavy on a rank that holds half of each
+    sequence) the mean is +8.0 %, and no precision group is above +12.5 %."""
+    from crossflow.validation.megatron_bridge import cp_dataset
+
+    held_out = cp_dataset()
+    mean = sum(r.error for r in held_out.rows) / len(held_out.rows)
+    assert mean <= 0.085, held_out.render()
+    assert max(held_out.group_bias.values()) <= 0.125, held_out.render()
 
 
 def test_exposing_the_rings_and_the_gradient_reductions_does_not_explain_the_cp_rows():
     """Issue #22's candidates, bounded: with every transfer of the ring and the whole
     gradient reduction over the data × context ranks put back on the critical path (an upper
-    bound: Transformer Engine overlaps the first, Megatron-Core the second), every held-out
-    row is still too fast and the mean signed error stays above +5 % (+11 % as modelled;
-    docs/software-stack.md, "What the context-parallel rows leave unexplained")."""
+    bound: Transformer Engine overlaps the first, Megatron-Core the second), six of the seven
+    held-out rows are still too fast and the mean signed error stays above +3 % (+8 % as
+    modelled; docs/software-stack.md, "What the context-parallel rows leave unexplained")."""
     import crossflow
     from crossflow.validation.megatron_bridge import _roomy, case, cp_rows
 
@@ -126,8 +140,8 @@ def test_exposing_the_rings_and_the_gradient_reductions_does_not_explain_the_cp_
         measured = (spec.global_batch_size * spec.seq_length
                     / (float(r["tokens_per_s_per_gpu"]) * int(r["num_gpus"])))
         errors.append(measured / worst - 1)  # predicted tokens/s over measured, minus 1
-    assert min(errors) > 0
-    assert sum(errors) / len(errors) > 0.05
+    assert sum(e > 0 for e in errors) >= 6 and min(errors) > -0.01
+    assert sum(errors) / len(errors) > 0.03
 
 
 # --- context parallelism as a search dimension -------------------------------------------

@@ -475,6 +475,8 @@ def _expert_shard(attrs: dict, ep: int) -> dict:
     key = attrs["expert_tokens"]
     out["count"] = -(-attrs["count"] // ep)
     out[key] = attrs[key] * ep
+    if attrs.get("wgrad_elements"):  # the weight gradients of this rank's experts only
+        out["wgrad_elements"] = attrs["wgrad_elements"] * out["count"] // attrs["count"]
     out["flops"] = node_flops(out)
     return out
 
