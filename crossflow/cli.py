@@ -72,8 +72,9 @@ _ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
         "Validate config files without predicting anything: each file's kind is read from "
         "its 'kind:' key (hardware, template, technology, workload, system, parallelism, "
         "search space, study), and a design written by 'crossflow study best NAME --export' "
-        "is checked with every file it references.  Prints 'FILE: ok (KIND)' per file; exit "
-        "status 2 when any is wrong.",
+        "is checked with every file it references; a study is resolved as 'study run' will "
+        "resolve it.  Prints 'FILE: ok (KIND)' per file, else every error found in it, one "
+        "paragraph each; exit status 2 when any is wrong.",
         ("crossflow check my-chip.yaml my-gemm.yaml",
          "crossflow check design.yaml")),
     "validate": (
@@ -367,9 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CrossflowError as exc:
         if debug:
             raise
-        if isinstance(exc, ConfigError) and not exc.file:
-            exc = exc.with_file("command line")  # a value given as an argument
-        print(f"crossflow: error: {one_paragraph(str(exc))}", file=sys.stderr)
+        text = str(exc)
+        if isinstance(exc, ConfigError):
+            if not exc.file:
+                exc = exc.with_file("command line")  # a value given as an argument
+            text = str(exc) + _more_errors(exc)
+        print(f"crossflow: error: {one_paragraph(text)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("crossflow: interrupted", file=sys.stderr)
@@ -526,6 +530,17 @@ def _print_prediction(p) -> None:
             print(f"    {key.removesuffix('_s'):<22} {fmt_time(seconds):>10}")
 
 
+def _more_errors(exc: ConfigError) -> str:
+    """The end of the paragraph of an error found with others: how many, and the command
+    that lists them all (check reads files; a preset is checked by its name's file)."""
+    if not exc.more:
+        return ""
+    n = len(exc.more)
+    where = (f"crossflow check {exc.file}" if exc.file and exc.file != "command line"
+             and Path(exc.file).is_file() else "crossflow check on the file")
+    return f" ({n} more error{'s' if n > 1 else ''} in this input: {where} lists them all)"
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from crossflow.checks import check_file
 
@@ -537,7 +552,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             if args.debug:
                 raise
             errors.append(exc)
-            print(f"crossflow: error: {one_paragraph(str(exc))}", file=sys.stderr)
+            for one in exc.every():  # every error found in the file, one paragraph each
+                print(f"crossflow: error: {one_paragraph(str(one))}", file=sys.stderr)
     return EXIT_BAD_INPUT if errors else EXIT_OK
 
 
