@@ -625,21 +625,18 @@ def _cmd_study(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(rows, indent=2))
             return EXIT_OK
-        name_w = max((len(r["name"]) for r in rows), default=0)
-        sampler_w = max((len(r.get("sampler") or "") for r in rows), default=0)
-        trials_w = max((len(str(r.get("n_trials"))) for r in rows if "error" not in r),
-                       default=0)
-        def done(row: dict) -> str:
-            return "[not run]" if row.get("trials") is None else f"[{row['trials']} trials]"
-
-        done_w = max((len(done(r)) for r in rows if "error" not in r), default=0)
+        head = {"name": "study", "sampler": "sampler", "n_trials": "trials",
+                "state": "state", "description": "what it searches"}
+        good = [head, *(r for r in rows if "error" not in r)]
+        width = {k: max(len(str(r[k])) for r in good) for k in ("name", "sampler",
+                                                                 "n_trials", "state")}
+        for row in good:  # the file's sampler and trials; the state of its storage
+            print(f"{row['name']:<{width['name']}}  {row['sampler']:<{width['sampler']}}  "
+                  f"{row['n_trials']:>{width['n_trials']}}  {row['state']:<{width['state']}}"
+                  f"  {row['description']}".rstrip())
         for row in rows:
             if "error" in row:
-                print(f"{row['name']:<{name_w}}  ERROR {row['error']}")
-                continue
-            print(f"{row['name']:<{name_w}}  {row['sampler']:<{sampler_w}}  "
-                  f"{row['n_trials']:>{trials_w}} trials  {done(row):<{done_w}}  "
-                  f"{row['description']}")
+                print(f"{row['name']:<{width['name']}}  ERROR {row['error']}")
         return EXIT_OK
     if args.study_command == "worker" and args.storage is None:
         from crossflow.search.workers import STORAGE_ENV

@@ -331,7 +331,10 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
 
 def list_studies() -> list[dict[str, Any]]:
     """Every study by name (``./studies/`` and the shipped ones) with its state in its
-    default storage, when that is a journal file that exists."""
+    default storage: ``trials`` (how many it holds; None when it has none or they cannot be
+    counted) and ``state`` — "not run", "N run" (of the file's ``n_trials``), "complete"
+    (at least the file's ``n_trials``: ``study run NAME`` has nothing to do), "unreadable"
+    (a journal that cannot be read) or "in a database" (not opened for a listing)."""
     out = []
     for name in sorted(set(local_names("studies")) | set(preset_names("studies"))):
         try:
@@ -342,9 +345,18 @@ def list_studies() -> list[dict[str, Any]]:
         storage = spec.storage or default_storage(spec.name)
         row: dict[str, Any] = {"name": spec.name, "description": spec.description,
                                "sampler": spec.sampler, "n_trials": spec.n_trials,
-                               "storage": storage, "trials": None}
-        if not is_url(storage) and Path(storage).is_file():
-            row["trials"] = _count_trials(storage, spec.name)
+                               "storage": storage, "trials": None, "state": "not run"}
+        if is_url(storage):
+            row["state"] = "in a database"
+        elif Path(storage).is_file():
+            try:
+                row["trials"] = _count_trials(storage, spec.name)
+            except Exception:  # noqa: BLE001 - a damaged file should not break the listing
+                row["state"] = "unreadable"
+            else:
+                n = row["trials"] or 0
+                row["state"] = ("not run" if n == 0 else "complete" if n >= spec.n_trials
+                                else f"{n} run")
         out.append(row)
     return out
 
@@ -352,8 +364,5 @@ def list_studies() -> list[dict[str, Any]]:
 def _count_trials(path: str, name: str) -> int | None:
     import optuna
 
-    try:
-        summaries = optuna.get_all_study_summaries(make_storage(path, for_reading=True))
-    except Exception:  # noqa: BLE001 - a damaged file should not break the listing
-        return None
+    summaries = optuna.get_all_study_summaries(make_storage(path, for_reading=True))
     return next((s.n_trials for s in summaries if s.study_name == name), None)
