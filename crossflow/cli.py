@@ -487,7 +487,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _print_prediction(p) -> None:
-    from crossflow.units import fmt_bytes, fmt_rate, fmt_time
+    from crossflow.units import fmt_bytes, fmt_energy, fmt_rate, fmt_time
 
     print(f"{p.workload} on {p.hardware}")
     for note in p.notes:
@@ -514,7 +514,7 @@ def _print_prediction(p) -> None:
               + (" (model FLOPs only)" if recomputes else ""))
     print(f"  bottleneck    {p.bottleneck}")
     print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}")
-    print(f"  energy        {p.energy_J:.4g} J")
+    print(f"  energy        {fmt_energy(p.energy_J)}")
     moved = p.details.get("bytes_per_level", {})
     print("  breakdown (roofline: compute and memory times overlap; total = slowest + launch):"
           if "breakdown_overlap" in p.details else "  breakdown:")
