@@ -723,18 +723,11 @@ def _print_best(setup, design, full: bool = False) -> None:
     if design is None:
         print("  no feasible design yet")
         return
+    from crossflow.search.study import design_lines
+
     values = ", ".join(f"{k} {v:.6g}" for k, v in design["objectives"].items())
     print(f"  best: trial {design['trial']}: {values}")
-    d = design["design"]
-    for key in ("strategy", "mapping_order"):
-        if key in d:
-            print(f"    {key:<20} {d[key]}")
-    for key, value in d.items():
-        if key.endswith("_fractions") and (full or len(value) <= 8):
-            shown = ", ".join(f"{c} {f:.3f}" for c, f in value.items())
-            print(f"    {key:<20} {shown}")
-        elif key in ("technology", "parallelism_options"):
-            print(f"    {key:<20} " + ", ".join(f"{k}={v}" for k, v in value.items()))
+    print("\n".join(design_lines(design["design"], full=full)))
 
 
 def _print_summary(s: dict) -> None:

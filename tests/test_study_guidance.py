@@ -255,3 +255,21 @@ def test_study_list_shows_each_studys_state_in_columns(tmp_path, monkeypatch, cl
         assert all(row[at - 2:at] == "  " and row[at] != " " for row in rows.values()), out
     at = head.index("trials") + len("trials")  # counts right-aligned
     assert all(row[at - 1].isdigit() and row[at] == " " for row in rows.values()), out
+
+
+def test_a_pareto_point_of_several_designs_is_one_line_naming_the_others():
+    """Designs of equal values (equivalent mapping orders) are one point of the front: the
+    issue saw a front whose first ten lines were identical."""
+    best = [{"trial": 3, "values": {"iteration_time_s": 13.2, "energy_J": 2.7e6},
+             "design": {"strategy": "t8-d24-p8"}, "same_values": [7, 9]},
+            {"trial": 5, "values": {"iteration_time_s": 13.4, "energy_J": 2.6e6},
+             "design": {"strategy": "t4-d48-p8"}, "same_values": []}]
+    summary = {"study": "s", "description": "d", "storage": "x.journal", "sampler": "nsga2",
+               "launches": [{}], "objectives": ["iteration_time_s", "energy_J"],
+               "finished": 9, "n_trials": 9, "states": {}, "best": best,
+               "pareto_size": 2, "pareto_designs": 4, "workers": 1, "processes": 1}
+    lines = summary_lines(summary)
+    assert lines[-1] == "  Pareto front: 2 points (4 designs)"
+    assert lines[-2].endswith("trial 5: iteration_time_s 13.4, energy_J 2.6e+06")
+    assert "trial 3: iteration_time_s 13.2, energy_J 2.7e+06 (also trials 7, 9: other " \
+        "designs, the same values)" in "\n".join(lines)
