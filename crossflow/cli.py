@@ -756,11 +756,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from crossflow.search.storage import check_storage
 
         check_storage(args.storage, key="--storage")
+    for option, value in (("--seeds", args.seeds), ("--budget", args.budget),
+                          ("--workers", args.workers)):
+        if value < 1:
+            raise ConfigError("must be >= 1", file="command line", key=option, value=value)
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
-    result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
-                     workers=args.workers, storage=args.storage,
-                     tracking_uri=args.tracking_uri, track=not args.no_tracking,
-                     root=args.root, progress=not args.quiet)
+    try:
+        result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
+                         workers=args.workers, storage=args.storage,
+                         tracking_uri=args.tracking_uri, track=not args.no_tracking,
+                         root=args.root, progress=not args.quiet)
+    except ConfigError as exc:  # compare's arguments are this command's options
+        if exc.key in ("samplers", "budget") and not exc.file:
+            raise ConfigError(exc.problem, file="command line", key=f"--{exc.key}",
+                              value=exc.value, allowed=exc.allowed) from None
+        raise
     print(main_table(result))
     return EXIT_OK
 
