@@ -159,3 +159,20 @@ def test_pareto_legend_counts_one_design_in_the_singular(tmp_path, monkeypatch):
     texts = [t.get_text() for ax in kept[0].axes if ax.get_legend()
              for t in ax.get_legend().get_texts()]
     assert "nsga2 front: 1 Pareto design" in texts and "tpe front: 2 Pareto designs" in texts
+
+
+def test_a_report_on_a_new_store_prints_no_mlflow_log_lines(tmp_path, capfd, monkeypatch):
+    """A new tracking store used to greet the user with MLflow's INFO lines about creating
+    and migrating its tables."""
+    import logging
+
+    from crossflow.cli import main
+    from crossflow.search.tracking import store
+
+    monkeypatch.setattr(store, "_template_path", lambda: None)  # MLflow builds the tables
+    monkeypatch.setattr(logging.getLogger("mlflow"), "level", logging.INFO)
+    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    assert main(["report", "fig1-gemm-64k", "--quick", "--out", str(tmp_path / "r"),
+                 "--tracking-uri", uri]) == 0
+    err = capfd.readouterr().err
+    assert "INFO" not in err and "Creating initial MLflow database tables" not in err, err
