@@ -123,6 +123,13 @@ def test_check_reports_every_error_and_run_says_how_many_more(tmp_path, monkeypa
     code, _, err = cli("check", "s.yaml")
     assert code == 2 and len(err.strip().splitlines()) == 2, err
     assert "sampler_options.n_startup" in err and "no bf16 arithmetic" in err
+    # a study that cannot be resolved still has its sampler's options checked
+    Path("s.yaml").write_text(BASE.replace("deepflow-case-study", "a100-sxm4-80gb")
+                              + "overrides: {logic_node: N7}\nsampler_options: {n_startup: 3}\n")
+    code, _, err = cli("check", "s.yaml")
+    assert code == 2 and len(err.strip().splitlines()) == 2, err
+    assert "overrides apply to an architecture template" in err
+    assert "sampler_options.n_startup" in err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["s.yaml"]
 
 

@@ -272,7 +272,10 @@ def check_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetu
     from crossflow.search.samplers import make_sampler
 
     errors: list[ConfigError] = []  # each check below is independent: all are reported
-    setup = load_study(source, problems=errors)
+    try:
+        setup = load_study(source, problems=errors)
+    except ConfigError as exc:  # with the sampler's refused options, if any
+        raise ConfigError.together([exc, *errors]) from None
     if not errors:  # (the options the sampler refused already)
         try:
             make_sampler(setup.spec.sampler, seed=setup.spec.seed,
