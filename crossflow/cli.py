@@ -72,8 +72,9 @@ _ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
         "Validate config files without predicting anything: each file's kind is read from "
         "its 'kind:' key (hardware, template, technology, workload, system, parallelism, "
         "search space, study), and a design written by 'crossflow study best NAME --export' "
-        "is checked with every file it references.  Prints 'FILE: ok (KIND)' per file; exit "
-        "status 2 when any is wrong.",
+        "is checked with every file it references; a study is resolved as 'study run' will "
+        "resolve it.  Prints 'FILE: ok (KIND)' per file, else every error found in it, one "
+        "paragraph each; exit status 2 when any is wrong.",
         ("crossflow check my-chip.yaml my-gemm.yaml",
          "crossflow check design.yaml")),
     "validate": (
@@ -367,9 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CrossflowError as exc:
         if debug:
             raise
-        if isinstance(exc, ConfigError) and not exc.file:
-            exc = exc.with_file("command line")  # a value given as an argument
-        print(f"crossflow: error: {one_paragraph(str(exc))}", file=sys.stderr)
+        text = str(exc)
+        if isinstance(exc, ConfigError):
+            if not exc.file:
+                exc = exc.with_file("command line")  # a value given as an argument
+            text = str(exc) + _more_errors(exc)
+        print(f"crossflow: error: {one_paragraph(text)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("crossflow: interrupted", file=sys.stderr)
@@ -483,7 +487,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _print_prediction(p) -> None:
-    from crossflow.units import fmt_bytes, fmt_rate, fmt_time
+    from crossflow.units import fmt_bytes, fmt_energy, fmt_rate, fmt_time
 
     print(f"{p.workload} on {p.hardware}")
     for note in p.notes:
@@ -510,7 +514,7 @@ def _print_prediction(p) -> None:
               + (" (model FLOPs only)" if recomputes else ""))
     print(f"  bottleneck    {p.bottleneck}")
     print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}")
-    print(f"  energy        {p.energy_J:.4g} J")
+    print(f"  energy        {fmt_energy(p.energy_J)}")
     moved = p.details.get("bytes_per_level", {})
     print("  breakdown (roofline: compute and memory times overlap; total = slowest + launch):"
           if "breakdown_overlap" in p.details else "  breakdown:")
@@ -526,6 +530,17 @@ def _print_prediction(p) -> None:
             print(f"    {key.removesuffix('_s'):<22} {fmt_time(seconds):>10}")
 
 
+def _more_errors(exc: ConfigError) -> str:
+    """The end of the paragraph of an error found with others: how many, and the command
+    that lists them all (check reads files; a preset is checked by its name's file)."""
+    if not exc.more:
+        return ""
+    n = len(exc.more)
+    where = (f"crossflow check {exc.file}" if exc.file and exc.file != "command line"
+             and Path(exc.file).is_file() else "crossflow check on the file")
+    return f" ({n} more error{'s' if n > 1 else ''} in this input: {where} lists them all)"
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from crossflow.checks import check_file
 
@@ -537,7 +552,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             if args.debug:
                 raise
             errors.append(exc)
-            print(f"crossflow: error: {one_paragraph(str(exc))}", file=sys.stderr)
+            for one in exc.every():  # every error found in the file, one paragraph each
+                print(f"crossflow: error: {one_paragraph(str(one))}", file=sys.stderr)
     return EXIT_BAD_INPUT if errors else EXIT_OK
 
 
@@ -609,21 +625,18 @@ def _cmd_study(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(rows, indent=2))
             return EXIT_OK
-        name_w = max((len(r["name"]) for r in rows), default=0)
-        sampler_w = max((len(r.get("sampler") or "") for r in rows), default=0)
-        trials_w = max((len(str(r.get("n_trials"))) for r in rows if "error" not in r),
-                       default=0)
-        def done(row: dict) -> str:
-            return "[not run]" if row.get("trials") is None else f"[{row['trials']} trials]"
-
-        done_w = max((len(done(r)) for r in rows if "error" not in r), default=0)
+        head = {"name": "study", "sampler": "sampler", "n_trials": "trials",
+                "state": "state", "description": "what it searches"}
+        good = [head, *(r for r in rows if "error" not in r)]
+        width = {k: max(len(str(r[k])) for r in good) for k in ("name", "sampler",
+                                                                 "n_trials", "state")}
+        for row in good:  # the file's sampler and trials; the state of its storage
+            print(f"{row['name']:<{width['name']}}  {row['sampler']:<{width['sampler']}}  "
+                  f"{row['n_trials']:>{width['n_trials']}}  {row['state']:<{width['state']}}"
+                  f"  {row['description']}".rstrip())
         for row in rows:
             if "error" in row:
-                print(f"{row['name']:<{name_w}}  ERROR {row['error']}")
-                continue
-            print(f"{row['name']:<{name_w}}  {row['sampler']:<{sampler_w}}  "
-                  f"{row['n_trials']:>{trials_w}} trials  {done(row):<{done_w}}  "
-                  f"{row['description']}")
+                print(f"{row['name']:<{width['name']}}  ERROR {row['error']}")
         return EXIT_OK
     if args.study_command == "worker" and args.storage is None:
         from crossflow.search.workers import STORAGE_ENV
@@ -710,18 +723,11 @@ def _print_best(setup, design, full: bool = False) -> None:
     if design is None:
         print("  no feasible design yet")
         return
+    from crossflow.search.study import design_lines
+
     values = ", ".join(f"{k} {v:.6g}" for k, v in design["objectives"].items())
     print(f"  best: trial {design['trial']}: {values}")
-    d = design["design"]
-    for key in ("strategy", "mapping_order"):
-        if key in d:
-            print(f"    {key:<20} {d[key]}")
-    for key, value in d.items():
-        if key.endswith("_fractions") and (full or len(value) <= 8):
-            shown = ", ".join(f"{c} {f:.3f}" for c, f in value.items())
-            print(f"    {key:<20} {shown}")
-        elif key in ("technology", "parallelism_options"):
-            print(f"    {key:<20} " + ", ".join(f"{k}={v}" for k, v in value.items()))
+    print("\n".join(design_lines(design["design"], full=full)))
 
 
 def _print_summary(s: dict) -> None:
@@ -750,11 +756,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from crossflow.search.storage import check_storage
 
         check_storage(args.storage, key="--storage")
+    for option, value in (("--seeds", args.seeds), ("--budget", args.budget),
+                          ("--workers", args.workers)):
+        if value < 1:
+            raise ConfigError("must be >= 1", file="command line", key=option, value=value)
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
-    result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
-                     workers=args.workers, storage=args.storage,
-                     tracking_uri=args.tracking_uri, track=not args.no_tracking,
-                     root=args.root, progress=not args.quiet)
+    try:
+        result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
+                         workers=args.workers, storage=args.storage,
+                         tracking_uri=args.tracking_uri, track=not args.no_tracking,
+                         root=args.root, progress=not args.quiet)
+    except ConfigError as exc:  # compare's arguments are this command's options
+        if exc.key in ("samplers", "budget") and not exc.file:
+            raise ConfigError(exc.problem, file="command line", key=f"--{exc.key}",
+                              value=exc.value, allowed=exc.allowed) from None
+        raise
     print(main_table(result))
     return EXIT_OK
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -14,6 +15,10 @@ class ConfigError(CrossflowError):
 
     The message names the file, the key path inside it, the offending value and what is
     allowed, e.g. ``a100.yaml: key 'compute.frequency_GHz' = -1.4: must be > 0``.
+
+    One check may find several errors in one input (a file's schema, a study's independent
+    parts): the error is the first, and :attr:`more` holds the others (``crossflow check``
+    prints each; other commands say how many more there are).
     """
 
     def __init__(
@@ -30,7 +35,35 @@ class ConfigError(CrossflowError):
         self.key = key
         self.value = value
         self.allowed = allowed
+        #: further errors found with this one (the message is this one's alone)
+        self.more: tuple[ConfigError, ...] = ()
         super().__init__(self._compose())
+
+    @classmethod
+    def together(cls, errors: Sequence[ConfigError]) -> ConfigError:
+        """The first of ``errors`` with the others (and those found with each), each
+        message once, as its :attr:`more`."""
+        flat: dict[str, ConfigError] = {}
+        for error in errors:
+            for one in error.every():
+                flat.setdefault(str(one), one.alone())
+        first, *rest = flat.values()
+        first.more = tuple(rest)
+        return first
+
+    def every(self) -> tuple[ConfigError, ...]:
+        """This error and those found with it."""
+        return (self, *self.more)
+
+    def alone(self) -> ConfigError:
+        """A copy of this error without those found with it."""
+        return ConfigError(self.problem, file=self.file, key=self.key, value=self.value,
+                           allowed=self.allowed)
+
+    def map(self, fn: Callable[[ConfigError], ConfigError]) -> ConfigError:
+        """``fn`` (re-keying, naming the file) applied to this error and to each found with
+        it, kept together."""
+        return ConfigError.together([fn(e.alone()) for e in self.every()])
 
     def _compose(self) -> str:
         where = self.file or "<input>"
@@ -46,12 +79,15 @@ class ConfigError(CrossflowError):
         return text if text.endswith(".") else text + "."
 
     def with_file(self, file: str) -> ConfigError:
-        """Return the same error attributed to ``file`` (when it was raised without one)."""
-        if self.file:
-            return self
-        return ConfigError(
-            self.problem, file=file, key=self.key, value=self.value, allowed=self.allowed
-        )
+        """Return the same error attributed to ``file`` (when it was raised without one);
+        likewise those found with it."""
+        if not self.more:
+            return self if self.file else self._in(file)
+        return self.map(lambda e: e if e.file else e._in(file))
+
+    def _in(self, file: str) -> ConfigError:
+        return ConfigError(self.problem, file=file, key=self.key, value=self.value,
+                           allowed=self.allowed)
 
 
 class InfeasibleDesignError(CrossflowError):

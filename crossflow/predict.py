@@ -27,6 +27,7 @@ from crossflow.config.loader import load_spec
 from crossflow.errors import ConfigError, CrossflowError, InfeasibleDesignError
 from crossflow.kernels.gemm import check_precision, gemm
 from crossflow.prediction import Prediction, infeasible
+from crossflow.units import fmt_gb
 
 __all__ = ["Prediction", "infeasible", "load_hardware", "predict"]
 
@@ -158,7 +159,8 @@ def _predict_gemm(spec, arch: MicroArch) -> Prediction:
     if memory > capacity:
         return infeasible(
             spec, arch.name,
-            f"A, B and C need {memory:.4g} B but {arch.main_memory.name} holds {capacity:.4g} B",
+            f"A, B and C need {fmt_gb(memory)} but {arch.main_memory.name} holds "
+            f"{fmt_gb(capacity)}",
             memory,
         )
     try:

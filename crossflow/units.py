@@ -113,12 +113,22 @@ def canonical_key(key: str) -> str | None:
 # --- human formatting at the edge (CLI, reports) ----------------------------------------------
 
 
+def fmt_plain(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits, never in exponent form at or above 1:
+    349, 2099 (not 2.1e+03), 4.83, 0.205 — numbers printed side by side stay comparable."""
+    if abs(value) >= 10 ** digits:
+        return f"{value:.0f}"
+    return f"{value:.{digits}g}"
+
+
 def _scaled(value: float, steps: tuple[tuple[float, str], ...], unit: str) -> str:
+    if value == 0:
+        return f"0 {unit}"
     for factor, prefix in steps:
         if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}{unit}"
+            return f"{fmt_plain(value / factor)} {prefix}{unit}"
     factor, prefix = steps[-1]
-    return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{fmt_plain(value / factor)} {prefix}{unit}"
 
 
 def fmt_time(seconds: float) -> str:
@@ -131,3 +141,13 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_rate(flops: float) -> str:
     return _scaled(flops, ((PFLOPS, "P"), (TFLOPS, "T"), (GFLOPS, "G"), (1.0, "")), "FLOP/s")
+
+
+def fmt_energy(joules: float) -> str:
+    return _scaled(joules, ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (mJ, "m"),
+                            (1e-6, "µ"), (nJ, "n")), "J")
+
+
+def fmt_gb(n: float) -> str:
+    """Bytes in GB, whatever the size (a list of memory terms reads in one unit)."""
+    return f"{fmt_plain(n / GB)} GB"

@@ -251,3 +251,32 @@ def test_a_sampler_without_a_feasible_design_is_reported_not_a_crash(monkeypatch
     nothing = [r for r in runs if r["sampler"] == "random"]
     ax = _drawn(monkeypatch, tmp_path, nothing, None)
     assert any("no sampler found a feasible design" in t.get_text() for t in ax.texts)
+
+
+@pytest.mark.parametrize("args,key", [(["--samplers", "nope"], "--samplers"),
+                                      (["--seeds", "0"], "--seeds"),
+                                      (["--budget", "0"], "--budget"),
+                                      (["--workers", "0"], "--workers")])
+def test_cli_compare_names_the_option_it_refuses(cli, tmp_path, monkeypatch, args, key):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("compare", "quickstart", *args, "--no-tracking", "--quiet")
+    assert code == 2 and f"crossflow: error: command line: key '{key}' = " in err, err
+    assert "is no sampler" not in err and not (tmp_path / "mlruns").exists()
+
+
+def test_the_table_reads_as_words_and_one_precision_per_column():
+    from crossflow.search.compare import format_table, summarize
+
+    budget = 10
+    runs = [{"sampler": "tpe", "seed": 0, "values": [0.00637718] * 4 + [0.00377] * 6,
+             "feasible": [True] * 10, "wall_s": 1.0},
+            {"sampler": "random", "seed": 0, "values": [0.00637718] * 10,
+             "feasible": [True] * 10, "wall_s": 1.0}]
+    summary = summarize(runs, budget, 0.0037)
+    table = format_table("toy", summary, budget, 1, 0.0037,
+                         {"objective": "iteration_time_s", "value": 0.0037,
+                          "evaluations": 5}, False, 1.0)
+    assert table.startswith("toy: 2 samplers × 1 seed × 10 evaluations, ")
+    assert all(line == line.rstrip() for line in table.splitlines())
+    tpe = next(line for line in table.splitlines() if line.startswith("tpe "))
+    assert "0.003770 [" in tpe and "0.006377 [" in tpe  # four digits, zeros kept

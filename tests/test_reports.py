@@ -113,3 +113,66 @@ def test_fig1_quick_text_matches_its_table(tmp_path):
     last = [ln for ln in text.splitlines() if re.match(r"\| \d+ \| \d+ \|", ln)][-1]
     low = last.split("|")[3].split("/")[0].strip()
     assert f"fall to {low} FLOP/B" in text
+
+
+def _figures(monkeypatch):
+    """The figures the reports save, kept open (save_figure closes them)."""
+    from crossflow.reports import _common
+
+    kept = []
+    real = _common.save_figure
+
+    def keep(fig, out, name):
+        kept.append(fig)
+        fig.savefig(out / name)
+        return name
+
+    monkeypatch.setattr(_common, "save_figure", keep)
+    return kept, real
+
+
+def test_fig9_breakdown_legend_is_beside_the_bars(tmp_path, monkeypatch):
+    from crossflow.reports import fig9
+
+    kept, _ = _figures(monkeypatch)
+    rows = [{"logic": lg, "memory": "HBM4", "network": net, "compute_s": 1.0 / (i + 1),
+             "kernel_parallel_comm_s": 4.0, "dp_allreduce_s": 0.5, "optimizer_s": 0.01}
+            for i, lg in enumerate(("N12", "N7", "N3", "N1")) for net in ("NDR-x8", "GDR-x8")]
+    fig9._plot_breakdown(rows, tmp_path)
+    (fig,) = kept
+    fig.canvas.draw()
+    legends = [leg for ax in fig.axes if (leg := ax.get_legend()) is not None]
+    assert len(legends) == 1
+    box = legends[0].get_window_extent()
+    for ax in fig.axes:
+        for bar in ax.patches:
+            assert not box.overlaps(bar.get_window_extent()), "the legend hides a bar"
+    assert "kernel parallel comm" in [t.get_text() for t in legends[0].get_texts()]
+
+
+def test_pareto_legend_counts_one_design_in_the_singular(tmp_path, monkeypatch):
+    from crossflow.reports import pareto
+
+    kept, _ = _figures(monkeypatch)
+    pareto._plot({"nsga2": [(1.0, 2e3), (1.2, 2.5e3)], "tpe": [(1.0, 2e3), (0.9, 2.2e3)]},
+                 tmp_path, 12)
+    texts = [t.get_text() for ax in kept[0].axes if ax.get_legend()
+             for t in ax.get_legend().get_texts()]
+    assert "nsga2 front: 1 Pareto design" in texts and "tpe front: 2 Pareto designs" in texts
+
+
+def test_a_report_on_a_new_store_prints_no_mlflow_log_lines(tmp_path, capfd, monkeypatch):
+    """A new tracking store used to greet the user with MLflow's INFO lines about creating
+    and migrating its tables."""
+    import logging
+
+    from crossflow.cli import main
+    from crossflow.search.tracking import store
+
+    monkeypatch.setattr(store, "_template_path", lambda: None)  # MLflow builds the tables
+    monkeypatch.setattr(logging.getLogger("mlflow"), "level", logging.INFO)
+    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    assert main(["report", "fig1-gemm-64k", "--quick", "--out", str(tmp_path / "r"),
+                 "--tracking-uri", uri]) == 0
+    err = capfd.readouterr().err
+    assert "INFO" not in err and "Creating initial MLflow database tables" not in err, err

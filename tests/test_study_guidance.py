@@ -224,3 +224,52 @@ def test_rerunning_a_complete_study_logs_only_trials_without_a_run(tmp_path, mon
     code, out, err = cli("study", "run", "quickstart", "--trials", "3", "--quiet")
     assert code == 0 and "logged" not in out, out
     assert len(_mlflow_runs(tmp_path)) == len(runs)  # nothing new: no parent run either
+
+
+def test_study_list_shows_each_studys_state_in_columns(tmp_path, monkeypatch, cli):
+    """Under a header: the file's sampler and trials, then the state of the study's
+    storage (not run, how many run, complete, or a journal that cannot be read), each
+    column starting where its header does however long the names."""
+    monkeypatch.chdir(tmp_path)
+    Path("studies").mkdir()
+    base = load_study("quickstart").spec
+    for name, n in (("a-study-with-a-long-name", 3), ("short", 2), ("broken", 5)):
+        Path(f"studies/{name}.yaml").write_text(
+            f"kind: study\nname: {name}\nworkload: gemm-8192\nhardware: deepflow-case-study\n"
+            f"search_space: quickstart\nn_trials: {n}\ndescription: {base.description}\n")
+    assert cli("study", "run", "short", "--no-tracking", "--quiet")[0] == 0
+    assert cli("study", "run", "a-study-with-a-long-name", "--trials", "1", "--no-tracking",
+               "--quiet")[0] == 0
+    Path("mlruns/optuna/broken.journal").write_bytes(b"\x00not a journal\xff\n")
+    code, out, err = cli("study", "list")
+    assert code == 0, err
+    lines = out.splitlines()
+    head = lines[0]
+    assert head.split() == ["study", "sampler", "trials", "state", "what", "it", "searches"]
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert "  1 run  " in rows["a-study-with-a-long-name"]
+    assert "  complete  " in rows["short"] and "  unreadable  " in rows["broken"]
+    assert "  not run  " in rows["quickstart"]
+    for column in ("sampler", "state", "what"):  # left-aligned under the header
+        at = head.index(column)
+        assert all(row[at - 2:at] == "  " and row[at] != " " for row in rows.values()), out
+    at = head.index("trials") + len("trials")  # counts right-aligned
+    assert all(row[at - 1].isdigit() and row[at] == " " for row in rows.values()), out
+
+
+def test_a_pareto_point_of_several_designs_is_one_line_naming_the_others():
+    """Designs of equal values (equivalent mapping orders) are one point of the front: the
+    issue saw a front whose first ten lines were identical."""
+    best = [{"trial": 3, "values": {"iteration_time_s": 13.2, "energy_J": 2.7e6},
+             "design": {"strategy": "t8-d24-p8"}, "same_values": [7, 9]},
+            {"trial": 5, "values": {"iteration_time_s": 13.4, "energy_J": 2.6e6},
+             "design": {"strategy": "t4-d48-p8"}, "same_values": []}]
+    summary = {"study": "s", "description": "d", "storage": "x.journal", "sampler": "nsga2",
+               "launches": [{}], "objectives": ["iteration_time_s", "energy_J"],
+               "finished": 9, "n_trials": 9, "states": {}, "best": best,
+               "pareto_size": 2, "pareto_designs": 4, "workers": 1, "processes": 1}
+    lines = summary_lines(summary)
+    assert lines[-1] == "  Pareto front: 2 points (4 designs)"
+    assert lines[-2].endswith("trial 5: iteration_time_s 13.4, energy_J 2.6e+06")
+    assert "trial 3: iteration_time_s 13.2, energy_J 2.7e+06 (also trials 7, 9: other " \
+        "designs, the same values)" in "\n".join(lines)

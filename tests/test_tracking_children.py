@@ -129,6 +129,21 @@ def test_ui_server_goes_with_the_crossflow_process(tmp_path, sig):
         wait_gone(port, under, pgids, within=GRACE_S + 5)
 
 
+def test_ctrl_c_stops_the_ui_quietly(tmp_path):
+    """Ctrl-C (SIGINT to the crossflow process, the terminal's foreground group): exit 0,
+    the server and all it started gone, and no traceback in what the user saw (MLflow's
+    job-runner processes printed a KeyboardInterrupt traceback each)."""
+    with ui_process(tmp_path) as (proc, port, under):
+        stats = _stats()
+        pgids = {stats[p][2] for p in under if p in stats}
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        wait_gone(port, under, pgids, within=GRACE_S + 5)
+    shown = (tmp_path / "ui.log").read_text(errors="replace")
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, shown[-3000:]
+    assert "DeprecationWarning" not in shown, shown[-3000:]
+
+
 def test_spawn_child_gets_sigterm_when_its_parent_is_killed(tmp_path):
     """``PR_SET_PDEATHSIG``: a SIGKILL of the parent (no handler runs) still ends the
     child, which runs in its own session."""

@@ -162,3 +162,17 @@ def test_labels():
     assert _plots.si_scale([0.004, 0.006], "s") == (1e-3, "ms")
     assert _plots.si_scale([3.0e5], "J") == (1e3, "kJ")
     assert _plots.si_scale([2e14], "FLOP/s") == (1e12, "TFLOP/s")
+
+
+def test_the_constant_parameters_are_all_named_not_cut():
+    """The importance plot's heading named the first few constant parameters and an
+    ellipsis; it names each, grouped by simplex, on as many lines as they need."""
+    constant = ["area_fractions.inter_links", "area_fractions.intra_links",
+                "power_fractions.inter_links", "power_fractions.intra_links", "logic_node"]
+    note = _plots.constant_note(constant, width=60)
+    flat = " ".join(note.split())
+    assert "…" not in note and all(len(line) <= 60 for line in note.splitlines())
+    assert flat.startswith("constant, not shown: area fraction: inter-node links, "
+                           "intra-node links; power fraction: inter-node links, intra-node "
+                           "links; ")
+    assert flat.endswith(_plots.label("logic_node"))

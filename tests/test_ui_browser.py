@@ -241,14 +241,18 @@ def test_mlflow_ui_shows_trials_in_chromium(cli, tmp_path, monkeypatch):
         chromium_page(p, width=1600, height=1000,
                       failure_shot=shot.with_name("mlflow-ui-failure.png")) as page,
     ):
+        # a study's link opens its runs in the classic view, which this new browser
+        # profile has never chosen
+        page.goto(study_link(work, url), wait_until="load")
+        page.get_by_text("matching runs").first.wait_for()
+        page.get_by_role("link", name="Model registry").first.wait_for()
+        # MLflow 3 opens in its GenAI view (traces, no runs); crossflow ui says to choose
+        # 'Model training', the classic view, whose sidebar has the model registry
+        assert "'Model training'" in (work / "ui.log").read_text(errors="replace")
         page.goto(url, wait_until="load")
-        # MLflow 3 opens in its GenAI view; trials are runs of the model-training view
-        experiments = page.get_by_role("link", name="Experiments", exact=True).first
-        experiments.wait_for()
-        training = page.get_by_text("Model training", exact=True)
-        if training.count():
-            training.first.click()
-        experiments.click()
+        page.get_by_text("Model training", exact=True).first.click()
+        page.get_by_role("link", name="Model registry").first.wait_for()
+        page.get_by_role("link", name="Experiments", exact=True).first.click()
         page.get_by_role("link", name="quickstart", exact=True).first.click()
         page.get_by_text("matching runs").first.wait_for()
         assert "/experiments/" in page.url and "/runs" in page.url, page.url

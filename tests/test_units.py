@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from crossflow import units
@@ -44,3 +46,22 @@ def test_human_formatting():
     assert units.fmt_time(0.0038) == "3.8 ms"
     assert units.fmt_bytes(80e9) == "80 GB"
     assert units.fmt_rate(312e12) == "312 TFLOP/s"
+
+
+def test_numbers_side_by_side_never_switch_to_exponents():
+    """'349 GB beside 2.1e+03 GB' read as two different kinds of number (issue 20)."""
+    assert units.fmt_plain(2095.3) == "2095" and units.fmt_plain(349.2) == "349"
+    assert units.fmt_plain(4.834) == "4.83" and units.fmt_plain(0.2049) == "0.205"
+    assert units.fmt_gb(2.0953e12) == "2095 GB" and units.fmt_gb(4.83e9) == "4.83 GB"
+    assert units.fmt_time(1234.5) == "1234 s" and units.fmt_time(0.0) == "0 s"
+    assert units.fmt_energy(3.689e6) == "3.69 MJ" and units.fmt_energy(0.814) == "814 mJ"
+
+
+def test_an_infeasible_memory_reason_names_every_term_in_gb(cli):
+    code, out, _ = cli("predict", "--workload", "gpt3-175b", "--system", "dgx-a100",
+                       "--parallelism", "t1-d1536-p1")
+    assert code == 3
+    reason = out.split("INFEASIBLE: ", 1)[1]
+    terms = reason.split("(", 1)[1].rstrip(")\n").split(", ")
+    assert len(terms) == 4 and all(re.fullmatch(r"\w+ \d+(\.\d+)? GB", t) for t in terms), out
+    assert "optimizer_state_bytes 2095 GB" in reason and "e+" not in reason

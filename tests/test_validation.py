@@ -175,3 +175,23 @@ def test_sequence_parallel_stage_transfer_is_not_gathered_again():
     assert 0.2e-3 < p2p[True] < 0.35e-3
     assert p2p[False] - p2p[True] > 0.1e-3
     assert p2p[False] - p2p[True] < act / 100e9
+
+
+def test_a_data_sets_table_keeps_its_columns_whatever_the_labels_and_values():
+    """``crossflow validate`` tables: each column ends where its header does, for short
+    and long case labels, tiny and large values, errors of one to three digits."""
+    from crossflow.validation import DataSet
+
+    rows = (Row("8x8x8 fp32 1t", 8.2684e-07, 8.4811e-07),
+            Row("16384x12288x12288 fp16", 0.017096, 0.017031),
+            Row("2048x1x2048 fp32 1t", 6.9784e-05, 0.0043183),
+            Row("big", 12345.678, 1234.5))
+    ds = DataSet(name="toy", source="toy.csv", quantity="time_s", rows=rows, max_mape=0.1,
+                 min_spearman=0.5)
+    table = ds.render().splitlines()[2:-1]
+    head = table[0]
+    ends = [head.index(name) + len(name) for name in ("predicted", "measured", "error")]
+    for line in table[1:]:
+        assert len(line) == len(head), (line, head)
+        for end in ends:
+            assert line[end - 1] != " " and (end == len(line) or line[end] == " "), line

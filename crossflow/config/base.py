@@ -394,7 +394,40 @@ _YAML11_NUMBER = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])*(?:\.[0-9_]*)?$
 def _error_from_pydantic(
     exc: ValidationError, keymap: dict[tuple, tuple[str, Any]], file: str | None
 ) -> ConfigError:
-    err = exc.errors(include_url=False)[0]
+    """Every error pydantic found, in the file's terms (:meth:`ConfigError.together`: the
+    first, with the others as its ``more``).  The failed branches of a union (a key that
+    takes a name or a mapping) are one error: "must be a valid string or a valid
+    dictionary" at the key, not one per branch at paths such as ``workload.str``."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for err in exc.errors(include_url=False):
+        groups.setdefault(_union_at(tuple(err["loc"]), err, keymap), []).append(err)
+    out = []
+    for at, errs in groups.items():
+        if len(errs) > 1 and at in keymap and all(
+                len(e["loc"]) == len(at) + 1 and e["msg"].startswith("Input should be ")
+                for e in errs):  # each branch refused the value's type
+            path, value = keymap[at]
+            wants = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in errs)
+            out.append(ConfigError("must be " + " or ".join(wants), file=file, key=path,
+                                   value=value))
+        else:
+            out += [_one_error(e, keymap, file) for e in errs]
+    return ConfigError.together(out)
+
+
+def _union_at(loc: tuple, err: Mapping[str, Any], keymap: Mapping[tuple, Any]) -> tuple:
+    """The key whose union type ``err`` is one failed branch of (its location goes on from
+    that key by a branch's tag, a string that is no key of the file), else ``loc`` itself."""
+    if err["type"] == "missing" or loc in keymap:
+        return loc
+    for cut in range(len(loc) - 1, 0, -1):
+        if loc[:cut] in keymap:
+            return loc[:cut] if isinstance(loc[cut], str) else loc
+    return loc
+
+
+def _one_error(err: Mapping[str, Any], keymap: dict[tuple, tuple[str, Any]],
+               file: str | None) -> ConfigError:
     loc = tuple(err["loc"])
     msg = err["msg"]
     if msg.startswith("Value error, "):

@@ -90,14 +90,25 @@ def check_places(out: Path, tracking_uri: str | None, *, track: bool = True) -> 
 
 def _log(name: str, out: Path, result: dict, quick: bool, elapsed: float,
          tracking_uri: str | None) -> None:
+    import logging
+
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from crossflow.search.tracking import resolve_locations  # (MLflow's side) not for --help
+    # (MLflow's side) not for --help
+    from crossflow.search.tracking import resolve_locations
+    from crossflow.search.tracking import store as tracking_store
+    from crossflow.search.tracking.paths import _db_lock
 
+    # MLflow's INFO lines (a new store's table creation and migrations) are not the user's
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     uri, artifact_root = resolve_locations(tracking_uri)
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(EXPERIMENT)
+    with _db_lock(uri):  # a new SQLite store is made as a study's launch makes it
+        seeded = tracking_store.seed_sqlite(uri)
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(EXPERIMENT)
+        if seeded == "missing":
+            tracking_store.remember_sqlite(uri)
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(
         EXPERIMENT, artifact_location=None if artifact_root is None
         else f"{artifact_root}/{EXPERIMENT}")

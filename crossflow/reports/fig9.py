@@ -112,11 +112,13 @@ def _plot_breakdown(rows: list[dict], out: Path) -> str:
         for part in parts:
             vals = [r.get(part, 0.0) for r in sel]
             if any(vals):
-                ax.bar(logic, vals, bottom=bottom, label=part[:-2])
+                ax.bar(logic, vals, bottom=bottom, label=part[:-2].replace("_", " "))
                 bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         ax.set_title(f"{mem}, {net}")
         ax.set_ylabel("seconds per iteration")
-    axes[0].legend(fontsize=7)
+    # beside the panels, not over a bar: the bars reach the top of their axes
+    axes[-1].legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="upper left",
+                    bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return C.save_figure(fig, out, "fig9_breakdown.png")
 
 

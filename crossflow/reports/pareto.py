@@ -106,7 +106,8 @@ def _plot(results: dict[str, list[tuple[float, float]]], out: Path, n_trials: in
         front = pareto_front(pts)
         a.scatter(xs, ys, s=8, alpha=0.3, color=colour)
         a.plot([p[0] for p in front], [p[1] / 1e3 for p in front], marker="o", ms=4,
-               color=colour, label=f"{label} front: {len(front)} Pareto designs")
+               color=colour, label=f"{label} front: {len(front)} Pareto "
+                                   f"design{'' if len(front) == 1 else 's'}")
         b.scatter(xs, watts, s=8, alpha=0.3, color=colour, label=label)
     together = pareto_front([p for pts in results.values() for p in pts])
     if len(together) > 1:

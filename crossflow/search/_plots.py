@@ -92,6 +92,20 @@ def label(name: str) -> str:
     return f"{quantity} ({unit})" if unit else quantity
 
 
+def constant_note(constant: Sequence[str], width: int = 110) -> str:
+    """The parameters no feasible design varied, every one named, wrapped to ``width``: the
+    components of a simplex after its name ("area fraction: inter-node links, intra-node
+    links; power fraction: ...")."""
+    groups: dict[str, list[str]] = {}
+    for key in constant:
+        head, sep, tail = label(key).partition(": ")
+        groups.setdefault(head if sep else "", []).append(tail if sep else head)
+    parts = [f"{head}: {', '.join(names)}" if head else ", ".join(names)
+             for head, names in groups.items()]
+    return textwrap.fill("constant, not shown: " + "; ".join(parts), width=width,
+                         break_on_hyphens=False)
+
+
 def _figure(width: float = 7.0, height: float = 4.2):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -326,7 +340,11 @@ def importance_png(path: Path, trials: Sequence[Any], names: Sequence[str], titl
                                                  directions[i])
         panels.append((name, scores, method, note))
     n_bars = max((min(20, len(p[1])) for p in panels), default=0)
-    fig = _figure(8.0, max(2.6, (0.32 * n_bars + 1.4) * len(panels) + 0.6))
+    head = f"{title}: what drives the objectives ({len(params)} feasible designs)"
+    if constant:
+        head += "\n" + constant_note(constant)
+    extra = 0.17 * head.count("\n")  # the heading's lines, at 9 pt
+    fig = _figure(8.0, max(2.6, (0.32 * n_bars + 1.4) * len(panels) + 0.6) + extra)
     for i, (name, scores, method, note) in enumerate(panels):
         ax = fig.add_subplot(len(panels), 1, i + 1)
         if scores:
@@ -344,10 +362,6 @@ def importance_png(path: Path, trials: Sequence[Any], names: Sequence[str], titl
             ax.text(0.5, 0.5, "parameter importance needs >= 2 complete feasible trials\n"
                     f"with varying parameters (this study has {len(params)})",
                     ha="center", va="center", transform=ax.transAxes)
-    head = f"{title}: what drives the objectives ({len(params)} feasible designs)"
-    if constant:
-        head += "\n" + textwrap.shorten("constant, not shown: " + ", ".join(
-            label(k) for k in constant), width=110, placeholder=" …")
     fig.suptitle(head, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)

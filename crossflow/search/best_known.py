@@ -404,9 +404,9 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
             cross["polished_value"] = v
             phases.append(_phase("polish", f, t0))
         if "skipped" not in cross:
-            _say(progress, f"CMA-ES cross-check: {cross['value']} "
+            _say(progress, f"CMA-ES cross-check: {cross['value']:.6g} "
                            f"({'beat' if cross['beat_main'] else 'did not beat'} "
-                           f"{cross['main_value']})")
+                           f"{cross['main_value']:.6g})")
     value, params = f.best
     _say(progress, f"best {value:.6g} after {f.n} evaluations")
     design = setup.design(params) if params is not None else None

@@ -148,18 +148,19 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGTERM,
 
 
 @contextlib.contextmanager
-def forward_signals(proc: subprocess.Popen,
-                    signals: Sequence[int] = FORWARDED) -> Iterator[list[int]]:
-    """While inside: ``signals`` received by this process are sent to ``proc`` (their
-    numbers are appended to the yielded list; this process does not stop by them).  On
-    leaving, in every case: :func:`kill_group` of ``proc``.  Handlers are installed only in
-    the main thread (Python's rule); elsewhere only the final kill applies."""
+def forward_signals(proc: subprocess.Popen, signals: Sequence[int] = FORWARDED, *,
+                    send: int | None = None) -> Iterator[list[int]]:
+    """While inside: ``signals`` received by this process are sent to ``proc`` (``send``
+    instead, when given; the numbers received are appended to the yielded list; this
+    process does not stop by them).  On leaving, in every case: :func:`kill_group` of
+    ``proc``.  Handlers are installed only in the main thread (Python's rule); elsewhere
+    only the final kill applies."""
     received: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
         received.append(signum)
         with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+            proc.send_signal(send if send is not None else signum)
 
     old: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():

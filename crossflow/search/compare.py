@@ -178,7 +178,7 @@ def compare(setup, *, samplers: Sequence[str] = COMPARED, seeds: int = 3,
     for s in samplers:
         if s not in COMPARED:
             why = ("optimises several objectives; a comparison measures one" if s in NAMES
-                   else "is no sampler")
+                   else "is not a sampler")
             raise ConfigError(f"sampler {s!r} {why}", key="samplers", value=s,
                               allowed=", ".join(COMPARED))
         if s == setup.spec.sampler:
@@ -285,7 +285,9 @@ def _say(enabled: bool, r: dict[str, Any], done: int, total: int) -> None:
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
-    return "—" if x is None else f"{x:.{digits}g}"
+    """``digits`` significant digits, trailing zeros kept (0.003770, not 0.00377, beside
+    0.006377: a column reads as one precision)."""
+    return "—" if x is None else f"{x:#.{digits}g}".rstrip(".")
 
 
 def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seeds: int,
@@ -313,7 +315,8 @@ def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seed
         row += [f"{r['wall_s_median']:.1f}", f"{100 * r['infeasible_share']:.0f}%"]
         rows.append(row)
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
-    lines = [f"{name}: {len(summary)} samplers × {seeds} seeds × {budget} evaluations, "
+    lines = [f"{name}: {_count(len(summary), 'sampler')} × {_count(seeds, 'seed')} × "
+             f"{_count(budget, 'evaluation')}, "
              f"objective {known.get('objective')}; median [min–max] over seeds; "
              f"evals to within 1 % / 5 % of the reference (median; seeds that got there)"]
     src = ("a comparison run (it beat the best-known value "
@@ -321,10 +324,14 @@ def format_table(name: str, summary: Sequence[dict[str, Any]], budget: int, seed
            f"best-known search, {known.get('evaluations')} evaluations")
     lines.append(f"reference {_fmt(reference, 6)} ({src}); {elapsed:.0f} s in all")
     lines.append(f"best-known: {how_known(known)}")
-    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip())
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
               for row in rows]
     return "\n".join(lines)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def report_dir(root: Path, name: str) -> Path:
@@ -394,8 +401,9 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 def how_known(known: Mapping[str, Any]) -> str:
     """One line: how the best-known value was obtained (:mod:`crossflow.search.best_known`)."""
-    parts = [f"{_fmt(known.get('value'), 6)} after {known.get('evaluations')} evaluations "
-             f"({known.get('seconds')} s)"]
+    seconds = known.get("seconds")
+    parts = [f"{_fmt(known.get('value'), 6)} after {known.get('evaluations')} evaluations"
+             + (f" ({seconds:.1f} s)" if isinstance(seconds, int | float) else "")]
     enum = known.get("enumeration") or {}
     if enum:
         rounds = enum.get("rounds") or []
@@ -412,8 +420,9 @@ def how_known(known: Mapping[str, Any]) -> str:
                      "combinations")
     con = known.get("contenders") or {}
     if con:
-        parts.append(f"{con.get('refined', 0)} more of {con.get('within_margin', 0)} "
-                     f"strategies within {con.get('margin')}x at some split refined"
+        parts.append(f"refined {con.get('refined', 0)} more of the "
+                     f"{con.get('within_margin', 0)} strategies within {con.get('margin')}x "
+                     "of the best at some split"
                      + (f" ({con['left_out']} left out)" if con.get("left_out") else ""))
     cross = known.get("cross_check") or {}
     if cross and "skipped" not in cross:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from crossflow.arch.microarch import MicroArch
 from crossflow.errors import InfeasibleDesignError
+from crossflow.units import fmt_gb
 
 
 def capacity_problem(arch: MicroArch, breakdown: Mapping[str, float]) -> str | None:
@@ -13,7 +14,7 @@ def capacity_problem(arch: MicroArch, breakdown: Mapping[str, float]) -> str | N
     used = sum(breakdown.values())
     capacity = arch.main_memory.total_capacity_B
     if used > capacity:
-        shown = ", ".join(f"{k} {v / 1e9:.3g} GB" for k, v in breakdown.items())
+        shown = ", ".join(f"{k} {fmt_gb(v)}" for k, v in breakdown.items())
         return (f"memory per device {used / 1e9:.4g} GB exceeds the {capacity / 1e9:.4g} GB "
                 f"of {arch.main_memory.name} on {arch.name} ({shown})")
     return None

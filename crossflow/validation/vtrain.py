@@ -10,7 +10,9 @@ constants (per-op dispatch forward and backward, per-collective dispatch, per-it
 tail) are fitted here by :func:`fit_megatron_deepspeed` — on the 2-GPU rows only; the 4-GPU
 rows (tensor-parallel 4 among them, which the 2-GPU rows never show) are held out.
 ``python -m crossflow.validation.vtrain`` re-runs the fit and prints the constants in the form
-the preset holds, with the errors on the fitted and the held-out rows.
+the preset holds, with the errors on the fitted and the held-out rows;
+``python -m crossflow.validation.vtrain SYSTEM`` predicts the rows on another system
+(``dgx-a100``: the device alone, no host) and prints the errors, fitting nothing.
 """
 
 from __future__ import annotations
@@ -83,9 +85,10 @@ def group_bias(rows: list[Row], key: str = "mb") -> dict[str, float]:
 def vtrain_dataset(system: str = SYSTEM) -> DataSet:
     rows = tuple(predict_rows(system))
     bias = ", ".join(f"{k} {v * 100:+.1f}%" for k, v in group_bias(list(rows)).items())
+    fitted = "host constants fitted to the 2-GPU rows; " if system == SYSTEM else ""
     return DataSet(
         name="training: vTrain single-node A100, 2-4 GPUs (Megatron-DeepSpeed)",
-        source=f"{VTRAIN_FILE} on system {system} (host constants fitted to the 2-GPU rows; "
+        source=f"{VTRAIN_FILE} on system {system} ({fitted}"
                f"mean signed error by micro-batch: {bias})",
         quantity="time_s", rows=rows, max_mape=MAX_MAPE, min_spearman=MIN_SPEARMAN)
 
@@ -151,7 +154,14 @@ def fit_megatron_deepspeed(rows=None, rounds: int = 2) -> dict[str, float]:
                 system_with(factor, host).software.memory_bound_efficiency}
 
 
-def _main() -> None:  # pragma: no cover - a maintenance script
+def _main(argv: list[str]) -> None:  # pragma: no cover - a maintenance script
+    if argv:  # vTrain's rows on another system, nothing fitted (e.g. dgx-a100, no host)
+        ds = vtrain_dataset(argv[0])
+        under = sum(r.error < 0 for r in ds.rows if " mb1 " in f" {r.label} ")
+        mb1 = sum(" mb1 " in f" {r.label} " for r in ds.rows)
+        print(f"{ds.summary()}\n  {ds.source}\n  under-predicted at micro-batch 1: {under} "
+              f"of {mb1} rows")
+        return
     fitted = fit_megatron_deepspeed()
     print(f"# {SYSTEM}.yaml software, fitted to the 2-GPU rows of {VTRAIN_FILE}:")
     for name, value in fitted.items():
@@ -173,4 +183,6 @@ def _main() -> None:  # pragma: no cover - a maintenance script
 
 
 if __name__ == "__main__":  # pragma: no cover
-    _main()
+    import sys
+
+    _main(sys.argv[1:])

@@ -96,3 +96,50 @@ def test_a_system_device_outside_the_presets_is_loaded(tmp_path, monkeypatch, cl
     _paragraph(err)
     assert "dev.yaml" in err and "not found" in err
     assert not Path("mlruns").exists()
+
+
+def test_check_reports_every_error_and_run_says_how_many_more(tmp_path, monkeypatch, cli):
+    """Several errors in one study file: check names each, one paragraph apiece (the
+    schema's, then the study's own: an unknown sampler option and a precision the chip
+    lacks); run refuses on the first and says how many more check would list."""
+    monkeypatch.chdir(tmp_path)
+    Path("s.yaml").write_text(BASE.replace("n_trials: 3", "n_trials: 0")
+                              + "seed: -1\nobjectives: [iteration_time_s, speed]\n")
+    code, _, err = cli("check", "s.yaml")
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert [line.split("key ")[1].split(" =")[0] for line in lines] == [
+        "'objectives[1]'", "'seed'", "'n_trials'"], err
+    assert all(line.startswith("crossflow: error: s.yaml: ") for line in lines), err
+    code, _, err = cli("study", "run", "s.yaml", "--no-tracking", "--quiet")
+    assert code == 2
+    _paragraph(err)
+    assert "objectives[1]" in err and "(2 more errors in this input: crossflow check " \
+        "s.yaml lists them all)" in err
+    # once the schema holds: the study's independent checks, all of them
+    Path("s.yaml").write_text(BASE.replace("gemm-8192", "{kind: gemm, m: 64, k: 64, n: 64, "
+                                                       "precision: bf16}")
+                              + "sampler: tpe\nsampler_options: {n_startup: 3}\n")
+    code, _, err = cli("check", "s.yaml")
+    assert code == 2 and len(err.strip().splitlines()) == 2, err
+    assert "sampler_options.n_startup" in err and "no bf16 arithmetic" in err
+    # a study that cannot be resolved still has its sampler's options checked
+    Path("s.yaml").write_text(BASE.replace("deepflow-case-study", "a100-sxm4-80gb")
+                              + "overrides: {logic_node: N7}\nsampler_options: {n_startup: 3}\n")
+    code, _, err = cli("check", "s.yaml")
+    assert code == 2 and len(err.strip().splitlines()) == 2, err
+    assert "overrides apply to an architecture template" in err
+    assert "sampler_options.n_startup" in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["s.yaml"]
+
+
+def test_a_value_of_neither_type_a_key_takes_is_one_error_at_that_key(tmp_path, monkeypatch,
+                                                                      cli):
+    """'workload' takes a name or a mapping: a number is one error at 'workload', not one
+    per type at 'workload.str' and 'workload.dict[str,any]'."""
+    monkeypatch.chdir(tmp_path)
+    Path("s.yaml").write_text(BASE.replace("workload: gemm-8192", "workload: 5"))
+    code, _, err = cli("check", "s.yaml")
+    assert code == 2
+    _paragraph(err)
+    assert "key 'workload' = 5: must be a valid string or a valid dictionary" in err, err

@@ -125,11 +125,21 @@ def test_the_ui_says_its_url_and_the_plain_mlflow_command(monkeypatch, capsys):
     assert ui.launch_ui("postgresql://bob:secret@127.0.0.1:5432/mlflow", port=port) == 0
     err = capsys.readouterr().err
     assert f"http://127.0.0.1:{port}" in err and "Ctrl-C" in err
+    assert "'Model training'" in err  # MLflow 3's GenAI view shows no run
     assert "mlflow ui --backend-store-uri postgresql://bob:" in err and "secret" not in err
     # the password is on no command line (`ps` shows those to every user): the environment
     cmd, env = spawned[0]
     assert not any("secret" in part for part in cmd) and "--backend-store-uri" not in cmd
     assert env["MLFLOW_BACKEND_STORE_URI"] == "postgresql://bob:secret@127.0.0.1:5432/mlflow"
+    # no job runner: its consumers print a traceback each on Ctrl-C
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+
+
+def test_a_job_runner_the_user_asked_for_is_kept(monkeypatch):
+    from crossflow.search.tracking import ui
+
+    monkeypatch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "true")
+    assert ui.server_env("sqlite:///x.db")["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "true"
 
 
 def test_links_of_a_database_that_does_not_answer_come_back_at_once():

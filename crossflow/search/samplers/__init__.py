@@ -16,7 +16,8 @@ paper's §7 gradient descent), ``tpe``, ``cmaes``, ``random``, ``nsga2``.
   is the design, not a silent random fallback).  One objective only.
 * ``random`` — :class:`optuna.samplers.RandomSampler`.
 * ``nsga2`` — :class:`optuna.samplers.NSGAIISampler` (multi-objective; constrained
-  domination reads the trials' ``infeasibility`` constraint).
+  domination reads the trials' ``infeasibility`` constraint) whose children are designs the
+  study does not hold yet (:mod:`crossflow.search.samplers.nsga2`).
 
 A study's ``sampler_options`` are keyword arguments of the sampler class (checked against
 its signature when the study is loaded); ``seed`` is given separately.
@@ -88,11 +89,14 @@ def sampler_class(name: str):
         from crossflow.search.samplers.gd import GDSampler
 
         return GDSampler
+    if name == "nsga2":
+        from crossflow.search.samplers.nsga2 import DistinctNSGAIISampler
+
+        return DistinctNSGAIISampler
     import optuna
 
     classes = {"tpe": optuna.samplers.TPESampler, "cmaes": optuna.samplers.CmaEsSampler,
-               "random": optuna.samplers.RandomSampler,
-               "nsga2": optuna.samplers.NSGAIISampler}
+               "random": optuna.samplers.RandomSampler}
     if name not in classes:
         raise ConfigError("unknown sampler", key="sampler", value=name, allowed=", ".join(NAMES))
     return classes[name]

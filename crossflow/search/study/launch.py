@@ -271,24 +271,35 @@ def check_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetu
     now.  Nothing is created."""
     from crossflow.search.samplers import make_sampler
 
-    setup = load_study(source)
+    errors: list[ConfigError] = []  # each check below is independent: all are reported
     try:
-        make_sampler(setup.spec.sampler, seed=setup.spec.seed,
-                     options=setup.spec.sampler_options, space=setup.space,
-                     n_objectives=len(setup.objectives), setup=setup)
+        setup = load_study(source, problems=errors)
+    except ConfigError as exc:  # with the sampler's refused options, if any
+        raise ConfigError.together([exc, *errors]) from None
+    if not errors:  # (the options the sampler refused already)
+        try:
+            make_sampler(setup.spec.sampler, seed=setup.spec.seed,
+                         options=setup.spec.sampler_options, space=setup.space,
+                         n_objectives=len(setup.objectives), setup=setup)
+        except ConfigError as exc:
+            errors.append(_rekey(exc, "sampler_options", setup.file))
+    try:
+        check_precision_of(setup)
     except ConfigError as exc:
-        raise _rekey(exc, "sampler_options", setup.file) from None
-    check_precision_of(setup)
+        errors.append(exc)
     # the study file's own locations, as `study run` checks them (nothing is created)
-    try:
-        if setup.spec.storage is not None:
-            from crossflow.search.storage import check_storage
+    from crossflow.search.storage import check_storage
 
-            check_storage(setup.storage)
-        if setup.spec.tracking_uri is not None:
-            check_tracking_uri(setup.spec.tracking_uri)
-    except ConfigError as exc:
-        raise _rekey(exc, exc.key, setup.file) from None
+    for given, check in ((setup.spec.storage, lambda: check_storage(setup.storage)),
+                         (setup.spec.tracking_uri,
+                          lambda: check_tracking_uri(setup.spec.tracking_uri))):
+        try:
+            if given is not None:
+                check()
+        except ConfigError as exc:
+            errors.append(_rekey(exc, exc.key, setup.file))
+    if errors:
+        raise ConfigError.together(errors)
     return setup
 
 

@@ -254,6 +254,23 @@ def _plural(n: int, word: str, plural: str) -> str:
     return f"{n} {word if n == 1 else plural}"
 
 
+def design_lines(design: Mapping[str, Any], *, full: bool = True) -> list[str]:
+    """A decoded design as ``study run``, ``show`` and ``best`` print it, one part a line:
+    the strategy and mapping order first, budget fractions to three decimals (a simplex of
+    more than eight components only when ``full``), every other part as ``key value``."""
+    first = [k for k in ("strategy", "mapping_order") if k in design]
+    lines = []
+    for key in [*first, *(k for k in design if k not in first)]:
+        value = design[key]
+        if isinstance(value, Mapping):
+            if not full and key.endswith("_fractions") and len(value) > 8:
+                continue
+            value = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in value.items())
+        lines.append(f"    {key:<20} {value}")
+    return lines
+
+
 def summary_lines(s: Mapping[str, Any]) -> list[str]:
     """The lines ``crossflow study show`` prints for a :func:`study_summary`."""
     lines = [f"{s['study']}: {s['description']}", f"  storage     {s['storage']}"]
@@ -275,15 +292,18 @@ def summary_lines(s: Mapping[str, Any]) -> list[str]:
     for i, b in enumerate(s["best"]):
         values = ", ".join(f"{k} {v:.6g}" for k, v in b["values"].items())
         head = "best" if i == 0 else ""
-        lines.append(f"  {head:<11} trial {b['trial']}: {values}")
+        same = b.get("same_values") or []
+        also = (f" (also trial{'s' if len(same) > 1 else ''} {', '.join(map(str, same))}: "
+                "other designs, the same values)" if same else "")
+        lines.append(f"  {head:<11} trial {b['trial']}: {values}{also}")
         if i == 0:
-            for key, value in b["design"].items():
-                if isinstance(value, dict):
-                    value = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                      for k, v in value.items())
-                lines.append(f"    {key:<20} {value}")
+            lines += design_lines(b["design"])
     if s["pareto_size"]:
-        lines.append(f"  Pareto front: {s['pareto_size']} designs")
+        designs = s.get("pareto_designs") or s["pareto_size"]
+        lines.append(f"  Pareto front: {_plural(s['pareto_size'], 'point', 'points')}"
+                     + (f" ({designs} designs)" if designs != s["pareto_size"] else "")
+                     + (f", the first {len(s['best'])} above" if s["pareto_size"]
+                        > len(s["best"]) else ""))
     return lines
 
 
@@ -298,6 +318,11 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
     states = {label: counts[label] for label in STATE_LABELS.values() if counts[label]}
     launches = [v for k, v in sorted(study.user_attrs.items()) if k.startswith("launch.")]
     best = best_trials(study)
+    # designs of equal values are one point of the front (equivalent mapping orders, say):
+    # a point is listed once, by its first trial, with the others named
+    points: dict[tuple, list] = {}
+    for t in best:
+        points.setdefault(tuple(t.values), []).append(t)
     return {
         "study": setup.name,
         "description": setup.spec.description,
@@ -313,8 +338,11 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
         "launches": launches,
         "best": [{"trial": t.number,
                   "values": dict(zip(setup.objectives, t.values, strict=True)),
-                  "design": best_design(setup, study, t)["design"]} for t in best[:10]],
-        "pareto_size": len(best) if len(setup.objectives) > 1 else None,
+                  "design": best_design(setup, study, t)["design"],
+                  "same_values": [o.number for o in others]}
+                 for t, *others in list(points.values())[:10]],
+        "pareto_size": len(points) if len(setup.objectives) > 1 else None,
+        "pareto_designs": len(best) if len(setup.objectives) > 1 else None,
         # the most worker processes one launch started ('study run --workers K'; 1 when
         # every launch ran in its own process), and the processes that ever ran a trial
         "workers": max((int(v.get("workers") or 1) for v in launches), default=0),
@@ -331,7 +359,10 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
 
 def list_studies() -> list[dict[str, Any]]:
     """Every study by name (``./studies/`` and the shipped ones) with its state in its
-    default storage, when that is a journal file that exists."""
+    default storage: ``trials`` (how many it holds; None when it has none or they cannot be
+    counted) and ``state`` — "not run", "N run" (of the file's ``n_trials``), "complete"
+    (at least the file's ``n_trials``: ``study run NAME`` has nothing to do), "unreadable"
+    (a journal that cannot be read) or "in a database" (not opened for a listing)."""
     out = []
     for name in sorted(set(local_names("studies")) | set(preset_names("studies"))):
         try:
@@ -342,9 +373,18 @@ def list_studies() -> list[dict[str, Any]]:
         storage = spec.storage or default_storage(spec.name)
         row: dict[str, Any] = {"name": spec.name, "description": spec.description,
                                "sampler": spec.sampler, "n_trials": spec.n_trials,
-                               "storage": storage, "trials": None}
-        if not is_url(storage) and Path(storage).is_file():
-            row["trials"] = _count_trials(storage, spec.name)
+                               "storage": storage, "trials": None, "state": "not run"}
+        if is_url(storage):
+            row["state"] = "in a database"
+        elif Path(storage).is_file():
+            try:
+                row["trials"] = _count_trials(storage, spec.name)
+            except Exception:  # noqa: BLE001 - a damaged file should not break the listing
+                row["state"] = "unreadable"
+            else:
+                n = row["trials"] or 0
+                row["state"] = ("not run" if n == 0 else "complete" if n >= spec.n_trials
+                                else f"{n} run")
         out.append(row)
     return out
 
@@ -352,8 +392,5 @@ def list_studies() -> list[dict[str, Any]]:
 def _count_trials(path: str, name: str) -> int | None:
     import optuna
 
-    try:
-        summaries = optuna.get_all_study_summaries(make_storage(path, for_reading=True))
-    except Exception:  # noqa: BLE001 - a damaged file should not break the listing
-        return None
+    summaries = optuna.get_all_study_summaries(make_storage(path, for_reading=True))
     return next((s.n_trials for s in summaries if s.study_name == name), None)

@@ -160,13 +160,17 @@ class StudySetup:
 def _rekey(exc: ConfigError, key: str, file: str | None) -> ConfigError:
     """An error from a referenced config, reported against the study's key — unless it is
     about a file of its own (then that file is named)."""
-    if exc.file and exc.file not in ("command line",):
-        return exc
-    if not exc.key or exc.key == key or exc.key.startswith((f"{key}.", f"{key}[")):
-        inner = exc.key or key
-    else:
-        inner = f"{key}.{exc.key}"
-    return ConfigError(exc.problem, file=file, key=inner, value=exc.value, allowed=exc.allowed)
+    def one(exc: ConfigError) -> ConfigError:
+        if exc.file and exc.file not in ("command line",):
+            return exc
+        if not exc.key or exc.key == key or exc.key.startswith((f"{key}.", f"{key}[")):
+            inner = exc.key or key
+        else:
+            inner = f"{key}.{exc.key}"
+        return ConfigError(exc.problem, file=file, key=inner, value=exc.value,
+                           allowed=exc.allowed)
+
+    return exc.map(one)
 
 
 def _relative(value: Any, base: Path | None) -> Any:
@@ -178,21 +182,55 @@ def _relative(value: Any, base: Path | None) -> Any:
     return value
 
 
-def load_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup:
+def load_study(source: str | Path | Mapping[str, Any] | StudySpec, *,
+               problems: list[ConfigError] | None = None) -> StudySetup:
     """Load and resolve a study: a name (``./studies/`` first, then the shipped ones), a
-    path, a mapping or a spec.  Every problem is a ConfigError naming the study's key."""
+    path, a mapping or a spec.  Every problem is a ConfigError naming the study's key;
+    those that leave the setup buildable (the sampler's options) are appended to
+    ``problems`` when it is given (``crossflow check`` goes on to check the rest)."""
     spec = source if isinstance(source, StudySpec) else load_spec(source, "studies")
     file = spec.source_file
     base = Path(file).parent if file else None
+
+    # the parts that do not depend on each other are all loaded, and every error among
+    # them reported together
+    errors: list[ConfigError] = []
 
     def ref(key: str, families: tuple[str, ...]):
         try:
             return load_spec(_relative(getattr(spec, key), base), *families)
         except ConfigError as exc:
-            raise _rekey(exc, key, file) from None
+            errors.append(_rekey(exc, key, file))
+            return None
+
+    def space_spec_of():
+        try:
+            if isinstance(spec.search_space, str):
+                return load_spec(_relative(spec.search_space, base), "search_spaces")
+            return build(SearchSpaceSpec, {"name": spec.name, **spec.search_space})
+        except ConfigError as exc:
+            errors.append(_rekey(exc, "search_space", file))
+            return None
+
+    def sampler_options_checked() -> None:
+        from crossflow.search.samplers import check_options
+
+        try:
+            check_options(spec.sampler, spec.sampler_options, file=file)
+        except ConfigError as exc:
+            if problems is None or errors:
+                errors.append(exc)
+            else:
+                problems.append(exc)
 
     workload = ref("workload", ("workloads",))
     system = ref("system", ("systems",)) if spec.system is not None else None
+    given_hardware = (ref("hardware", ("hardware", "templates")) if spec.hardware is not None
+                      else None)
+    space_spec = space_spec_of()
+    sampler_options_checked()
+    if errors:
+        raise ConfigError.together(errors)
     if spec.hardware is None:
         if system is None:
             raise ConfigError("required key 'hardware' is missing (a study without a system "
@@ -203,7 +241,7 @@ def load_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup
         except ConfigError as exc:
             raise _rekey(exc, "system.device", file) from None
     else:
-        hardware = ref("hardware", ("hardware", "templates"))
+        hardware = given_hardware
     template = hardware if hardware.kind == "architecture" else None
     device = None if template is not None else hardware
 
@@ -254,14 +292,6 @@ def load_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup
                           f"devices, not {devices}", file=file, key="devices",
                           value=devices)
 
-    # the search space
-    try:
-        if isinstance(spec.search_space, str):
-            space_spec = load_spec(_relative(spec.search_space, base), "search_spaces")
-        else:
-            space_spec = build(SearchSpaceSpec, {"name": spec.name, **spec.search_space})
-    except ConfigError as exc:
-        raise _rekey(exc, "search_space", file) from None
     space = resolve(space_spec, workload=workload, template=template,
                     template_overrides=overrides, devices=devices,
                     distributed=system is not None, prefix="search_space", file=file)
@@ -273,10 +303,6 @@ def load_study(source: str | Path | Mapping[str, Any] | StudySpec) -> StudySetup
         from crossflow.system import parse_order
 
         order = "-".join(parse_order(order))
-
-    from crossflow.search.samplers import check_options
-
-    check_options(spec.sampler, spec.sampler_options, file=file)
     return StudySetup(spec, workload, template, device, system, devices, base_par, strategy,
                       order, space, file, arch)
 

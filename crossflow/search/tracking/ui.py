@@ -134,6 +134,27 @@ def _first(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:299] + "…"
 
 
+#: MLflow 3 opens in its GenAI view (traces, prompts), where an experiment shows no run; a
+#: study's trials are runs of its classic "Model training" view, which this query parameter
+#: selects for the page it is on (the UI's own switch, which it remembers, is the
+#: "Model training" button at the top left; a URL cannot set that).
+CLASSIC_VIEW = "workflowType=machine_learning"
+
+
+def server_env(secret_uri: str) -> dict[str, str]:
+    """The MLflow server's environment: the store's URL (which may hold a password) by the
+    environment, which `ps` does not show to other users; MLflow's job runner off unless the
+    user asked for it (it serves GenAI jobs a study never makes, its consumer processes print
+    a KeyboardInterrupt traceback each on Ctrl-C, and it slows the start); the deprecation
+    warnings of the server's own imports off (they are MLflow's to fix, not the user's;
+    Starlette's is a UserWarning, matched by the start of its text)."""
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": secret_uri}
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,"
+                                     "ignore:starlette.middleware.wsgi is deprecated")
+    return env
+
+
 def ui_command(tracking_uri: str | None = None, host: str = "127.0.0.1", port: int = 5000,
                workers: int = 1) -> list[str]:
     """The ``mlflow ui`` command line for a store (default: ``mlruns/mlflow.db`` here, its
@@ -191,7 +212,7 @@ def study_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
                 return []
     experiments = MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1000)
     return [(e.name, f"{base_url}/#/experiments/{e.experiment_id}/runs"
-                     f"?viewStateShareKey={VIEW_KEY}")
+                     f"?viewStateShareKey={VIEW_KEY}&{CLASSIC_VIEW}")
             for e in sorted(experiments, key=lambda e: e.name) if VIEW_TAG in e.tags]
 
 
@@ -203,7 +224,7 @@ def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: in
 
     The server and every process it starts go with this process
     (:func:`crossflow.search.children.spawn_group`): SIGINT, SIGTERM and SIGHUP are
-    forwarded and the server's process group is killed on the way out, and on Linux a
+    forwarded (as SIGTERM) and the server's process group is killed on the way out, and on Linux a
     crash of this process (even SIGKILL) takes the server down too.
 
     The port is checked first (:func:`check_port`): one outside 1–65535 or already in use
@@ -213,19 +234,21 @@ def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: in
     check_port(port, host)
     check_store(tracking_uri)
     cmd = ui_command(tracking_uri, host, port, workers)
-    # the store's URL (it may hold a password) goes by the environment, which `ps` does not
-    # show to other users, not on the server's and its supervisor's command lines
-    at = cmd.index("--backend-store-uri")
+    at = cmd.index("--backend-store-uri")  # (by the environment: server_env)
     secret = cmd[at + 1]
     cmd = cmd[:at] + cmd[at + 2:]
-    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": secret}
+    env = server_env(secret)
     uri = redact(secret)
     # the server's own banner is buried in its log lines: say where to look, first
     print(f"crossflow ui: the MLflow UI of {uri} at http://{host}:{port} (Ctrl-C stops it)\n"
+          "  MLflow opens in its GenAI view: 'Model training', top left, shows the runs\n"
           f"  the same with MLflow alone: mlflow ui --backend-store-uri {uri}",
           file=sys.stderr, flush=True)
     proc = spawn_group(cmd, env=env)
-    with forward_signals(proc) as received:
+    # Ctrl-C reaches the server as SIGTERM: the same graceful stop, but uvicorn re-raises
+    # the signal it caught once it has stopped, and a re-raised SIGINT is a KeyboardInterrupt
+    # traceback (from wherever the server's event loop then is) where SIGTERM just ends it
+    with forward_signals(proc, send=signal.SIGTERM) as received:
         try:  # read while the server starts; a store it cannot read yet has no links
             links = study_links(secret, f"http://{host}:{port}")
         except Exception:
