@@ -458,3 +458,47 @@ def test_the_best_axial_probe_starts_a_search_in_a_basin_the_template_never_reac
     best = min(probes, key=_toy_far)
     far, f_far = _exchange_to_end(P, best, _toy_far)
     assert far.simplexes["area"][1] >= 0.7 and f_far < 0.8 * f_near
+
+
+
+def test_the_search_restarts_gaining_local_searches_and_resumes_the_race_losers_first():
+    """Phase 6 on the toy: CMA-ES starts only when every local search has ended (the race's
+    losers included, resumed where they stopped), each that gained was run again from its
+    best point, and CMA-ES starts from the best of them all."""
+    from crossflow.search.samplers.structured import _plan
+
+    class Local(_plan._Local):
+        made: list = []
+
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            Local.made.append(self)
+
+    checked = []
+
+    class Cma(_plan._Cma):
+        def __init__(self, P, discrete, x, fx, rng, popsize=None):
+            made = list(Local.made)
+            assert len(made) >= 3 and all(run.done for run in made)
+            for k, run in enumerate(made):
+                if run.value < run.start * (1 - _plan.GAIN):        # it gained: restarted
+                    assert any(later.start == run.value for later in made[k + 1:])
+            assert fx == min(run.value for run in made)
+            checked.append(fx)
+            super().__init__(P, discrete, x, fx, rng, popsize)
+
+    P = _ToyProblem(_ToySetup())
+    P.setup.start_params = lambda: {}
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_plan, "_Local", Local)
+    mp.setattr(_plan, "_Cma", Cma)
+    try:
+        gen = plan(P, seed=0, records=[])
+        _, batch = next(gen)
+        for _ in range(3000):
+            if checked:
+                break
+            _, batch = gen.send([_toy_far(P.split(p)[0]) for p in batch])
+    finally:
+        mp.undo()
+    assert checked and checked[0] <= _toy_optimum() * 1.005   # the local searches' optimum
