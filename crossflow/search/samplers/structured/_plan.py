@@ -1,5 +1,5 @@
 """The driver's plan: screen the discrete choices, probe the split's axes, race local
-searches, IPOP-CMA-ES.
+searches, restart them, IPOP-CMA-ES.
 
 :func:`plan` is a generator: it yields batches of points (parameter dicts; the points of a
 batch may be evaluated side by side), each with the name of its phase, and receives their
