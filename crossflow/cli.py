@@ -122,7 +122,9 @@ _ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
         "the size of the Pareto front of a multi-objective study.",
         ("crossflow study show quickstart", "crossflow study show quickstart --json")),
     "study best": (
-        "Print the best feasible design (or trial N's).  --export writes it as files "
+        "Print the best feasible design (or trial N's); of a study of several objectives, "
+        "the point of the Pareto front with the lowest first objective, said so ('study "
+        "show' lists the front).  --export writes it as files "
         "'crossflow predict' and 'crossflow check' accept: FILE holds the whole design and "
         "the predict command, the inline parts go beside it (FILE's stem.hardware.yaml, ...).",
         ("crossflow study best quickstart",
@@ -604,7 +606,7 @@ def _launch(args: argparse.Namespace, setup) -> int:
         run = f"{result.trials_run} trial{'' if result.trials_run == 1 else 's'}"
         print(f"{setup.name}: {run} run in {result.elapsed_s:.1f} s, "
               f"{result.total} in the study ({redact(args.storage or setup.storage)})")
-        _print_best(setup, result.best)
+        _print_best(setup, result.best, study=result.study)
         if result.interrupted:
             again = studies.resume_command(args.name, args.trials, sampler=args.sampler,
                                            storage=args.storage)
@@ -705,9 +707,13 @@ def _cmd_study(args: argparse.Namespace) -> int:
             print(f"wrote {path} ({part})")
         print(f"  {_exported_command(args.export)}")
     elif args.json:
-        print(json.dumps(design, indent=2, default=str))
+        where = studies.pareto_position(setup, study, design["trial"])
+        print(json.dumps(design if where is None else {**design, "pareto_front": where},
+                         indent=2, default=str))
     else:
-        _print_best(setup, design, full=True)
+        ref = args.name + (f" --storage {redact(args.storage)}" if args.storage else "")
+        _print_best(setup, design, full=True, study=study, picked=trial is not None,
+                    ref=ref)
     return EXIT_OK
 
 
@@ -719,15 +725,47 @@ def _exported_command(path: str) -> str:
         return yaml.safe_load(fh)["command"]
 
 
-def _print_best(setup, design, full: bool = False) -> None:
+def _print_best(setup, design, full: bool = False, *, study=None, picked: bool = False,
+                ref: str | None = None) -> None:
+    """The best design (or trial ``--trial N``'s when ``picked``); of a study of several
+    objectives, said to be one point of its Pareto front (given ``study``), with the
+    commands that show the rest of the front (given ``ref``, the study as the user named
+    it, ``--storage`` included)."""
     if design is None:
         print("  no feasible design yet")
         return
-    from crossflow.search.study import design_lines
+    from crossflow.search.study import design_lines, pareto_position
 
     values = ", ".join(f"{k} {v:.6g}" for k, v in design["objectives"].items())
-    print(f"  best: trial {design['trial']}: {values}")
+    where = pareto_position(setup, study, design["trial"]) if study is not None else None
+    if where is None:
+        print(f"  {'trial' if picked else 'best: trial'} {design['trial']}: {values}")
+    else:
+        print(_pareto_line(setup, where, picked))
+        print(f"  trial {design['trial']}: {values}")
     print("\n".join(design_lines(design["design"], full=full)))
+    if where is not None and ref is not None:
+        lines = [(f"crossflow study show {ref}", "the front"
+                  + (", its first 10 points" if where["points"] > 10 else ""))]
+        if where["points"] > 10:  # study show lists ten; optuna-dashboard plots them all
+            lines.append((f"crossflow dashboard {ref}", "the whole front, plotted"))
+        lines.append((f"crossflow study best {ref} --trial N", "another point's design"))
+        width = max(len(command) for command, _ in lines)
+        print("\n".join(f"  {command:<{width}}  {what}" for command, what in lines))
+
+
+def _pareto_line(setup, where: dict, picked: bool) -> str:
+    """``one point of the Pareto front ...``: the line ``study best`` and ``study run``
+    print above the design of a study of several objectives."""
+    size = f"{where['points']} point{'' if where['points'] == 1 else 's'}"
+    if where["designs"] != where["points"]:
+        size += f", {where['designs']} designs"
+    front = f"the Pareto front of {' and '.join(setup.objectives)} ({size})"
+    if not where["on_front"]:
+        return f"  a design not on {front}:"
+    if picked:
+        return f"  one point of {front}:"
+    return f"  one point of {front}, the one with the lowest {where['lowest']}:"
 
 
 def _print_summary(s: dict) -> None:
