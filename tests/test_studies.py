@@ -246,6 +246,7 @@ def test_cli_quickstart_show_best_export_and_predict(tmp_path, monkeypatch, cli)
     assert "200 trials run" in out and "best: trial" in out
     assert (tmp_path / "mlruns" / "optuna" / "quickstart.journal").is_file()
     assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+    assert not (tmp_path / "mlruns" / "mlflow.db.lock").exists()  # the launch's, let go
     code, out, err = cli("study", "show", "quickstart")
     assert code == 0, err
     assert "200 finished of 200" in out and "best" in out and "tpe" in out
