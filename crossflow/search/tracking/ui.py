@@ -176,7 +176,7 @@ def _engine_once(uri: str):
     raised, the engine disposed."""
     import sqlalchemy
 
-    from crossflow.search.storage import _engine_kwargs
+    from crossflow.search.storage_check import _engine_kwargs
 
     engine = sqlalchemy.create_engine(uri, **_engine_kwargs(uri))
     try:
