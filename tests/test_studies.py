@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import re
 from pathlib import Path
@@ -245,6 +246,7 @@ def test_cli_quickstart_show_best_export_and_predict(tmp_path, monkeypatch, cli)
     assert "200 trials run" in out and "best: trial" in out
     assert (tmp_path / "mlruns" / "optuna" / "quickstart.journal").is_file()
     assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+    assert not (tmp_path / "mlruns" / "mlflow.db.lock").exists()  # the launch's, let go
     code, out, err = cli("study", "show", "quickstart")
     assert code == 0, err
     assert "200 finished of 200" in out and "best" in out and "tpe" in out
@@ -334,6 +336,65 @@ def test_best_design_of_a_multi_objective_study(tmp_path):
     p = crossflow.predict(**best["predict"])
     assert p.time_s == best["objectives"]["iteration_time_s"]
     assert p.energy_J == best["objectives"]["energy_J"]
+
+
+def test_study_best_of_a_two_objective_study_says_it_is_one_point_of_the_front(tmp_path,
+                                                                             cli):
+    """Issue 20: ``study best`` on a time-and-energy study printed one design as if it were
+    the only best one; it says which point of the Pareto front it is, and how to see the
+    rest (``study show``, ``--trial N``); so do ``--trial N``, ``--json`` and ``study run``."""
+    from crossflow.search.study import best_trials
+
+    setup = load_study("gpt3-175b-a100-pareto")
+    journal = str(tmp_path / "p.journal")
+    result = _run(setup, tmp_path, 40, sampler="random", storage=journal)
+    front = best_trials(result.study)
+    assert len(front) >= 2  # the seeded random sampler's 40 trials: a front of several
+    points = len({tuple(t.values) for t in front})
+    code, out, err = cli("study", "best", setup.name, "--storage", journal)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == (f"  one point of the Pareto front of iteration_time_s and energy_J "
+                        f"({points} points), the one with the lowest iteration_time_s:")
+    assert lines[1].startswith(f"  trial {front[0].number}: iteration_time_s ")
+    assert "best:" not in out
+    assert f"crossflow study show {setup.name} --storage {journal}" in out
+    assert f"crossflow study best {setup.name} --storage {journal} --trial N" in out
+    # another point, picked: a point of the front, not "the lowest"
+    code, out, err = cli("study", "best", setup.name, "--storage", journal,
+                         "--trial", front[1].number)
+    assert code == 0, err
+    assert out.splitlines()[0] == (f"  one point of the Pareto front of iteration_time_s and "
+                                   f"energy_J ({points} points):")
+    assert out.splitlines()[1].startswith(f"  trial {front[1].number}: ")
+    # a feasible trial off the front is said to be off it
+    off = next(t for t in result.study.trials
+               if t.user_attrs.get("feasible") and t.number not in {f.number for f in front})
+    code, out, _ = cli("study", "best", setup.name, "--storage", journal, "--trial", off.number)
+    assert code == 0 and out.startswith("  a design not on the Pareto front")
+    code, out, err = cli("study", "best", setup.name, "--storage", journal, "--json")
+    assert code == 0, err
+    assert json.loads(out)["pareto_front"] == {"points": points, "designs": len(front),
+                                               "on_front": True, "lowest": "iteration_time_s"}
+    # one objective: unchanged, no Pareto words
+    quick = load_study("quickstart")
+    _run(quick, tmp_path, 5, sampler="random")
+    code, out, err = cli("study", "best", "quickstart", "--storage",
+                         str(tmp_path / "quickstart.journal"))
+    assert code == 0, err
+    assert out.startswith("  best: trial ") and "Pareto" not in out
+
+
+def test_study_run_of_a_two_objective_study_says_its_best_is_a_point_of_the_front(tmp_path,
+                                                                                 cli):
+    journal = str(tmp_path / "p.journal")
+    code, out, err = cli("study", "run", "gpt3-175b-a100-pareto", "--trials", "30",
+                         "--sampler", "random", "--storage", journal, "--no-tracking",
+                         "--quiet")
+    assert code == 0, err
+    assert "  one point of the Pareto front of iteration_time_s and energy_J (" in out
+    assert "best: trial" not in out
+    assert "--export design.yaml  the design above, for crossflow predict" in out
 
 
 def test_baseline_trials_cover_every_technology_choice():

@@ -144,6 +144,22 @@ def test_ctrl_c_stops_the_ui_quietly(tmp_path):
     assert "DeprecationWarning" not in shown, shown[-3000:]
 
 
+def test_stopping_the_ui_leaves_no_lock_file_beside_the_store(tmp_path):
+    """Issue 20: ``mlruns/mlflow.db.lock`` stayed after ``crossflow ui`` stopped.  The file
+    is CrossFlow's (crossflow.search.tracking.paths._db_lock, the lock a launch takes to
+    create the store; MLflow's server makes none): whoever holds it deletes it, and one
+    left by a killed launch (no one holds it) goes when the UI stops."""
+    (tmp_path / "mlruns").mkdir()
+    lock = tmp_path / "mlruns" / "mlflow.db.lock"
+    lock.touch()
+    with ui_process(tmp_path) as (proc, _, _):
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+    assert sorted(p.name for p in (tmp_path / "mlruns").iterdir()
+                  if p.name.endswith(".lock")) == []
+
+
 def test_spawn_child_gets_sigterm_when_its_parent_is_killed(tmp_path):
     """``PR_SET_PDEATHSIG``: a SIGKILL of the parent (no handler runs) still ends the
     child, which runs in its own session."""

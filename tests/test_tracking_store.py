@@ -6,6 +6,8 @@ not in a user's study."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from crossflow.search.tracking import store
@@ -193,3 +195,68 @@ def test_a_new_sqlite_store_is_a_copy_of_the_cached_empty_one(tmp_path, monkeypa
     for uri in (f"{third}?timeout=30", "sqlite:///:memory:",
                 f"sqlite:///{tmp_path / 'no-such-dir' / 'mlflow.db'}"):
         assert store.seed_sqlite(uri) == ""
+
+
+# --- the store's lock file, <database>.lock (issue 20: it stayed beside mlflow.db) --------------
+
+
+def test_the_store_lock_leaves_no_file_once_let_go(tmp_path):
+    from crossflow.search.tracking.paths import _db_lock
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    lock = tmp_path / "mlflow.db.lock"
+    with _db_lock(uri):
+        assert lock.is_file()
+    assert not lock.exists()
+    with pytest.raises(KeyError), _db_lock(uri):  # an error inside: let go all the same
+        raise KeyError("x")
+    assert not lock.exists()
+    with _db_lock("postgresql://u@h/db"):  # no file for a server database
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_process_that_waited_on_a_deleted_lock_file_locks_the_new_one(tmp_path):
+    """The holder deletes the file before it lets go: a waiter, woken on the deleted file,
+    opens the path again, so two holders never hold two different files at once."""
+    import threading
+
+    from crossflow.search.tracking.paths import _db_lock, _locked, remove_stale_lock
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    lock = tmp_path / "mlflow.db.lock"
+    first_in, second_in, release, done = (threading.Event() for _ in range(4))
+    inside: list[str] = []
+
+    def second():
+        first_in.wait()
+        with _db_lock(uri):
+            inside.append("second")
+            second_in.set()
+            release.wait(10)
+        done.set()
+
+    worker = threading.Thread(target=second)
+    worker.start()
+    with _db_lock(uri):
+        first_in.set()
+        time.sleep(0.3)  # the second waits on this file
+        assert inside == [] and not remove_stale_lock(uri)  # held: not deleted
+    assert second_in.wait(10) and inside == ["second"]
+    assert lock.is_file()  # the second's own file, held: nobody else gets it
+    assert _locked(str(lock), blocking=False) is None
+    assert not remove_stale_lock(uri) and lock.is_file()
+    release.set()
+    assert done.wait(10)
+    worker.join()
+    assert not lock.exists()
+
+
+def test_a_stale_lock_file_is_removed_and_a_missing_one_is_no_error(tmp_path):
+    from crossflow.search.tracking.paths import remove_stale_lock
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert not remove_stale_lock(uri)
+    (tmp_path / "mlflow.db.lock").touch()  # left by a killed launch or an older CrossFlow
+    assert remove_stale_lock(uri) and not (tmp_path / "mlflow.db.lock").exists()
+    assert not remove_stale_lock("postgresql://u@h/db")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from crossflow.validation import Row, spearman
@@ -195,3 +197,59 @@ def test_a_data_sets_table_keeps_its_columns_whatever_the_labels_and_values():
         assert len(line) == len(head), (line, head)
         for end in ends:
             assert line[end - 1] != " " and (end == len(line) or line[end] == " "), line
+
+
+# --- the documented ``python -m crossflow.validation.<script>`` commands (issue 20) ------------
+
+REPO = Path(__file__).resolve().parents[1]
+VALIDATION = REPO / "crossflow" / "validation"
+#: The validation modules that are also scripts (an ``if __name__ == "__main__":`` block).
+SCRIPTS = sorted(p.stem for p in VALIDATION.glob("*.py")
+                 if 'if __name__ == "__main__":' in p.read_text(encoding="utf-8"))
+
+
+def _python(*args: str, timeout: float = 120):
+    import subprocess
+    import sys
+
+    from crossflow.search.workers import child_env
+
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_documented_validation_command_prints_no_runpy_warning():
+    """``python -m crossflow.validation.vtrain dgx-a100`` (docs/validation.md): its result,
+    and nothing on stderr (once Python's "found in sys.modules after import of package ...
+    RuntimeWarning", the package having imported the script's module before it ran)."""
+    done = _python("-m", "crossflow.validation.vtrain", "dgx-a100")
+    assert done.returncode == 0, done.stderr
+    assert "vTrain" in done.stdout and "720 rows" in done.stdout
+    assert "Warning" not in done.stderr and done.stderr == "", done.stderr
+
+
+def test_importing_the_validation_package_imports_none_of_its_scripts():
+    """Python warns at ``python -m crossflow.validation.X`` exactly when importing the
+    package put X in sys.modules: none of the scripts is (the fits take minutes to run, so
+    the other documented commands are checked by this condition, not run)."""
+    assert {"collectives", "megatron_bridge", "ops", "training", "vtrain"} <= set(SCRIPTS)
+    done = _python("-c", "import sys, crossflow.validation as v; "
+                         "v.SUITES, v.DataSet, v.run_validation; "
+                         "print(' '.join(m for m in sys.modules "
+                         "if m.startswith('crossflow.validation.')))")
+    assert done.returncode == 0, done.stderr
+    loaded = {m.rsplit(".", 1)[1] for m in done.stdout.split()}
+    assert not loaded & set(SCRIPTS), loaded
+
+
+def test_the_validation_package_still_exports_its_data_set_functions():
+    """The package's names once imported eagerly resolve on first use."""
+    import crossflow.validation as v
+    from crossflow.validation import megatron_bridge, vtrain
+
+    assert v.vtrain_dataset is vtrain.vtrain_dataset
+    assert v.megatron_bridge_moe_all is megatron_bridge.moe_all_dataset
+    assert set(v.SUITES) == {"gemm", "collectives", "ops", "training"}
+    assert [ds.name for ds in v.SUITES["gemm"]()] == [ds.name for ds in v.collect("gemm")]
+    with pytest.raises(AttributeError):
+        v.nothing_here  # noqa: B018

@@ -189,7 +189,7 @@ def model_fingerprint() -> str:
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
         if (path.is_file() and path.suffix in (".py", ".yaml", ".csv")
-                and not rel.startswith(("search/", "reports/", "cli.py"))
+                and not rel.startswith(("search/", "reports/", "cli/"))
                 and "__pycache__" not in rel):
             h.update(rel.encode())
             h.update(path.read_bytes())

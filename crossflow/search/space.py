@@ -1,9 +1,9 @@
 """Search spaces: what a study may change, as Optuna distributions
 (docs/architecture.md, "Data flow of one study trial").
 
-(About 600 lines, one module on purpose: the file's schema and its resolution against a
-workload and template share each dimension's checks; the hardware knobs themselves are in
-:mod:`crossflow.search.knobs`.)
+(Over 600 lines, one module on purpose: a dimension is checked in two halves that must
+agree, alone in the file's schema and against the workload and template when resolved;
+the hardware knobs themselves are in :mod:`crossflow.search.knobs`.)
 
 File shape (``search_spaces/*.yaml``, ``kind: search_space``; a study may also give one
 inline)::

@@ -7,9 +7,10 @@ through the event simulator; after the flush come the data-parallel gradient all
 overlapped, as in Megatron-LM of SC21 / Korthikanti et al.), the all-reduce of the tied
 embedding's gradient between the first and last stage, and the optimizer step.
 
-One file of over 600 lines on purpose: the iteration's time, memory and energy all read
-the same per-chunk layer split, stage parameters and dense / MoE layer kinds; kept together
-they cannot drift apart.
+The bytes per device (weights, gradients, optimizer state, activations) are
+:mod:`crossflow.sim.training_memory`'s, as are the per-chunk layer split and the stage
+parameters that the time and energy here read too (one definition each, imported; the
+names are still importable from this module).
 """
 
 from __future__ import annotations
@@ -34,22 +35,20 @@ from crossflow.sim.pipeline import (
     span,
 )
 from crossflow.sim.ring_attention import kv_elements, ring_comm, ring_exposed, ring_nodes
+from crossflow.sim.training_memory import (
+    GRAD_BYTES,
+    WEIGHT_BYTES,
+    chunk_layers,
+    grad_bytes,
+    stage_parameter_split,
+    transformer_memory,
+)
+from crossflow.sim.training_memory import MAIN_GRAD_BYTES as MAIN_GRAD_BYTES
+from crossflow.sim.training_memory import OPTIMIZER_BYTES as OPTIMIZER_BYTES
+from crossflow.sim.training_memory import stage_parameters as stage_parameters
 from crossflow.sim.transformer import block_collectives, collective_count, price_nodes
 from crossflow.workloads import transformer_graph
 from crossflow.workloads.graph import node_flops
-from crossflow.workloads.transformer import block_params, layer_params
-
-#: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
-#: fp32 moments per parameter (12 B) beside the fp16 weight (2 B) and gradient (2 B)
-#: (Rajbhandari et al., ZeRO, SC20 §3.1: 16 bytes per parameter).  ``GRAD_BYTES`` is what
-#: a gradient exchange sends by default (fp16/bf16).
-WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
-#: Megatron accumulates gradients into an fp32 buffer (``main_grad``, for gradient
-#: accumulation fusion and ``--accumulate-allreduce-grads-in-fp32``), so a parameter holds
-#: 4 gradient bytes: 18 bytes per parameter with mixed precision, not ZeRO's 16
-#: (megatron/core/distributed/param_and_grad_buffer.py; Korthikanti et al. 2022's Table 5
-#: memory is 6.7 % above ZeRO's count).
-MAIN_GRAD_BYTES = 4
 
 #: Megatron's optimizer step, per parameter, with the fp32 gradient buffer: the unscale and
 #: inf check (read and write the gradient, 4 + 4 B), the gradient norm (read it, 4 B), fused
@@ -566,133 +565,3 @@ def _one_block(spec, moe: bool = False):
     return spec.model_copy(update={"num_layers": 1, "moe_layer_freq": 1})
 
 
-def chunk_layers(L: int, chunks: int, extra_layers: tuple[int, int] = (0, 0)) -> list[int]:
-    """Layers of each pipeline chunk, first to last: an even split, or Megatron-Core's
-    uneven one where the embedding (loss) takes a layer's slot in the first (last) chunk."""
-    first, last = extra_layers
-    per = (L + first + last) // chunks
-    layers = [per] * chunks
-    layers[0] -= first
-    layers[-1] -= last
-    return layers
-
-
-def stage_parameters(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
-                     vp: int = 1, ep: int = 1) -> float:
-    """Parameters per device: the busiest stage (the first, with the embedding table)."""
-    return sum(stage_parameter_split(spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp,
-                                     ep=ep))
-
-
-def stage_parameter_split(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
-                          vp: int = 1, ep: int = 1) -> tuple[float, float]:
-    """(parameters split by tensor parallelism, routed experts' parameters split by
-    expert parallelism) on a device of the first stage (with the embedding table).
-    Experts are not split by tensor parallelism (expert tensor parallelism 1)."""
-    L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
-    counts = chunk_layers(L, pp * vp, extra_layers)
-    if not spec.moe:
-        first = sum(counts[::pp])  # the first device's chunks
-        return first * block_params(spec) / tp + V * h / tp, 0.0
-    starts = [sum(counts[:i]) for i in range(len(counts))]
-    dense = expert = 0.0
-    for c in range(0, len(counts), pp):
-        for layer in range(starts[c], starts[c] + counts[c]):
-            d, e = layer_params(spec, layer)
-            dense += d
-            expert += e
-    return dense / tp + V * h / tp, expert / ep
-
-
-def grad_bytes(software) -> int:
-    """Bytes per parameter of the gradient buffer under ``software`` (a SoftwareSpec or
-    None: Megatron's fp32 ``main_grad``)."""
-    return software.main_grad_bytes if software is not None else MAIN_GRAD_BYTES
-
-
-def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
-                       schedule: str = "1f1b", zero1: bool = False,
-                       grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
-                       extra_layers: tuple[int, int] = (0, 0), ep: int = 1
-                       ) -> dict[str, float]:
-    """Bytes per device of :func:`transformer_iteration` with these options, without
-    pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
-    memory_check`)."""
-    if vp > 1 and schedule == "1f1b":
-        schedule = "interleaved"
-    m = spec.global_batch_size // (dp * spec.micro_batch_size)
-    return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
-                   stage_params=stage_parameter_split(spec, tp=tp, pp=pp,
-                                                      extra_layers=extra_layers, vp=vp,
-                                                      ep=ep),
-                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep)
-
-
-def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
-            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1) -> dict[str, float]:
-    """Bytes on the first pipeline stage's device (the fullest).
-
-    Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
-    s·b·h·(34 + 5·a·s/h) without parallelism; (10 + 24/t + 5·a·s/(h·t)) with tensor
-    parallelism; (34/t + 5·a·s/(h·t)) with sequence parallelism; the attention-core term
-    5·a·s/(h·t) vanishes with selective recompute; full recompute keeps only the layer input
-    (2·s·b·h, /t with sequence parallelism).  In-flight micro-batches on the first stage: p
-    with 1F1B, p·(1 + (p−1)/(p·v)) interleaved (Korthikanti eq. 5), m with GPipe.
-    """
-    s, b, h, a, L = (spec.seq_length, spec.micro_batch_size, spec.hidden_size,
-                     spec.num_attention_heads, spec.num_layers)
-    rc = spec.activation_recompute
-    # Korthikanti's 34 bytes per token and hidden unit: 10 that tensor parallelism does not
-    # split (layernorm inputs, dropout masks) and 24 it does: 16 in the MLP (the fc1 and
-    # GeLU outputs, 2·4h each), 6 the q, k, v, 2 the attention output.  A gated MLP keeps
-    # its 2·ffn-wide fc1 output and the ffn-wide SwiGLU output; GQA keeps smaller k, v.
-    mlp = (6 if spec.gated_linear_unit else 4) * spec.ffn / h
-    if spec.moe:
-        # An MoE layer keeps, per token, its k permuted copies and their expert outputs
-        # (2·k·h each) and the experts' fc1 and activation outputs, as a dense MLP of width
-        # k·moe_ffn does, plus the shared expert's; averaged over the model's layers
-        k = spec.moe_router_topk
-        gate = 6 if spec.gated_linear_unit else 4
-        moe_mlp = 4 * k + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
-        share = sum(spec.moe_layers) / L
-        mlp = share * moe_mlp + (1 - share) * mlp
-    qkv = 2 * spec.qkv_width / h
-    split = 2 + qkv + mlp
-    if rc == "full":
-        per_layer = 2 * s * b * h / (tp if sp else 1)
-    else:
-        flash = (spec.attention_backend or "unfused") == "flash"
-        # the s×s scores, probabilities and dropout mask; none with a flash kernel (it keeps
-        # only the softmax statistics) or under selective recomputation
-        attention = 0.0 if rc == "selective" or flash else 5 * a * s / (h * tp)
-        base = (10 + split) / tp if sp else 10 + split / tp
-        if spec.precision == "fp8":
-            # Transformer Engine saves the FP8 copies of the GEMM inputs it made anyway for
-            # the weight gradients: the qkv and fc1 inputs (layernorm outputs) and the fc2
-            # input take 1 byte instead of 2 (the attention output stays bf16: the flash
-            # backward reads it)
-            base -= 2 / tp if sp else 2
-            base -= spec.ffn / h / tp
-        per_layer = s * b * h * (base + attention)
-    if schedule == "gpipe":
-        in_flight = m  # every micro-batch's activations wait for the backward pass
-    elif vp > 1:
-        in_flight = pp * (1 + (pp - 1) / (pp * vp))
-    else:
-        in_flight = min(pp, m)
-    activations = per_layer * (L / pp) * in_flight / cp  # a rank holds 1/cp of each sequence
-    shard = dp * cp if zero1 else 1
-    dense, expert = stage_params
-    # the experts' optimizer state is sharded over their own data-parallel ranks
-    expert_shard = tp * dp * cp // ep if zero1 else 1
-    params = dense + expert
-    # FP8 (Transformer Engine without FP8 primary weights): the weights stay bf16; their
-    # FP8 casts are transient workspaces, not counted
-    optimizer = (params * OPTIMIZER_BYTES / shard if not expert else
-                 (dense / shard + expert / expert_shard) * OPTIMIZER_BYTES)
-    return {
-        "weights_bytes": params * WEIGHT_BYTES,
-        "gradients_bytes": params * grad_bytes,
-        "optimizer_state_bytes": optimizer,
-        "activations_bytes": activations,
-    }

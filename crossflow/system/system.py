@@ -1,6 +1,6 @@
 """The system model: devices in nodes, two network levels, mapping and link sharing.
 
-(About 600 lines, one job on purpose: :class:`System`'s routes, :class:`Mapping`'s placement
+(Over 600 lines, one job on purpose: :class:`System`'s routes, :class:`Mapping`'s placement
 and the ring / hierarchy helpers below share the same routing arrays; the cost formulas of
 the collectives are in :mod:`crossflow.system.collectives`.)
 

@@ -9,9 +9,9 @@ tolerance: its MAPE must stay at or under it and its rank correlation at or over
 from __future__ import annotations
 
 import csv
+import importlib
 from collections.abc import Callable
 
-from crossflow.validation.collectives import collective_datasets
 from crossflow.validation.dataset import (
     DataSet,
     Row,
@@ -19,29 +19,56 @@ from crossflow.validation.dataset import (
     read_measurements,
     spearman,
 )
-from crossflow.validation.gemm import gemm_datasets
-from crossflow.validation.megatron_bridge import cp_dataset as megatron_bridge_cp_dataset
-from crossflow.validation.megatron_bridge import dataset as megatron_bridge_dataset
-from crossflow.validation.megatron_bridge import moe_all_dataset as megatron_bridge_moe_all
-from crossflow.validation.megatron_bridge import moe_dataset as megatron_bridge_moe_dataset
-from crossflow.validation.ops import ops_datasets
-from crossflow.validation.training import training_datasets
-from crossflow.validation.vtrain import vtrain_dataset
 
 __all__ = ["SUITES", "DataSet", "Row", "collect", "measurements_dir", "read_measurements",
            "run_validation", "spearman"]
 
+# The data-set modules are imported when first used, not by this package: several are also
+# scripts (``python -m crossflow.validation.vtrain`` and the like, docs/validation.md), and
+# a package that imported them would make Python warn that the script's module was already
+# in ``sys.modules`` before it ran (tests/test_validation.py runs each documented command).
+#: name this package re-exports -> (submodule, its name there)
+_LAZY: dict[str, tuple[str, str]] = {
+    "collective_datasets": ("collectives", "collective_datasets"),
+    "gemm_datasets": ("gemm", "gemm_datasets"),
+    "megatron_bridge_cp_dataset": ("megatron_bridge", "cp_dataset"),
+    "megatron_bridge_dataset": ("megatron_bridge", "dataset"),
+    "megatron_bridge_moe_all": ("megatron_bridge", "moe_all_dataset"),
+    "megatron_bridge_moe_dataset": ("megatron_bridge", "moe_dataset"),
+    "ops_datasets": ("ops", "ops_datasets"),
+    "training_datasets": ("training", "training_datasets"),
+    "vtrain_dataset": ("vtrain", "vtrain_dataset"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _lazy(name: str) -> Callable[[], list[DataSet]]:
+    def datasets() -> list[DataSet]:
+        return __getattr__(name)()
+
+    datasets.__name__ = datasets.__qualname__ = name
+    return datasets
+
 
 def _training_sets() -> list[DataSet]:
-    return [*training_datasets(), vtrain_dataset(), megatron_bridge_dataset(),
-            megatron_bridge_cp_dataset(), megatron_bridge_moe_dataset(),
-            megatron_bridge_moe_all()]
+    from crossflow.validation import megatron_bridge as mb
+    from crossflow.validation.training import training_datasets
+    from crossflow.validation.vtrain import vtrain_dataset
+
+    return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(),
+            mb.moe_dataset(), mb.moe_all_dataset()]
 
 
 SUITES: dict[str, Callable[[], list[DataSet]]] = {
-    "gemm": gemm_datasets,
-    "collectives": collective_datasets,
-    "ops": ops_datasets,
+    "gemm": _lazy("gemm_datasets"),
+    "collectives": _lazy("collective_datasets"),
+    "ops": _lazy("ops_datasets"),
     "training": _training_sets,
 }
 

@@ -278,8 +278,10 @@ def half_written(cwd: Path) -> list[str]:
                 or name.startswith((".latest.", ".crossflow-probe-"))):
             left.append(str(path.relative_to(cwd)))
         elif name.endswith(".lock") and not _sqlite(path.with_suffix("")):
-            # an SQLite store's '<db>.lock' is a flock file kept by design; any other lock
-            # (a journal's open lock) left behind stalls the next launch
+            # an SQLite store's '<db>.lock' is deleted by its holder, but a run killed at
+            # its time limit while holding it leaves it, harmlessly (the next lock takes it
+            # over; crossflow ui deletes it); any other lock (a journal's open lock) left
+            # behind stalls the next launch
             left.append(str(path.relative_to(cwd)))
     return left
 

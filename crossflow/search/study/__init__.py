@@ -42,6 +42,7 @@ from crossflow.search.study.results import (
     is_feasible,
     list_studies,
     pareto_front,
+    pareto_position,
     study_summary,
     summary_lines,
     template_document,
@@ -53,6 +54,7 @@ __all__ = [
     "OBJECTIVES", "SAMPLER_NAMES", "Launch", "Progress", "RunResult", "StudySetup",
     "StudySpec", "best_design", "check_launch", "check_seed", "check_study", "check_tracking_uri", "best_trial", "best_trials", "design_lines", "export_design", "is_feasible",
     "complete_line", "join_study", "list_studies", "load_study", "make_storage", "next_steps", "open_study", "pareto_front",
+    "pareto_position",
     "resume_command", "run_study", "study_summary", "summary_lines", "template_document",
     "worker_seed",
 ]

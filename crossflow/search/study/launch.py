@@ -118,7 +118,9 @@ def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None) 
     steps.append((f"crossflow study show {ref}", "the study's summary"))
     if result.best is not None:
         steps.append((f"crossflow study best {ref} --export design.yaml",
-                      "the best design, for crossflow predict"))
+                      "the design above, for crossflow predict"
+                      if len(result.best.get("objectives", ())) > 1
+                      else "the best design, for crossflow predict"))
     width = max(len(command) for command, _ in steps)  # one column, however long the name
     return [*lines, "next steps:", *(f"  {c:<{width}}  {what}" for c, what in steps)]
 

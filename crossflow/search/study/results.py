@@ -75,6 +75,21 @@ def best_trial(study):
     return front[0] if front else None
 
 
+def pareto_position(setup: StudySetup, study, trial: int) -> dict[str, Any] | None:
+    """Where trial number ``trial`` stands on the Pareto front of a study of several
+    objectives (None for one objective), for ``study best`` and ``study run`` to say that
+    the design they print is one point of a front: ``points`` (distinct objective values,
+    as ``study show`` counts them), ``designs`` (the front's distinct designs),
+    ``on_front`` and ``lowest`` (the objective whose lowest value picks the default point,
+    :func:`best_trial`)."""
+    if len(setup.objectives) < 2:
+        return None
+    front = best_trials(study)
+    return {"points": len({tuple(t.values) for t in front}), "designs": len(front),
+            "on_front": any(t.number == trial for t in front),
+            "lowest": setup.objectives[0]}
+
+
 def _reference(value: Any, families: tuple[str, ...], base: Path | None) -> Any:
     """A preset name stays a name; a file becomes its mapping (self-contained export)."""
     if isinstance(value, str):

@@ -11,7 +11,7 @@ import sys
 
 from crossflow.errors import ConfigError
 from crossflow.search.locations import default_tracking_uri, redact
-from crossflow.search.tracking.paths import resolve_locations
+from crossflow.search.tracking.paths import remove_stale_lock, resolve_locations
 
 
 def check_port(port: int, host: str = "127.0.0.1") -> None:
@@ -176,7 +176,7 @@ def _engine_once(uri: str):
     raised, the engine disposed."""
     import sqlalchemy
 
-    from crossflow.search.storage import _engine_kwargs
+    from crossflow.search.storage_check import _engine_kwargs
 
     engine = sqlalchemy.create_engine(uri, **_engine_kwargs(uri))
     try:
@@ -258,6 +258,9 @@ def launch_ui(tracking_uri: str | None = None, host: str = "127.0.0.1", port: in
                   + "\n".join(f"    {name}: {url}" for name, url in links),
                   file=sys.stderr, flush=True)
         code = proc.wait()
+    # the store's lock file (ours, crossflow.search.tracking.paths: MLflow's server makes
+    # none) is deleted by whoever held it last; one a killed launch left goes with the UI
+    remove_stale_lock(secret)
     if received:
         return 0 if received[0] == signal.SIGINT else 128 + received[0]
     return code

@@ -1,0 +1,201 @@
+"""The handlers of the commands other than ``study`` (:mod:`crossflow.cli.study`): each
+``_cmd_*`` imports what it needs when it runs (so ``crossflow predict`` never loads Optuna,
+MLflow or matplotlib) and returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from crossflow.cli.parser import _subcommands
+from crossflow.cli.status import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK, EXIT_TOLERANCE
+from crossflow.errors import ConfigError, one_paragraph
+
+
+def _cmd_help(parser: argparse.ArgumentParser, topic: Sequence[str]) -> int:
+    """``crossflow help [COMMAND [SUB-COMMAND]]``: that parser's --help."""
+    for i, word in enumerate(topic):
+        commands = _subcommands(parser)
+        if word not in commands and any(word in (a.choices or ()) for a in parser._actions
+                                        if not a.option_strings):
+            break  # a value of the command's own argument (`calibrate cpu`): its help says it
+        if word not in commands:
+            what = " ".join(["crossflow", *topic[:i]])
+            values = [c for a in parser._actions if not a.option_strings
+                      for c in (a.choices or ()) if c != "help"]
+            raise ConfigError(f"'{what}' has no command {word!r}", file="command line",
+                              allowed=", ".join(values) or "none (it has no sub-commands)")
+        parser = commands[word]
+    parser.print_help()
+    return EXIT_OK
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from crossflow.catalogue import catalogue
+
+    groups = catalogue(args.kind)
+    if args.json:
+        print(json.dumps(groups, indent=2))
+        return EXIT_OK
+    columns = shutil.get_terminal_size((100, 24)).columns
+    for i, (kind, entries) in enumerate(groups.items()):
+        if i:
+            print()
+        print(f"{kind} ({len(entries)}):")
+        width = max((len(e["name"]) for e in entries), default=0)
+        room = max(40, columns - width - 5)  # one line each; --json has the whole text
+        for e in entries:
+            text = e["description"] + ("" if e["origin"] == "shipped" else f" [{e['origin']}]")
+            if len(text) > room:
+                text = text[: room - 1].rstrip() + "…"
+            print(f"  {e['name']:<{width}}  {text}".rstrip())
+    return EXIT_OK
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from crossflow.predict import predict
+
+    p = predict(workload=args.workload, hardware=args.hardware, system=args.system,
+                parallelism=args.parallelism, mapping_order=args.mapping_order)
+    if args.json:
+        print(json.dumps(p.to_dict(), indent=2, default=float))
+    else:
+        _print_prediction(p)
+    return EXIT_OK if p.feasible else EXIT_INFEASIBLE
+
+
+def _print_prediction(p) -> None:
+    from crossflow.units import fmt_bytes, fmt_energy, fmt_rate, fmt_time
+
+    print(f"{p.workload} on {p.hardware}")
+    for note in p.notes:
+        print(f"  note: {note}")
+    if not p.feasible:
+        print(f"  INFEASIBLE: {p.reason}")
+        return
+    d = p.details
+    if "strategy" in d:
+        print(f"  strategy      {d['strategy']} on {d['devices']} devices"
+              + (f", mapping order {d['mapping_order']}" if "mapping_order" in d else ""))
+    print(f"  time          {fmt_time(p.time_s)}")
+    if "activation_recompute" in d:
+        print(f"  recompute     {d['activation_recompute']}")
+    # the achieved rate counts the FLOPs the device runs, recomputed ones included; MFU
+    # counts the model's FLOPs only (Megatron's convention), so the two differ by the
+    # recomputation
+    recomputes = d.get("activation_recompute", "none") != "none"
+    print(f"  achieved      {fmt_rate(p.achieved_flops_per_s)}"
+          + (" per device" if "strategy" in d else "")
+          + (" (hardware FLOPs: recomputation included)" if recomputes else ""))
+    if "model_flops_utilization" in d:
+        print(f"  MFU           {d['model_flops_utilization'] * 100:.1f} %"
+              + (" (model FLOPs only)" if recomputes else ""))
+    print(f"  bottleneck    {p.bottleneck}")
+    print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}")
+    print(f"  energy        {fmt_energy(p.energy_J)}")
+    moved = p.details.get("bytes_per_level", {})
+    print("  breakdown (roofline: compute and memory times overlap; total = slowest + launch):"
+          if "breakdown_overlap" in p.details else "  breakdown:")
+    for key, seconds in p.breakdown.items():
+        level = key.removesuffix("_s")
+        extra = f"  ({fmt_bytes(moved[level])})" if level in moved else ""
+        print(f"    {level:<22} {fmt_time(seconds):>10}{extra}")
+    hidden = {k: v for k, v in d.get("hidden_comm_s", {}).items() if v > 0}
+    if hidden:  # communication overlapped with computation: not in the time above
+        print("  communication hidden behind computation (not in the time; the breakdown "
+              "has what stays exposed):")
+        for key, seconds in hidden.items():
+            print(f"    {key.removesuffix('_s'):<22} {fmt_time(seconds):>10}")
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from crossflow.checks import check_file
+
+    errors = []
+    for file in args.files:
+        try:
+            print(f"{file}: ok ({check_file(file)})")
+        except ConfigError as exc:
+            if args.debug:
+                raise
+            errors.append(exc)
+            for one in exc.every():  # every error found in the file, one paragraph each
+                print(f"crossflow: error: {one_paragraph(str(one))}", file=sys.stderr)
+    return EXIT_BAD_INPUT if errors else EXIT_OK
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from crossflow.validation import run_validation
+
+    ok = run_validation(args.what, csv_path=args.csv, summary=args.summary)
+    return EXIT_OK if ok else EXIT_TOLERANCE
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.what == "software":
+        from crossflow.validation.refit import refit_all
+
+        refit_all()
+        return EXIT_OK
+    from crossflow.calibrate import calibrate_cpu
+
+    path = calibrate_cpu(Path(args.output), quick=args.quick, option="--output",
+                         overwrite=args.force, force="--force")
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import time
+
+    from crossflow.reports import run_report
+
+    t0 = time.perf_counter()
+    path = run_report(args.name, args.out, quick=args.quick, tracking_uri=args.tracking_uri)
+    print(f"{path} ({time.perf_counter() - t0:.1f} s; logged to MLflow experiment 'reports')")
+    return EXIT_OK
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from crossflow.search.compare import compare, main_table
+    from crossflow.search.study import load_study
+
+    setup = load_study(args.name)
+    if args.storage is not None:  # before the best-known search and any run
+        from crossflow.search.storage import check_storage
+
+        check_storage(args.storage, key="--storage")
+    for option, value in (("--seeds", args.seeds), ("--budget", args.budget),
+                          ("--workers", args.workers)):
+        if value < 1:
+            raise ConfigError("must be >= 1", file="command line", key=option, value=value)
+    samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    try:
+        result = compare(setup, samplers=samplers, seeds=args.seeds, budget=args.budget,
+                         workers=args.workers, storage=args.storage,
+                         tracking_uri=args.tracking_uri, track=not args.no_tracking,
+                         root=args.root, progress=not args.quiet)
+    except ConfigError as exc:  # compare's arguments are this command's options
+        if exc.key in ("samplers", "budget") and not exc.file:
+            raise ConfigError(exc.problem, file="command line", key=f"--{exc.key}",
+                              value=exc.value, allowed=exc.allowed) from None
+        raise
+    print(main_table(result))
+    return EXIT_OK
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from crossflow.search.tracking import launch_ui
+
+    return launch_ui(args.tracking_uri, host="127.0.0.1", port=args.port)
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    # optuna and optuna_dashboard are imported when the dashboard starts, not before
+    from crossflow.search.tracking.dashboard import serve_dashboard
+
+    return serve_dashboard(args.name, args.storage, host="127.0.0.1", port=args.port)
