@@ -53,6 +53,18 @@ def cli_process():
     return run
 
 
+def pytest_configure(config):
+    """The tests press Ctrl-C (SIGINT) in this process and in the commands they start, as
+    from a terminal.  A shell starts a background job, pytest included, with SIGINT
+    ignored, and CrossFlow leaves an ignored signal ignored (``nohup`` relies on that for
+    SIGHUP; crossflow.search.workers.take_signal): give the tests Python's own handler,
+    which the commands they start inherit as the default."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(scope="session")
 def a100():
     from crossflow.predict import load_hardware

@@ -149,7 +149,28 @@ def test_ctrl_c_stops_after_the_trial_in_progress(tmp_path, monkeypatch):
     stopped = _run(setup, tmp_path, 20)
     assert stopped.interrupted and stopped.trials_run == 8
     assert [t.state for t in stopped.study.trials] == [TrialState.COMPLETE] * 8
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # restored
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+    """``nohup crossflow study run …`` ignores SIGHUP so that the study outlives its
+    terminal: the graceful stop must not take it back (nor SIGINT in a background job)."""
+    import signal
+
+    from crossflow.search.workers import GracefulStop, interrupts_as_ctrl_c
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with GracefulStop() as stop, interrupts_as_ctrl_c():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGINT) == stop._handle
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
 
 
 def _worker(path: str, n: int, seed: int, out) -> None:

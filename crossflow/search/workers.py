@@ -94,6 +94,27 @@ def _as_ctrl_c(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def take_signal(sig: int, handler) -> Any:
+    """``signal.signal(sig, handler)`` unless ``sig`` is ignored: a signal the process was
+    started ignoring stays ignored (``nohup`` ignores SIGHUP so that a study outlives its
+    terminal; a shell starts a background job ignoring SIGINT), as Python itself leaves an
+    ignored SIGINT alone at start-up.  Returns the handler to restore (None: nothing was
+    installed)."""
+    if signal.getsignal(sig) is signal.SIG_IGN:
+        return None
+    previous = signal.signal(sig, handler)
+    # installed outside Python: Python's own defaults
+    if previous is None:
+        previous = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+    return previous
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 @contextlib.contextmanager
 def interrupts_as_ctrl_c() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so one path
@@ -104,12 +125,11 @@ def interrupts_as_ctrl_c() -> Iterator[None]:
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in INTERRUPTS[1:]:
-            previous[sig] = signal.signal(sig, _as_ctrl_c)
+            previous[sig] = take_signal(sig, _as_ctrl_c)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(previous)
 
 
 class GracefulStop:
@@ -126,7 +146,7 @@ class GracefulStop:
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
             for sig in INTERRUPTS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                self._previous[sig] = take_signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -145,10 +165,7 @@ class GracefulStop:
             study.stop()
 
     def _restore(self) -> None:
-        for sig, handler in self._previous.items():
-            if handler is None:  # installed outside Python: Python's own defaults
-                handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-            signal.signal(sig, handler)
+        _restore(self._previous)
         self._previous = {}
 
     def __exit__(self, *exc) -> None:
@@ -428,9 +445,9 @@ def supervise(workers: list[WorkerProcess], *, tick, interval_s: float = 1.0) ->
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, forward)
+        previous[signal.SIGINT] = take_signal(signal.SIGINT, forward)
         for sig in STOP_SIGNALS:
-            previous[sig] = signal.signal(sig, stop)
+            previous[sig] = take_signal(sig, stop)
     try:
         while any(w.proc.poll() is None for w in workers):
             deadline = time.monotonic() + interval_s
@@ -443,8 +460,7 @@ def supervise(workers: list[WorkerProcess], *, tick, interval_s: float = 1.0) ->
         try:
             stop_workers(workers)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            _restore(previous)
     return interrupted > 0 or bool(stopped)
 
 
