@@ -57,7 +57,7 @@ def pytest_configure(config):
     """The tests press Ctrl-C (SIGINT) in this process and in the commands they start, as
     from a terminal.  A shell starts a background job, pytest included, with SIGINT
     ignored, and CrossFlow leaves an ignored signal ignored (``nohup`` relies on that for
-    SIGHUP; crossflow.search.workers.take_signal): give the tests Python's own handler,
+    SIGHUP; crossflow.search.children.take_signal): give the tests Python's own handler,
     which the commands they start inherit as the default."""
     import signal
 

@@ -247,3 +247,72 @@ def test_the_logging_process_goes_with_a_killed_study_and_closes_its_run(tmp_pat
         proc.kill()
         proc.wait()
         proc.stdout.close()
+
+
+def test_forwarding_leaves_a_signal_the_process_ignores_ignored():
+    """``nohup crossflow ui``: SIGHUP is ignored, so closing the terminal must neither stop
+    the command nor be forwarded to its server; the signals it does take are forwarded and
+    their handlers put back afterwards."""
+    from crossflow.search.children import forward_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM)}
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with forward_signals(child) as received:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.2)
+            assert received == [] and child.poll() is None
+            os.kill(os.getpid(), signal.SIGTERM)
+            child.wait(timeout=10)
+            assert received == [signal.SIGTERM] and child.returncode == -signal.SIGTERM
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    finally:
+        child.kill()
+        child.wait()
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def test_the_logging_process_of_a_nohup_study_outlives_a_sighup(tmp_path):
+    """A study started under ``nohup`` goes on when its terminal closes, and so must its
+    logging process (it inherits the ignored SIGHUP and keeps it), or the rest of the
+    study's trials would reach MLflow only at the next launch."""
+    from mlflow import MlflowClient
+
+    from crossflow.search.tracking import _db_lock
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUDY.format(tests=str(REPO / "tests"), uri=uri)],
+        env=_env(), stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        logger = int(proc.stdout.readline())
+        with _db_lock(uri):
+            client = MlflowClient(uri)
+            client.search_experiments()
+
+        def logged() -> int:
+            exp = client.get_experiment_by_name("killed")
+            return len(client.search_runs([exp.experiment_id], "tags.trial_number != ''")
+                       ) if exp else 0
+
+        deadline = time.monotonic() + 120
+        while logged() < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        os.kill(logger, signal.SIGHUP)
+        os.kill(proc.pid, signal.SIGHUP)
+        after = logged()
+        deadline = time.monotonic() + 60
+        while logged() <= after + 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert alive({logger}) and proc.poll() is None
+        assert logged() > after + 3
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()

@@ -147,14 +147,37 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGTERM,
     return proc.wait()
 
 
+def take_signal(sig: int, handler: Callable[[int, Any], None]) -> Any:
+    """``signal.signal(sig, handler)`` unless ``sig`` is ignored: a signal the process was
+    started ignoring stays ignored (``nohup`` ignores SIGHUP so that a study or a server
+    outlives its terminal; a shell starts a background job ignoring SIGINT), as Python
+    itself leaves an ignored SIGINT alone at start-up.  Returns the handler to restore
+    (None: nothing was installed)."""
+    if signal.getsignal(sig) is signal.SIG_IGN:
+        return None
+    previous = signal.signal(sig, handler)
+    # installed outside Python: Python's own defaults
+    if previous is None:
+        previous = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+    return previous
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    """Put back the handlers :func:`take_signal` returned (None: nothing to put back)."""
+    for sig, handler in previous.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
 @contextlib.contextmanager
 def forward_signals(proc: subprocess.Popen, signals: Sequence[int] = FORWARDED, *,
                     send: int | None = None) -> Iterator[list[int]]:
     """While inside: ``signals`` received by this process are sent to ``proc`` (``send``
     instead, when given; the numbers received are appended to the yielded list; this
-    process does not stop by them).  On leaving, in every case: :func:`kill_group` of
-    ``proc``.  Handlers are installed only in the main thread (Python's rule); elsewhere
-    only the final kill applies."""
+    process does not stop by them); a signal this process ignores stays ignored and is not
+    forwarded (``nohup crossflow ui`` outlives its terminal).  On leaving, in every case:
+    :func:`kill_group` of ``proc``.  Handlers are installed only in the main thread
+    (Python's rule); elsewhere only the final kill applies."""
     received: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
@@ -165,15 +188,14 @@ def forward_signals(proc: subprocess.Popen, signals: Sequence[int] = FORWARDED, 
     old: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in signals:
-            old[sig] = signal.signal(sig, handler)
+            old[sig] = take_signal(sig, handler)
     try:
         yield received
     finally:
         try:
             kill_group(proc)
         finally:
-            for sig, h in old.items():
-                signal.signal(sig, h)
+            restore_signals(old)
 
 
 def _supervise(cmd: Sequence[str], grace: float = GRACE_S) -> int:

@@ -44,7 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from crossflow.errors import CrossflowError
-from crossflow.search.children import group_members, kill_group, spawn_child
+from crossflow.search.children import (
+    group_members,
+    kill_group,
+    restore_signals,
+    spawn_child,
+    take_signal,
+)
 from crossflow.search.keys import SURPLUS, WORKER
 
 #: A RUNNING trial older than this, of no live worker of this machine, is taken as left
@@ -94,27 +100,6 @@ def _as_ctrl_c(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def take_signal(sig: int, handler) -> Any:
-    """``signal.signal(sig, handler)`` unless ``sig`` is ignored: a signal the process was
-    started ignoring stays ignored (``nohup`` ignores SIGHUP so that a study outlives its
-    terminal; a shell starts a background job ignoring SIGINT), as Python itself leaves an
-    ignored SIGINT alone at start-up.  Returns the handler to restore (None: nothing was
-    installed)."""
-    if signal.getsignal(sig) is signal.SIG_IGN:
-        return None
-    previous = signal.signal(sig, handler)
-    # installed outside Python: Python's own defaults
-    if previous is None:
-        previous = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-    return previous
-
-
-def _restore(previous: dict[int, Any]) -> None:
-    for sig, handler in previous.items():
-        if handler is not None:
-            signal.signal(sig, handler)
-
-
 @contextlib.contextmanager
 def interrupts_as_ctrl_c() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so one path
@@ -129,7 +114,7 @@ def interrupts_as_ctrl_c() -> Iterator[None]:
     try:
         yield
     finally:
-        _restore(previous)
+        restore_signals(previous)
 
 
 class GracefulStop:
@@ -165,7 +150,7 @@ class GracefulStop:
             study.stop()
 
     def _restore(self) -> None:
-        _restore(self._previous)
+        restore_signals(self._previous)
         self._previous = {}
 
     def __exit__(self, *exc) -> None:
@@ -460,7 +445,7 @@ def supervise(workers: list[WorkerProcess], *, tick, interval_s: float = 1.0) ->
         try:
             stop_workers(workers)
         finally:
-            _restore(previous)
+            restore_signals(previous)
     return interrupted > 0 or bool(stopped)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from crossflow.search.children import take_signal
 from crossflow.search.keys import TRIAL_NUMBER_TAG
 from crossflow.search.tracking import store
 from crossflow.search.tracking.paths import _db_lock
@@ -427,8 +428,9 @@ def _worker_main() -> None:
         inbox.put(None)  # SimpleQueue.put is reentrant: safe in a signal handler
         signal.alarm(EXIT_GRACE_S)  # SIGALRM's default action ends the process
 
+    # under nohup the study goes on after its terminal closes, and so does its logger
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_term)
+        take_signal(sig, on_term)
     log = _Logger()
     closed = eof = warm = False
     while not (closed or eof):
