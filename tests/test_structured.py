@@ -502,3 +502,44 @@ def test_the_search_restarts_gaining_local_searches_and_resumes_the_race_losers_
     finally:
         mp.undo()
     assert checked and checked[0] <= _toy_optimum() * 1.005   # the local searches' optimum
+
+
+@pytest.mark.parametrize("probe_gain", [0.0, 0.5])
+def test_an_axial_probe_races_only_when_it_beats_its_start(probe_gain):
+    """A probe whose value is its start's (a share the design does not use) would race a
+    twin of the first contender and, as a loser, spend the search's evaluations again on
+    the same path: it races only when it is better."""
+    from crossflow.search.samplers.structured import _plan
+
+    made = []
+
+    class Local(_plan._Local):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
+    P = _ToyProblem(_ToySetup())
+    P.setup.start_params = lambda: {}
+    x0, _ = P.start()
+    probe = Cont({"area": np.array([0.3, 0.3, 0.2, 0.2])})
+
+    def f(cont):
+        if cont.key() == probe.key():
+            return (1 - probe_gain) * _toy(x0)
+        return _toy(cont)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_plan, "_Local", Local)
+    mp.setattr(_plan, "_axial", lambda P, x, shares: [probe])
+    try:
+        gen = plan(P, seed=0, records=[])
+        phase, batch = next(gen)
+        while phase != _plan.SEARCH:
+            phase, batch = gen.send([f(P.split(p)[0]) for p in batch])
+    finally:
+        mp.undo()
+    starts = [run.start for run in made]
+    if probe_gain:
+        assert starts == [_toy(x0), (1 - probe_gain) * _toy(x0)]
+    else:
+        assert starts == [_toy(x0)]

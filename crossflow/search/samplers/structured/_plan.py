@@ -26,7 +26,8 @@ Phases (every point yielded is one model evaluation, one trial):
    combination when ``screen_cap`` is ``all``.
 4. **Axial probes**: the best combination at the start split with one budget component
    raised to half and to four fifths of its simplex (:func:`_axial`, the axial design of
-   mixture experiments); the best probe is a start of its own in the race.  It is how the
+   mixture experiments); the best probe, when it beats the start, is a start of its own in the
+   race (one no better would race a twin of the first contender).  It is how the
    plan reaches a basin the template's split is far from (an L2 that holds the weights).
 5. **Race** (successive halving): the ``contenders`` best (combination, order) pairs, each
    from the start split, and the best axial probe each run the local search
@@ -62,7 +63,7 @@ import numpy as np
 from crossflow.search import encoding
 from crossflow.search.objective import Invalid
 from crossflow.search.samplers.structured._inner import exchange
-from crossflow.search.samplers.structured._problem import Cont, Problem
+from crossflow.search.samplers.structured._problem import Cont, Problem, better
 from crossflow.search.space import MAPPING_ORDER
 
 Plan = Generator[tuple[str, list[dict[str, Any]]], list[float], None]
@@ -217,7 +218,9 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         xs = _axial(P, x0, AXIAL)
         got = yield from ask.points(AXIAL_PHASE, [(combo(tops[0]), x) for x in xs])
         j = int(np.argmin(got)) if got else 0
-        if got and math.isfinite(got[j]):
+        # a probe no better than its start would race a twin of the first contender (a
+        # share the design does not use: the perimeter of a chip its links do not fill)
+        if got and better(got[j], value[tops[0]]):
             starts.append((tops[0], xs[j], got[j]))
     runs = [_Local(P, combo(i), x, f, rng) for i, x, f in starts]
     alive = list(range(len(runs)))
