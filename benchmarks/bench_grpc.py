@@ -27,22 +27,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import machine  # noqa: E402
+from bench_workers import _database  # noqa: E402  (one throwaway database a run)
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _database(admin: str, name: str, create: bool) -> str:
-    import psycopg
-
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if create:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    return urlunsplit(urlsplit(admin)._replace(path=f"/{name}"))
 
 
 def _free_port() -> int:
