@@ -273,3 +273,29 @@ def test_a_pareto_point_of_several_designs_is_one_line_naming_the_others():
     assert lines[-2].endswith("trial 5: iteration_time_s 13.4, energy_J 2.6e+06")
     assert "trial 3: iteration_time_s 13.2, energy_J 2.7e+06 (also trials 7, 9: other " \
         "designs, the same values)" in "\n".join(lines)
+
+
+def test_a_study_whose_progress_reader_goes_away_runs_to_its_trials(tmp_path):
+    """``crossflow study run … 2>&1 | head -2``: the reader of the progress line leaves
+    early; the study still runs its --trials (it stopped short before, exit 0), and the
+    command ends with exit 0 and no traceback anywhere."""
+    import os
+    import subprocess
+    import sys
+
+    from crossflow.search.workers import child_env
+
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crossflow", "study", "run", "quickstart", "--trials", "40",
+         "--no-tracking", "--storage", str(tmp_path / "q.journal")],
+        cwd=tmp_path, env=child_env(), stdin=subprocess.DEVNULL, stdout=write, stderr=write)
+    os.close(write)
+    os.read(read, 1)      # the first progress bytes, then the reader goes away
+    os.close(read)
+    assert proc.wait(timeout=300) == 0
+    from crossflow.search.storage import make_storage
+
+    study = optuna.load_study(study_name="quickstart",
+                              storage=make_storage(str(tmp_path / "q.journal")))
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 40

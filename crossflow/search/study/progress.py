@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -64,11 +65,11 @@ class Progress:
         steps = (self.done - self.start_done) // self.step
         if self.tty and now - self.last > 0.1:
             self.last = now
-            print("\r" + self.line(now), end="", file=sys.stderr, flush=True)
+            self._print("\r" + self.line(now), end="")
         elif not self.tty and steps > self.shown:
             self.shown = steps
             self.printed = True
-            print(self.line(now), file=sys.stderr, flush=True)
+            self._print(self.line(now))
 
     def line(self, now: float) -> str:
         n = self.done - self.start_done
@@ -82,5 +83,15 @@ class Progress:
 
     def close(self) -> None:
         if self.enabled and (self.tty or not self.printed):
-            print(("\r" if self.tty else "") + self.line(time.perf_counter()), file=sys.stderr,
-                  flush=True)
+            self._print(("\r" if self.tty else "") + self.line(time.perf_counter()))
+
+    def _print(self, text: str, end: str = "\n") -> None:
+        try:
+            print(text, end=end, file=sys.stderr, flush=True)
+        except BrokenPipeError:
+            # the reader went away (``crossflow study run … 2>&1 | head``): the study goes
+            # on to its --trials without its line, and nothing else is written there
+            self.enabled = False
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stderr.fileno())
+            os.close(null)
