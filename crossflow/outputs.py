@@ -13,6 +13,9 @@ layer, so every layer that writes a user-named file can use it).
   temporary files are removed and nothing that existed is replaced.  With
   ``overwrite=False`` a file that exists (the named one or any side file) is refused,
   listing every such file.
+* :func:`silence` — a standard stream whose reader went away (``crossflow … | head``) is
+  pointed at the null device, so that later writes and the interpreter's flush at exit
+  do not fail again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from crossflow.errors import ConfigError
+
+
+def silence(stream) -> None:
+    """Point ``stream``'s file descriptor (``sys.stdout``, ``sys.stderr``) at the null
+    device: its reader went away, and nothing written there can reach anyone."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, stream.fileno())
+    finally:
+        os.close(null)
 
 
 def _kind_of_file(mode: int) -> str:

@@ -460,7 +460,6 @@ def test_the_best_axial_probe_starts_a_search_in_a_basin_the_template_never_reac
     assert far.simplexes["area"][1] >= 0.7 and f_far < 0.8 * f_near
 
 
-
 def test_the_search_restarts_gaining_local_searches_and_resumes_the_race_losers_first():
     """Phase 6 on the toy: CMA-ES starts only when every local search has ended (the race's
     losers included, resumed where they stopped), each that gained was run again from its

@@ -100,9 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("crossflow: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (crossflow ... | head)
-        import os
+        from crossflow.outputs import silence
 
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence(sys.stdout)
         return EXIT_OK
 
 

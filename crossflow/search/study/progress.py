@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
+from crossflow.outputs import silence
 from crossflow.search import keys
 
 
@@ -92,6 +92,4 @@ class Progress:
             # the reader went away (``crossflow study run … 2>&1 | head``): the study goes
             # on to its --trials without its line, and nothing else is written there
             self.enabled = False
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, sys.stderr.fileno())
-            os.close(null)
+            silence(sys.stderr)
