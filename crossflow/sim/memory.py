@@ -14,10 +14,15 @@ def capacity_problem(arch: MicroArch, breakdown: Mapping[str, float]) -> str | N
     used = sum(breakdown.values())
     capacity = arch.main_memory.total_capacity_B
     if used > capacity:
-        shown = ", ".join(f"{k} {fmt_gb(v)}" for k, v in breakdown.items())
+        shown = ", ".join(f"{_label(k)} {fmt_gb(v)}" for k, v in breakdown.items())
         return (f"memory per device {used / 1e9:.4g} GB exceeds the {capacity / 1e9:.4g} GB "
                 f"of {arch.main_memory.name} on {arch.name} ({shown})")
     return None
+
+
+def _label(key: str) -> str:
+    """A breakdown key as a reader says it: ``optimizer_state_bytes`` -> ``optimizer state``."""
+    return key.removesuffix("_bytes").replace("_", " ")
 
 
 def check_capacity(arch: MicroArch, breakdown: Mapping[str, float]) -> float:
