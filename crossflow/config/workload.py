@@ -8,6 +8,7 @@ mean the same thing.  How a workload runs on many devices is a separate parallel
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -98,6 +99,14 @@ class TransformerSpec(Spec):
     #: layer i (from 0) an MoE layer when i % N == 0 (1: every layer); a list of 0 / 1, one
     #: per layer, gives the pattern (DeepSeek-V3's first three dense layers: [0, 0, 0, 1, …])
     moe_layer_freq: Dim | tuple[Annotated[int, Field(ge=0, le=1)], ...] = 1
+    #: token dropping (``--moe-expert-capacity-factor``): each expert takes at most
+    #: ceil(factor · tokens · topk / experts) of a rank's routed tokens (Megatron-Core's
+    #: ``get_capacity``), the rest are dropped; None: dropless
+    moe_expert_capacity_factor: float | None = None
+    #: with a capacity factor, pad every expert's input up to its capacity
+    #: (``--moe-pad-expert-input-to-capacity``): each expert's GEMMs and the all-to-alls
+    #: carry exactly the capacity, however the router spread the tokens
+    moe_pad_expert_input_to_capacity: bool = False
 
     @property
     def ffn(self) -> int:
@@ -159,6 +168,21 @@ class TransformerSpec(Spec):
         """Inner width of the shared expert (0: none)."""
         return self.moe_shared_expert_intermediate_size or 0
 
+    def routed_rows(self, tokens: int) -> int:
+        """Token copies the experts of one MoE layer process for ``tokens`` tokens, with
+        the router spreading them evenly (the published runs force the balance): each
+        token's ``topk`` copies when dropless; with a capacity factor, each expert's share
+        t·k/E up to its capacity (Megatron-Core's ``get_capacity``: ceil(t·k/E · factor),
+        at most t, one copy of every token), or the capacity itself when padded."""
+        k, E = self.moe_router_topk, self.num_moe_experts or 1
+        cf = self.moe_expert_capacity_factor
+        if cf is None:
+            return tokens * k
+        capacity = min(math.ceil(tokens * k / E * cf), tokens)
+        if self.moe_pad_expert_input_to_capacity:
+            return E * capacity
+        return min(tokens * k, E * capacity)
+
     @property
     def activation_precision(self) -> str:
         """Precision of activations, memory-bound ops and communication: with ``fp8``
@@ -172,6 +196,27 @@ class TransformerSpec(Spec):
         if self.num_query_groups is not None:
             _divides(self, "num_query_groups", "num_attention_heads")
         _divides(self, "micro_batch_size", "global_batch_size")
+        if self.moe_expert_capacity_factor is not None and not (
+                math.isfinite(self.moe_expert_capacity_factor)
+                and self.moe_expert_capacity_factor > 0):
+            raise ConfigError(
+                "must be a finite number > 0: it scales each expert's even share of the "
+                "routed tokens into its capacity",
+                key="moe_expert_capacity_factor", value=self.moe_expert_capacity_factor,
+                allowed="a number > 0 (1.0: each expert's even share), or null for dropless "
+                "routing")
+        if self.moe_pad_expert_input_to_capacity and self.moe_expert_capacity_factor is None:
+            raise ConfigError(
+                "padding each expert's input to its capacity needs a capacity "
+                "(moe_expert_capacity_factor; Megatron-Core asserts the same)",
+                key="moe_pad_expert_input_to_capacity", value=True,
+                allowed="false, or true with moe_expert_capacity_factor set")
+        if self.num_moe_experts is None and (self.moe_expert_capacity_factor is not None):
+            raise ConfigError(
+                "a capacity factor applies to the routed experts of MoE layers, and the "
+                "model has none (num_moe_experts is not set)",
+                key="moe_expert_capacity_factor", value=self.moe_expert_capacity_factor,
+                allowed="null for a dense model, or set num_moe_experts")
         if self.num_moe_experts is not None:
             if self.moe_router_topk > self.num_moe_experts:
                 raise ConfigError(

@@ -184,10 +184,12 @@ def transformer_iteration(
         return network.collective(kind, size, "kp1") if tp > 1 else 0.0
 
     # An MoE layer's token dispatch and combine: each rank sends its tokens' k copies (its
-    # sequence-parallel share of the micro-batch) to the experts' ranks
+    # sequence-parallel share of the micro-batch) to the experts' ranks, those past an
+    # expert's capacity dropped, or every expert's capacity when padded (Megatron-Core's
+    # capacity is per rank, from its own tokens)
     a2a = 0.0
     if spec.moe and ep > 1:
-        routed = b * s // cp // tp * spec.moe_router_topk * h * nbytes
+        routed = spec.routed_rows(b * s // cp // tp) * h * nbytes
         a2a = network.all_to_all(routed, ep)
     moe_efficiency = software.moe_efficiency if software is not None else 1.0
     blocks, ends = _passes(arch, spec, tp, sp, coll, cp, ep, a2a, moe_efficiency,

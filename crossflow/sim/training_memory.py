@@ -107,8 +107,10 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     if spec.moe:
         # An MoE layer keeps, per token, its k permuted copies and their expert outputs
         # (2·k·h each) and the experts' fc1 and activation outputs, as a dense MLP of width
-        # k·moe_ffn does, plus the shared expert's; averaged over the model's layers
-        k = spec.moe_router_topk
+        # k·moe_ffn does, plus the shared expert's; averaged over the model's layers.  k
+        # counts the copies the experts process: fewer when a capacity drops some, the
+        # capacity's when padded
+        k = spec.routed_rows(s * b) / (s * b)
         gate = 6 if spec.gated_linear_unit else 4
         moe_mlp = 4 * k + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
         share = sum(spec.moe_layers) / L

@@ -82,16 +82,33 @@ SKIPPED = {
                    "the multi-token-prediction layer are not modelled",
     "nemotron_3_nano": "a hybrid of Mamba-2, MoE and attention layers; Mamba-2 layers are "
                        "not modelled",
-    "tokendrop": "token-dropping runs (a capacity factor drops the tokens past it); the MoE "
-                 "layer is modelled dropless",
 }
+
+
+def _tokendrop(r: dict[str, str]) -> bool:
+    return "tokendrop" in r["model"]
 
 
 @cache
 def moe_rows() -> tuple[dict[str, str], ...]:
-    """The MoE rows validated (dropless; none of :data:`SKIPPED`)."""
+    """The dropless MoE rows validated (none of :data:`SKIPPED`)."""
     return tuple(r for r in _published("moe")
-                 if r["model_key"] not in SKIPPED and "tokendrop" not in r["model"])
+                 if r["model_key"] not in SKIPPED and not _tokendrop(r))
+
+
+@cache
+def tokendrop_rows() -> tuple[dict[str, str], ...]:
+    """The token-dropping MoE rows (25.09's "(tokendrop)" Qwen3 runs; none of
+    :data:`SKIPPED`)."""
+    return tuple(r for r in _published("moe") if r["model_key"] not in SKIPPED and _tokendrop(r))
+
+
+#: The token dropping of the "(tokendrop)" rows: Megatron-Bridge 25.09's performance script
+#: (NVIDIA-NeMo/Megatron-Bridge@fa0315ae2, scripts/performance/run_script.py) applies
+#: ``apply_moe_token_drop(recipe.model)`` to both Qwen3 models, whose defaults
+#: (src/megatron/bridge/training/utils/moe_token_drop.py) are capacity factor 1.0 with the
+#: experts' input padded to the capacity
+TOKENDROP_CAPACITY_FACTOR, TOKENDROP_PAD = 1.0, True
 
 
 def group(r: dict[str, str]) -> str:
@@ -156,7 +173,9 @@ def _moe_case(r: dict[str, str], a: dict[str, str]):
         precision="bf16" if r["precision"] == "BF16" else "fp8", activation_recompute="none",
         num_moe_experts=int(a["num_experts"]), moe_router_topk=int(a["moe_topk"]),
         moe_ffn_hidden_size=int(a["moe_ffn_hidden_size"]),
-        moe_shared_expert_intermediate_size=_int(a["shared_expert_ffn_size"], 0) or None)
+        moe_shared_expert_intermediate_size=_int(a["shared_expert_ffn_size"], 0) or None,
+        **({"moe_expert_capacity_factor": TOKENDROP_CAPACITY_FACTOR,
+            "moe_pad_expert_input_to_capacity": TOKENDROP_PAD} if _tokendrop(r) else {}))
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 
@@ -279,6 +298,22 @@ def moe_all_dataset(system=SYSTEM) -> DataSet:
                f"{SYSTEM}",
         quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_MOE_ALL, min_spearman=0.0,
         group_of=groups)
+
+
+#: Tolerance of the token-dropping rows, not fitted to: the every-row guard's
+MAX_MAPE_TOKENDROP = MAX_MAPE_MOE_ALL
+
+
+def tokendrop_dataset(system=SYSTEM) -> DataSet:
+    """The token-dropping MoE rows (:func:`tokendrop_rows`): capacity factor 1.0, padded
+    (:data:`TOKENDROP_CAPACITY_FACTOR`), predicted with the constants fitted dropless."""
+    rows, groups = _rows(system, tokendrop_rows())
+    return DataSet(
+        name="training: NeMo / Megatron-Bridge on DGX H100, MoE token-dropping (capacity "
+             "1.0, padded; held out)",
+        source=f"{FILE} (25.09 (tokendrop) Qwen3 rows) on system {SYSTEM}, not fitted to",
+        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_TOKENDROP,
+        min_spearman=0.0, group_of=groups)
 
 
 #: The MoE constants :func:`fit_moe` sets (SoftwareSpec field, lower, upper bound).  They

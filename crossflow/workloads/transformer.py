@@ -265,9 +265,16 @@ class _Block:
         return new.get("mlp_residual", "")
 
     def _expert_tokens(self) -> int:
-        """Routed tokens per expert of one micro-batch: dropless routing that the router
-        spreads evenly (the published MoE runs force the balance), padded up."""
-        return -(-self.t * self.spec.moe_router_topk // self.spec.num_moe_experts)
+        """Routed tokens per expert of one micro-batch: the router spreads them evenly (the
+        published MoE runs force the balance), up to the capacity or padded to it
+        (:meth:`TransformerSpec.routed_rows`), rounded up.  The capacity is taken from the
+        micro-batch's tokens; Megatron-Core takes it from each rank's sequence-parallel
+        share, which differs only in the rounding up."""
+        return -(-self._rows() // self.spec.num_moe_experts)
+
+    def _rows(self) -> int:
+        """Token copies the experts of this MoE layer process (t·topk when dropless)."""
+        return self.spec.routed_rows(self.t)
 
     def _moe_forward(self, op: str, n: str, get, gp: dict, own: bool) -> None:
         """One node of an MoE layer's feed-forward part (Megatron-Core's MoELayer with the
@@ -288,7 +295,7 @@ class _Block:
         g, t, h, spec = self.g, self.t, self.h, self.spec
         E, k = spec.num_moe_experts, spec.moe_router_topk
         f, f_in = spec.moe_ffn, spec.moe_in_width
-        me = self._expert_tokens()
+        me, rows = self._expert_tokens(), self._rows()
         act = "act"
         if op == "router":  # fp32 logits in Megatron; priced at the activations' type
             g.gemm(n, op, t, h, E, sp="m", params=h * E * own)
@@ -300,11 +307,11 @@ class _Block:
             g.elementwise(n, op, t * E, flops_per_element=AUX_LOSS_FLOPS, sp="elements")
             g.edge(get("router_topk"), n, act)
         elif op == "permute":  # gather each token's k copies into expert order
-            g.elementwise(n, op, t * k * h, flops_per_element=0.0, sp="elements")
+            g.elementwise(n, op, rows * h, flops_per_element=0.0, sp="elements")
             g.edge(get("ln2"), n, act)
             g.edge(get("router_topk"), n, act, t * k * 4)
         elif op == "expert_cast":
-            g.elementwise(n, "fp8_cast", t * k * h, inputs=2, outputs=1, precision="fp8",
+            g.elementwise(n, "fp8_cast", rows * h, inputs=2, outputs=1, precision="fp8",
                           flops_per_element=CAST_FLOPS, sp="elements")
             g.edge(get("permute"), n, act)
         elif op == "expert_fc1":
@@ -312,7 +319,7 @@ class _Block:
             g.edge(get("expert_cast" if self.fp8 else "permute"), n, act)
         elif op == "expert_act":
             gated = spec.gated_linear_unit
-            g.elementwise(n, "swiglu" if gated else "gelu", t * k * f, inputs=1 + gated,
+            g.elementwise(n, "swiglu" if gated else "gelu", rows * f, inputs=1 + gated,
                           flops_per_element=SWIGLU_FLOPS if gated else GELU_FLOPS,
                           sp="elements")
             g.edge(get("expert_fc1"), n, act)
@@ -348,17 +355,17 @@ class _Block:
         g, t, h, p, spec, src = self.g, self.t, self.h, self.prefix, self.spec, self.src
         E, k = spec.num_moe_experts, spec.moe_router_topk
         f, f_in = spec.moe_ffn, spec.moe_in_width
-        me = self._expert_tokens()
+        me, rows = self._expert_tokens(), self._rows()
         gp = self.gemm_precision
         gated = spec.gated_linear_unit
         context = g.context
         g.context = {**context, "moe_op": True}
         # the output gradient goes back to each token's k expert rows, scaled by its probs
-        n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", t * k * h, inputs=1,
+        n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", rows * h, inputs=1,
                           flops_per_element=1.0, sp="elements")
         g.edge(dy, n, "grad")
         if self.fp8:
-            n = self._dy_cast("expert_fc2", t * k * h, n, "sp")
+            n = self._dy_cast("expert_fc2", rows * h, n, "sp")
         dx2 = g.gemm(p + "expert_fc2.dX", "expert_fc2.dX", me, h, f, count=E, sp="m",
                      expert_tokens="m", precision=gp)
         dw2 = g.gemm(p + "expert_fc2.dW", "expert_fc2.dW", f, me, h, count=E, batch="k",
@@ -367,13 +374,13 @@ class _Block:
             g.edge(n, node, "grad")
         stash(src["expert_act"], dw2)
         a = g.elementwise(p + "expert_act.bwd", "swiglu.bwd" if gated else "gelu.bwd",
-                          t * k * f, inputs=2 + gated, outputs=1 + gated,
+                          rows * f, inputs=2 + gated, outputs=1 + gated,
                           flops_per_element=(2 * SWIGLU_FLOPS if gated else GELU_FLOPS),
                           sp="elements")
         g.edge(dx2, a, "grad")
         stash(src["expert_fc1"], a)
         if self.fp8:
-            a = self._dy_cast("expert_fc1", t * k * f_in, a, "sp")
+            a = self._dy_cast("expert_fc1", rows * f_in, a, "sp")
         dx1 = g.gemm(p + "expert_fc1.dX", "expert_fc1.dX", me, f_in, h, count=E, sp="m",
                      expert_tokens="m", precision=gp)
         dw1 = g.gemm(p + "expert_fc1.dW", "expert_fc1.dW", h, me, f_in, count=E,
