@@ -116,6 +116,9 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         share = sum(spec.moe_layers) / L
         mlp = share * moe_mlp + (1 - share) * mlp
     qkv = 2 * spec.qkv_width / h
+    if spec.multi_latent_attention:  # and the low-rank latents and their norms' outputs
+        kvl, _, rope, _ = spec.mla_dims
+        qkv += 2 * (2 * (spec.q_lora_rank or 0) + 2 * kvl + rope) / h
     split = 2 + qkv + mlp
     if rc == "full":
         per_layer = 2 * s * b * h / (tp if sp else 1)
