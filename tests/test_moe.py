@@ -179,12 +179,96 @@ def test_moe_rows_of_the_megatron_bridge_validation():
     )
 
     keys = {r["model_key"] for r in moe_rows()}
-    assert keys == {"qwen3_30b_a3b", "qwen3_235b_a22b", "gpt_oss_120b"}
-    assert "deepseek_v3" in SKIPPED and not any("tokendrop" in r["model"] for r in moe_rows())
+    assert keys == {"qwen3_30b_a3b", "qwen3_235b_a22b", "gpt_oss_120b", "deepseek_v3"}
+    assert "deepseek_v3" not in SKIPPED
+    assert not any("tokendrop" in r["model"] for r in moe_rows())
     fitted = moe_dataset()
     assert len(fitted.rows) == 14 and fitted.mape <= 0.15, fitted.render()
     every = moe_all_dataset()
     assert len(every.rows) == 14 + len(MOE_NOT_FITTED) and every.mape <= 0.20
+    # DeepSeek-V3, held out: within the issue's 15 %
+    (deepseek,) = [r for r in every.rows if "deepseek_v3" in r.label]
+    assert abs(deepseek.error) <= 0.15, deepseek
+
+
+def test_capacity_factor_drops_or_pads_the_routed_tokens():
+    """Megatron-Core's capacity (get_capacity): ceil(t·k/E · factor) per expert; past it
+    tokens are dropped, and with padding every expert runs exactly its capacity."""
+    t = 1024  # 1024 tokens × top-4 over 32 experts: 128 each
+    assert _moe().routed_rows(t) == t * 4
+    assert _moe(moe_expert_capacity_factor=1.0).routed_rows(t) == t * 4
+    assert _moe(moe_expert_capacity_factor=2.0).routed_rows(t) == t * 4  # nothing dropped
+    assert _moe(moe_expert_capacity_factor=0.5).routed_rows(t) == t * 2  # half dropped
+    padded = _moe(moe_expert_capacity_factor=1.25, moe_pad_expert_input_to_capacity=True)
+    assert padded.routed_rows(t) == 32 * 160
+    # the capacity rounds up (1000·3/32 = 93.75 -> 94), padded to it on every expert
+    odd = _moe(moe_router_topk=3, moe_expert_capacity_factor=1.0,
+               moe_pad_expert_input_to_capacity=True)
+    assert odd.routed_rows(1000) == 32 * 94
+    # an expert takes each token at most once, whatever the factor
+    assert _moe(moe_expert_capacity_factor=100.0,
+                moe_pad_expert_input_to_capacity=True).routed_rows(t) == 32 * t
+
+    def expert_flops(spec) -> float:
+        g = transformer_graph(spec)
+        return sum(a["flops"] for n, a in g.nodes(data=True)
+                   if n.startswith("L0.") and a["phase"] == "fwd"
+                   and a["name"] in ("expert_fc1", "expert_fc2"))
+
+    dropless = expert_flops(_moe())
+    assert expert_flops(padded) == pytest.approx(1.25 * dropless)
+    assert expert_flops(_moe(moe_expert_capacity_factor=0.5)) == pytest.approx(dropless / 2)
+    assert expert_flops(_moe(moe_expert_capacity_factor=1.0,
+                             moe_pad_expert_input_to_capacity=True)) == dropless
+    # model FLOPs count the useful work (each token's k experts), not the padding
+    assert spec_model_flops(padded) == spec_model_flops(_moe())
+    # the prediction: padding costs GEMM time and all-to-all volume, dropping saves both
+    par = {"data_parallel": 16, "expert_parallel": 16, "use_distributed_optimizer": True}
+    runs = {cf: crossflow.predict(workload=_moe(**kw), system=SYSTEM, parallelism=par)
+            for cf, kw in ((None, {}), (0.5, {"moe_expert_capacity_factor": 0.5}),
+                           (1.5, {"moe_expert_capacity_factor": 1.5,
+                                  "moe_pad_expert_input_to_capacity": True}))}
+    assert runs[0.5].time_s < runs[None].time_s < runs[1.5].time_s
+    ep = {cf: p.breakdown["ep_comm_s"] + p.details["hidden_comm_s"]["ep_comm_s"]
+          for cf, p in runs.items()}
+    assert ep[0.5] < ep[None] < ep[1.5]
+    assert runs[1.5].memory_per_device_bytes > runs[None].memory_per_device_bytes
+
+
+@pytest.mark.parametrize("kw, key, text", [
+    ({"moe_expert_capacity_factor": 0.0}, "moe_expert_capacity_factor", "> 0"),
+    ({"moe_expert_capacity_factor": float("inf")}, "moe_expert_capacity_factor", "finite"),
+    ({"moe_pad_expert_input_to_capacity": True}, "moe_pad_expert_input_to_capacity",
+     "needs a capacity"),
+    ({"num_moe_experts": None, "moe_expert_capacity_factor": 1.0},
+     "moe_expert_capacity_factor", "has none"),
+])
+def test_bad_token_dropping_is_a_config_error(kw, key, text):
+    with pytest.raises(ConfigError, match=text) as err:
+        _moe(**kw)
+    assert err.value.key == key and err.value.allowed
+
+
+def test_token_dropping_rows_of_the_megatron_bridge_validation():
+    """The 25.09 "(tokendrop)" Qwen3 rows, capacity factor 1.0 padded (Megatron-Bridge's
+    apply_moe_token_drop defaults), predicted with the constants fitted dropless."""
+    from crossflow.validation.megatron_bridge import (
+        MAX_MAPE_TOKENDROP,
+        case,
+        tokendrop_dataset,
+        tokendrop_rows,
+    )
+
+    rows = tokendrop_rows()
+    assert {(r["release"], r["model_key"]) for r in rows} == {
+        ("25.09", "qwen3_30b_a3b"), ("25.09", "qwen3_235b_a22b")}
+    for r in rows:
+        spec, _ = case(r)
+        assert spec.moe_expert_capacity_factor == 1.0 and spec.moe_pad_expert_input_to_capacity
+    ds = tokendrop_dataset()
+    assert ds.mape <= MAX_MAPE_TOKENDROP, ds.render()
+    errors = {r.label.split()[2]: r.error for r in ds.rows}
+    assert abs(errors["qwen3_30b_a3b"]) < 0.05
 
 
 def test_expert_weight_gradients_accumulate_on_their_own_rank_only():

@@ -8,6 +8,7 @@ mean the same thing.  How a workload runs on many devices is a separate parallel
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -98,6 +99,31 @@ class TransformerSpec(Spec):
     #: layer i (from 0) an MoE layer when i % N == 0 (1: every layer); a list of 0 / 1, one
     #: per layer, gives the pattern (DeepSeek-V3's first three dense layers: [0, 0, 0, 1, …])
     moe_layer_freq: Dim | tuple[Annotated[int, Field(ge=0, le=1)], ...] = 1
+    #: multi-head latent attention (``--multi-latent-attention``, DeepSeek-V2/V3; docs/model.md,
+    #: "Multi-head latent attention"): queries and keys / values through low-rank projections,
+    #: a decoupled rotary part of the keys shared by the heads; num_query_groups and
+    #: kv_channels do not apply
+    multi_latent_attention: bool = False
+    #: MLA: rank of the query compression (``--q-lora-rank``); None: the queries are
+    #: projected from the hidden state directly (Megatron-Core's ``linear_q_proj``)
+    q_lora_rank: Dim | None = None
+    #: MLA: rank of the key / value compression (``--kv-lora-rank``; Megatron's default 512)
+    kv_lora_rank: Dim | None = None
+    #: MLA: per-head width of the queries and keys without rotary embedding
+    #: (``--qk-head-dim``; default 128)
+    qk_head_dim: Dim | None = None
+    #: MLA: per-head width of their rotary part (``--qk-pos-emb-head-dim``; default 64)
+    qk_pos_emb_head_dim: Dim | None = None
+    #: MLA: per-head width of the values (``--v-head-dim``; default 128)
+    v_head_dim: Dim | None = None
+    #: token dropping (``--moe-expert-capacity-factor``): each expert takes at most
+    #: ceil(factor · tokens · topk / experts) of a rank's routed tokens (Megatron-Core's
+    #: ``get_capacity``), the rest are dropped; None: dropless
+    moe_expert_capacity_factor: float | None = None
+    #: with a capacity factor, pad every expert's input up to its capacity
+    #: (``--moe-pad-expert-input-to-capacity``): each expert's GEMMs and the all-to-alls
+    #: carry exactly the capacity, however the router spread the tokens
+    moe_pad_expert_input_to_capacity: bool = False
 
     @property
     def ffn(self) -> int:
@@ -106,8 +132,32 @@ class TransformerSpec(Spec):
 
     @property
     def head_dim(self) -> int:
-        """``kv_channels``, default hidden / heads."""
+        """``kv_channels``, default hidden / heads; with MLA, the values' width per head."""
+        if self.multi_latent_attention:
+            return self.mla_dims[3]
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def mla_dims(self) -> tuple[int, int, int, int]:
+        """MLA's (kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim), unset ones at
+        Megatron-Core's MLATransformerConfig defaults (512, 128, 64, 128)."""
+        return (self.kv_lora_rank or 512, self.qk_head_dim or 128,
+                self.qk_pos_emb_head_dim or 64, self.v_head_dim or 128)
+
+    @property
+    def qk_dim(self) -> int:
+        """Per-head width of the queries and keys in the attention scores (head_dim; with
+        MLA qk_head_dim + qk_pos_emb_head_dim)."""
+        if self.multi_latent_attention:
+            return self.mla_dims[1] + self.mla_dims[2]
+        return self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Elements of one token's keys and values as the attention kernel reads them."""
+        if self.multi_latent_attention:
+            return self.num_attention_heads * (self.qk_dim + self.head_dim)
+        return 2 * self.query_groups * self.head_dim
 
     @property
     def query_groups(self) -> int:
@@ -122,8 +172,21 @@ class TransformerSpec(Spec):
     @property
     def qkv_width(self) -> int:
         """Output width of the QKV projection: queries plus one key and one value per
-        query group."""
+        query group (with MLA: the queries, keys and values the attention reads)."""
+        if self.multi_latent_attention:
+            return self.num_attention_heads * self.qk_dim + self.kv_width
         return (self.num_attention_heads + 2 * self.query_groups) * self.head_dim
+
+    @property
+    def attention_macs(self) -> int:
+        """Multiply-adds per token of the attention's linear layers (the QKV projection, or
+        MLA's five, and the output projection)."""
+        h, a = self.hidden_size, self.num_attention_heads
+        if self.multi_latent_attention:
+            ql, (kvl, nope, rope, v) = self.q_lora_rank, self.mla_dims
+            query = (h * ql + ql * a * (nope + rope)) if ql else h * a * (nope + rope)
+            return query + h * (kvl + rope) + kvl * a * (nope + v) + a * v * h
+        return h * self.qkv_width + self.q_width * h
 
     @property
     def mlp_in_width(self) -> int:
@@ -159,6 +222,21 @@ class TransformerSpec(Spec):
         """Inner width of the shared expert (0: none)."""
         return self.moe_shared_expert_intermediate_size or 0
 
+    def routed_rows(self, tokens: int) -> int:
+        """Token copies the experts of one MoE layer process for ``tokens`` tokens, with
+        the router spreading them evenly (the published runs force the balance): each
+        token's ``topk`` copies when dropless; with a capacity factor, each expert's share
+        t·k/E up to its capacity (Megatron-Core's ``get_capacity``: ceil(t·k/E · factor),
+        at most t, one copy of every token), or the capacity itself when padded."""
+        k, E = self.moe_router_topk, self.num_moe_experts or 1
+        cf = self.moe_expert_capacity_factor
+        if cf is None:
+            return tokens * k
+        capacity = min(math.ceil(tokens * k / E * cf), tokens)
+        if self.moe_pad_expert_input_to_capacity:
+            return E * capacity
+        return min(tokens * k, E * capacity)
+
     @property
     def activation_precision(self) -> str:
         """Precision of activations, memory-bound ops and communication: with ``fp8``
@@ -167,11 +245,51 @@ class TransformerSpec(Spec):
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> TransformerSpec:
-        if self.kv_channels is None:
+        mla_keys = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                    "v_head_dim")
+        if self.multi_latent_attention:
+            for key in ("num_query_groups", "kv_channels"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(
+                        "multi-head latent attention has no query groups or kv_channels: "
+                        "its widths are q_lora_rank, kv_lora_rank, qk_head_dim, "
+                        "qk_pos_emb_head_dim and v_head_dim", key=key,
+                        value=getattr(self, key),
+                        allowed="unset (null) with multi_latent_attention: true")
+        else:
+            for key in mla_keys:
+                if getattr(self, key) is not None:
+                    raise ConfigError(
+                        "a width of multi-head latent attention, which this model does not "
+                        "use (multi_latent_attention is false)", key=key,
+                        value=getattr(self, key),
+                        allowed="unset, or multi_latent_attention: true")
+        if self.kv_channels is None and not self.multi_latent_attention:
             _divides(self, "num_attention_heads", "hidden_size")
         if self.num_query_groups is not None:
             _divides(self, "num_query_groups", "num_attention_heads")
         _divides(self, "micro_batch_size", "global_batch_size")
+        if self.moe_expert_capacity_factor is not None and not (
+                math.isfinite(self.moe_expert_capacity_factor)
+                and self.moe_expert_capacity_factor > 0):
+            raise ConfigError(
+                "must be a finite number > 0: it scales each expert's even share of the "
+                "routed tokens into its capacity",
+                key="moe_expert_capacity_factor", value=self.moe_expert_capacity_factor,
+                allowed="a number > 0 (1.0: each expert's even share), or null for dropless "
+                "routing")
+        if self.moe_pad_expert_input_to_capacity and self.moe_expert_capacity_factor is None:
+            raise ConfigError(
+                "padding each expert's input to its capacity needs a capacity "
+                "(moe_expert_capacity_factor; Megatron-Core asserts the same)",
+                key="moe_pad_expert_input_to_capacity", value=True,
+                allowed="false, or true with moe_expert_capacity_factor set")
+        if self.num_moe_experts is None and (self.moe_expert_capacity_factor is not None):
+            raise ConfigError(
+                "a capacity factor applies to the routed experts of MoE layers, and the "
+                "model has none (num_moe_experts is not set)",
+                key="moe_expert_capacity_factor", value=self.moe_expert_capacity_factor,
+                allowed="null for a dense model, or set num_moe_experts")
         if self.num_moe_experts is not None:
             if self.moe_router_topk > self.num_moe_experts:
                 raise ConfigError(

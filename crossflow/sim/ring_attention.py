@@ -113,6 +113,8 @@ def kv_elements(spec, tp: int, cp: int) -> int:
     """Keys and values of one micro-batch on a tensor- and context-parallel rank: its s/cp
     tokens of its query groups (one where there are fewer groups than tp ranks: Megatron
     replicates them)."""
+    if spec.multi_latent_attention:  # every head's own keys and values (MLA)
+        return spec.micro_batch_size * (spec.seq_length // cp) * spec.kv_width // tp
     groups = -(-spec.query_groups // tp)
     return 2 * spec.micro_batch_size * (spec.seq_length // cp) * groups * spec.head_dim
 

@@ -108,7 +108,7 @@ def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: boo
 
 def spec_model_flops(spec, recompute: bool = False) -> float:
     """:func:`model_flops` of a TransformerSpec; with MoE layers, :func:`moe_model_flops`."""
-    if spec.moe:
+    if spec.moe or spec.multi_latent_attention:
         return moe_model_flops(spec, recompute)
     return model_flops(spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size,
                        spec.global_batch_size, spec.ffn, recompute, qkv=spec.qkv_width,
@@ -116,16 +116,21 @@ def spec_model_flops(spec, recompute: bool = False) -> float:
 
 
 def moe_model_flops(spec, recompute: bool = False) -> float:
-    """Model FLOPs of a model with MoE layers: :func:`model_flops` with each MoE layer's MLP
+    """Model FLOPs of a model with MoE layers or multi-head latent attention (the
+    attention's projections as :attr:`TransformerSpec.attention_macs` counts them):
+    :func:`model_flops` with each MoE layer's MLP
     replaced by what one token runs — the router (2·h·E), its ``topk`` active experts
     (2·(h·moe_ffn_in + moe_ffn·h) each) and the shared expert — so only active experts
     count (the convention of Megatron-LM's ``num_floating_point_operations`` for MoE)."""
     h, s, B = spec.hidden_size, spec.seq_length, spec.global_batch_size
     L, V = spec.num_layers, spec.vocab_size
-    attention = 2 * (h * spec.qkv_width + spec.q_width * h) + 4 * s * spec.q_width
+    # the projections, and the scores (q·k, heads × qk width) and their products with the
+    # values (heads × v width) over the whole s × s, as Megatron-LM counts them
+    a = spec.num_attention_heads
+    attention = 2 * spec.attention_macs + 2 * s * a * (spec.qk_dim + spec.head_dim)
     dense_mlp = 2 * (h * spec.mlp_in_width + spec.ffn * h)
     gated = 2 if spec.gated_linear_unit else 1
-    moe_mlp = (2 * h * spec.num_moe_experts
+    moe_mlp = (2 * h * (spec.num_moe_experts or 0)
                + spec.moe_router_topk * 2 * (h * spec.moe_in_width + spec.moe_ffn * h)
                + 2 * (gated + 1) * h * spec.shared_ffn)
     moe = sum(spec.moe_layers)
@@ -184,10 +189,12 @@ def transformer_iteration(
         return network.collective(kind, size, "kp1") if tp > 1 else 0.0
 
     # An MoE layer's token dispatch and combine: each rank sends its tokens' k copies (its
-    # sequence-parallel share of the micro-batch) to the experts' ranks
+    # sequence-parallel share of the micro-batch) to the experts' ranks, those past an
+    # expert's capacity dropped, or every expert's capacity when padded (Megatron-Core's
+    # capacity is per rank, from its own tokens)
     a2a = 0.0
     if spec.moe and ep > 1:
-        routed = b * s // cp // tp * spec.moe_router_topk * h * nbytes
+        routed = spec.routed_rows(b * s // cp // tp) * h * nbytes
         a2a = network.all_to_all(routed, ep)
     moe_efficiency = software.moe_efficiency if software is not None else 1.0
     blocks, ends = _passes(arch, spec, tp, sp, coll, cp, ep, a2a, moe_efficiency,

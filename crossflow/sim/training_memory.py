@@ -107,13 +107,18 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     if spec.moe:
         # An MoE layer keeps, per token, its k permuted copies and their expert outputs
         # (2·k·h each) and the experts' fc1 and activation outputs, as a dense MLP of width
-        # k·moe_ffn does, plus the shared expert's; averaged over the model's layers
-        k = spec.moe_router_topk
+        # k·moe_ffn does, plus the shared expert's; averaged over the model's layers.  k
+        # counts the copies the experts process: fewer when a capacity drops some, the
+        # capacity's when padded
+        k = spec.routed_rows(s * b) / (s * b)
         gate = 6 if spec.gated_linear_unit else 4
         moe_mlp = 4 * k + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
         share = sum(spec.moe_layers) / L
         mlp = share * moe_mlp + (1 - share) * mlp
     qkv = 2 * spec.qkv_width / h
+    if spec.multi_latent_attention:  # and the low-rank latents and their norms' outputs
+        kvl, _, rope, _ = spec.mla_dims
+        qkv += 2 * (2 * (spec.q_lora_rank or 0) + 2 * kvl + rope) / h
     split = 2 + qkv + mlp
     if rc == "full":
         per_layer = 2 * s * b * h / (tp if sp else 1)

@@ -35,6 +35,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "megatron_bridge_dataset": ("megatron_bridge", "dataset"),
     "megatron_bridge_moe_all": ("megatron_bridge", "moe_all_dataset"),
     "megatron_bridge_moe_dataset": ("megatron_bridge", "moe_dataset"),
+    "megatron_bridge_tokendrop": ("megatron_bridge", "tokendrop_dataset"),
     "ops_datasets": ("ops", "ops_datasets"),
     "training_datasets": ("training", "training_datasets"),
     "vtrain_dataset": ("vtrain", "vtrain_dataset"),
@@ -62,7 +63,7 @@ def _training_sets() -> list[DataSet]:
     from crossflow.validation.vtrain import vtrain_dataset
 
     return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(),
-            mb.moe_dataset(), mb.moe_all_dataset()]
+            mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset()]
 
 
 SUITES: dict[str, Callable[[], list[DataSet]]] = {

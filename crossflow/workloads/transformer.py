@@ -64,6 +64,14 @@ FLASH_SELECTIVE_OPS: tuple[str, ...] = ("attn",)
 #: the GEMMs Transformer Engine runs in FP8 when the workload's precision is fp8 (its Linear
 #: layers; the attention core and the output layer stay bf16)
 FP8_GEMMS: tuple[str, ...] = ("qkv", "proj", "mlp1", "mlp2")
+#: multi-head latent attention's projections in place of ``qkv`` (Megatron-Core's
+#: MLASelfAttention; DeepSeek-V2, arXiv:2405.04434 §2.1): the query down-projection to
+#: q_lora_rank and its norm, the query up-projection to heads × (qk_head_dim +
+#: qk_pos_emb_head_dim); the key / value down-projection to kv_lora_rank plus the shared
+#: rotary key, its norm, the up-projection to heads × (qk_head_dim + v_head_dim).  Without a
+#: q_lora_rank one ``q_proj`` from the hidden state replaces the first three
+MLA_OPS: tuple[str, ...] = ("q_down", "q_ln", "q_up", "kv_down", "kv_ln", "kv_up")
+MLA_OPS_NO_Q_LORA: tuple[str, ...] = ("q_proj", "kv_down", "kv_ln", "kv_up")
 #: an MoE layer's routing, before the experts: the router GEMM (h × experts), its softmax
 #: and top-k, the load-balancing loss, and the permutation of the tokens into expert order
 MOE_ROUTER_OPS: tuple[str, ...] = ("router", "router_topk", "aux_loss", "permute")
@@ -95,8 +103,11 @@ def block_ops(spec: TransformerSpec, moe: bool = False) -> tuple[str, ...]:
                + (("shared_fc1", "shared_act", "shared_fc2") if spec.shared_ffn else ()))
     else:
         mlp = ("mlp1", act, "mlp2")
-    return (("ln1", "qkv") + (("rope",) if spec.position_embedding_type == "rope" else ())
-            + attention + (("proj_cast",) if spec.precision == "fp8" else ())
+    if spec.multi_latent_attention:  # its decoupled rotary part is always there
+        qkv = (MLA_OPS if spec.q_lora_rank else MLA_OPS_NO_Q_LORA) + ("rope",)
+    else:
+        qkv = ("qkv",) + (("rope",) if spec.position_embedding_type == "rope" else ())
+    return (("ln1",) + qkv + attention + (("proj_cast",) if spec.precision == "fp8" else ())
             + ("proj", "proj_residual", "ln2") + mlp + ("mlp_residual",))
 
 
@@ -124,6 +135,11 @@ def block_params(spec: TransformerSpec) -> int:
 
 def _attention_params(spec: TransformerSpec) -> int:
     h, qkv, q = spec.hidden_size, spec.qkv_width, spec.q_width
+    if spec.multi_latent_attention:  # no biases (DeepSeek-V3's linear layers have none)
+        a, ql = spec.num_attention_heads, spec.q_lora_rank
+        kvl, nope, rope, v = spec.mla_dims
+        query = (h * ql + ql + ql * a * (nope + rope)) if ql else h * a * (nope + rope)
+        return query + h * (kvl + rope) + kvl + kvl * a * (nope + v) + q * h + 4 * h
     return h * qkv + qkv + q * h + h + 4 * h
 
 
@@ -163,6 +179,14 @@ class _Block:
         self.causal = int(spec.causal)
         self.moe = spec.moe_layers[layer]
         self.ops = block_ops(spec, self.moe)
+        self.mla = spec.multi_latent_attention
+        #: the op whose output the attention reads, and the queries' / keys' width per head
+        self.qkv_op = "kv_up" if self.mla else "qkv"
+        self.dqk = spec.qk_dim
+        # a flash kernel's forward (QKᵀ, PV) and backward (QKᵀ, dV, dP, dQ, dK) products
+        # priced at one width: with MLA's wider queries and keys, the FLOP-weighted mean
+        self.d_fwd = (self.dqk + self.d) / 2 if self.mla else self.d
+        self.d_bwd = (3 * self.dqk + 2 * self.d) / 5 if self.mla else self.d
         self.prefix = f"L{layer}."
         self.src: dict[str, str] = {}  # op -> node holding its (latest) forward output
 
@@ -197,17 +221,26 @@ class _Block:
                 g.gemm(n, op, t, h, qkv_n, tp="n", params=(h * qkv_n + qkv_n) * own, **gp)
                 g.edge(get("ln1"), n, act)
             elif op == "rope":
-                # q and k: (heads + query groups) · head_dim per token
-                g.elementwise(n, op, t * (q + self.spec.query_groups * d),
-                              flops_per_element=ROPE_FLOPS, tp="elements")
-                g.edge(get("qkv"), n, act)
+                if self.mla:  # each head's rotary query part and the one shared rotary key
+                    rope = self.spec.mla_dims[2]
+                    g.elementwise(n, op, t * (a + 1) * rope, flops_per_element=ROPE_FLOPS,
+                                  tp="elements")
+                    g.edge(get("q_up" if "q_up" in self.ops else "q_proj"), n, act)
+                    g.edge(get("kv_up"), n, act)
+                else:
+                    # q and k: (heads + query groups) · head_dim per token
+                    g.elementwise(n, op, t * (q + self.spec.query_groups * d),
+                                  flops_per_element=ROPE_FLOPS, tp="elements")
+                    g.edge(get("qkv"), n, act)
             elif op == "attn":
-                g.attention(n, op, b * a, s, d, gemms=2, causal=self.causal, tp="heads")
-                g.edge(qkv_out(), n, "act" if "qkv" in new else "stash", t * qkv_n * self.bytes)
+                g.attention(n, op, b * a, s, self.d_fwd, gemms=2, causal=self.causal,
+                            tp="heads")
+                g.edge(qkv_out(), n, "act" if self.qkv_op in new else "stash",
+                       t * qkv_n * self.bytes)
             elif op == "qk":
-                g.gemm(n, op, s, d, s, count=b * a, batch="count", tp="count")
-                g.edge(qkv_out(), n, "act" if "qkv" in new else "stash",
-                       2 * t * q * self.bytes)
+                g.gemm(n, op, s, self.dqk, s, count=b * a, batch="count", tp="count")
+                g.edge(qkv_out(), n, "act" if self.qkv_op in new else "stash",
+                       2 * t * a * self.dqk * self.bytes)
             elif op == "softmax":
                 g.rowwise(n, "softmax", op, b * a * s, s, tp="rows")
                 g.edge(get("qk"), n, act)
@@ -248,6 +281,8 @@ class _Block:
             elif op == "mlp2":
                 g.gemm(n, op, t, f, h, tp="k", params=(f * h + h) * own, **gp)
                 g.edge(get("swiglu" if self.spec.gated_linear_unit else "gelu"), n, act)
+            elif op in MLA_OPS or op in MLA_OPS_NO_Q_LORA:
+                self._mla_node(op, n, get, gp, own)
             elif op == "mlp_residual":
                 g.elementwise(n, op, t * h, inputs=2, flops_per_element=DROPOUT_FLOPS + 1,
                               sp="elements")
@@ -264,10 +299,94 @@ class _Block:
         self.src.update(new)
         return new.get("mlp_residual", "")
 
+    def _mla_node(self, op: str, n: str, get, gp: dict, own: bool) -> None:
+        """One projection of multi-head latent attention (:data:`MLA_OPS`).  The two
+        down-projections are replicated on the tensor-parallel ranks, each on its
+        sequence-parallel share of the tokens (Megatron-Core builds them ``duplicated``);
+        the up-projections are column-parallel like ``qkv``."""
+        g, t, h, a = self.g, self.t, self.h, self.a
+        ql = self.spec.q_lora_rank
+        kvl, nope, rope, v = self.spec.mla_dims
+        if op == "q_down":
+            g.gemm(n, op, t, h, ql, sp="m", params=h * ql * own, **gp)
+            g.edge(get("ln1"), n, "act")
+        elif op == "q_ln":
+            g.rowwise(n, "layernorm", op, t, ql, sp="rows", params=ql * own)
+            g.edge(get("q_down"), n, "act")
+        elif op in ("q_up", "q_proj"):
+            k = ql if op == "q_up" else h
+            g.gemm(n, op, t, k, a * (nope + rope), tp="n", params=k * a * (nope + rope) * own,
+                   **gp)
+            g.edge(get("q_ln" if op == "q_up" else "ln1"), n, "act")
+        elif op == "kv_down":
+            g.gemm(n, op, t, h, kvl + rope, sp="m", params=h * (kvl + rope) * own, **gp)
+            g.edge(get("ln1"), n, "act")
+        elif op == "kv_ln":
+            g.rowwise(n, "layernorm", op, t, kvl, sp="rows", params=kvl * own)
+            g.edge(get("kv_down"), n, "act")
+        else:  # kv_up
+            g.gemm(n, op, t, kvl, a * (nope + v), tp="n", params=kvl * a * (nope + v) * own,
+                   **gp)
+            g.edge(get("kv_ln"), n, "act")
+
+    def _mla_backward(self, grads: list[str], stash, gemm_bwd) -> tuple[list[str], list[str]]:
+        """Backward of MLA's projections from ``grads`` (the nodes holding the gradients of
+        the queries, keys and values).  Returns (nodes holding the gradient of the block's
+        normalised input, weight-gradient nodes)."""
+        g, t, h, a, p, src = self.g, self.t, self.h, self.a, self.prefix, self.src
+        ql = self.spec.q_lora_rank
+        kvl, nope, rope, v = self.spec.mla_dims
+        gp = self.gemm_precision
+
+        def cast(name: str, elements: int, grad: list[str], key: str) -> list[str]:
+            return [self._dy_cast(name, elements, grad[0], key)] + grad[1:] if self.fp8 else grad
+
+        def down_bwd(op: str, n: int, dout: list[str]) -> tuple[str, str]:
+            # a replicated GEMM on this rank's sequence share: no tensor-parallel split
+            dx = g.gemm(p + op + ".dX", op + ".dX", t, n, h, sp="m", precision=gp)
+            dw = g.gemm(p + op + ".dW", op + ".dW", h, t, n, batch="k", sp="k",
+                        wgrad=h * n, precision=gp)
+            for dd in dout:
+                g.edge(dd, dx, "grad")
+                g.edge(dd, dw, "grad")
+            stash(src["ln1"], dw)
+            return dx, dw
+
+        def norm_bwd(op: str, width: int, dx: str, x_in: str) -> str:
+            n = g.elementwise(p + op + ".bwd", op + ".bwd", t * width, inputs=3,
+                              flops_per_element=10.0, sp="elements", wgrad=width)
+            g.edge(dx, n, "grad")
+            stash(x_in, n)
+            return n
+
+        qw, kvw = a * (nope + rope), a * (nope + v)
+        kv_dx, kv_dw = gemm_bwd("kv_up", t, kvl, kvw, src["kv_ln"],
+                                cast("kv_up", t * kvw, grads, "tp"), "k", "n", 0)
+        kv_ln = norm_bwd("kv_ln", kvl, kv_dx, src["kv_down"])
+        # the shared rotary key's gradient joins the latent's on the way into kv_down
+        kvd_dx, kvd_dw = down_bwd("kv_down", kvl + rope,
+                                  cast("kv_down", t * (kvl + rope), [kv_ln, *grads], "sp"))
+        if ql:
+            q_dx, q_dw = gemm_bwd("q_up", t, ql, qw, src["q_ln"],
+                                  cast("q_up", t * qw, grads, "tp"), "k", "n", 0)
+            q_ln = norm_bwd("q_ln", ql, q_dx, src["q_down"])
+            qd_dx, qd_dw = down_bwd("q_down", ql, cast("q_down", t * ql, [q_ln], "sp"))
+            return [qd_dx, kvd_dx], [kv_dw, kv_ln, kvd_dw, q_dw, q_ln, qd_dw]
+        q_dx, q_dw = gemm_bwd("q_proj", t, h, qw, src["ln1"],
+                              cast("q_proj", t * qw, grads, "tp"), "k", "n", 0)
+        return [q_dx, kvd_dx], [kv_dw, kv_ln, kvd_dw, q_dw]
+
     def _expert_tokens(self) -> int:
-        """Routed tokens per expert of one micro-batch: dropless routing that the router
-        spreads evenly (the published MoE runs force the balance), padded up."""
-        return -(-self.t * self.spec.moe_router_topk // self.spec.num_moe_experts)
+        """Routed tokens per expert of one micro-batch: the router spreads them evenly (the
+        published MoE runs force the balance), up to the capacity or padded to it
+        (:meth:`TransformerSpec.routed_rows`), rounded up.  The capacity is taken from the
+        micro-batch's tokens; Megatron-Core takes it from each rank's sequence-parallel
+        share, which differs only in the rounding up."""
+        return -(-self._rows() // self.spec.num_moe_experts)
+
+    def _rows(self) -> int:
+        """Token copies the experts of this MoE layer process (t·topk when dropless)."""
+        return self.spec.routed_rows(self.t)
 
     def _moe_forward(self, op: str, n: str, get, gp: dict, own: bool) -> None:
         """One node of an MoE layer's feed-forward part (Megatron-Core's MoELayer with the
@@ -288,7 +407,7 @@ class _Block:
         g, t, h, spec = self.g, self.t, self.h, self.spec
         E, k = spec.num_moe_experts, spec.moe_router_topk
         f, f_in = spec.moe_ffn, spec.moe_in_width
-        me = self._expert_tokens()
+        me, rows = self._expert_tokens(), self._rows()
         act = "act"
         if op == "router":  # fp32 logits in Megatron; priced at the activations' type
             g.gemm(n, op, t, h, E, sp="m", params=h * E * own)
@@ -300,11 +419,11 @@ class _Block:
             g.elementwise(n, op, t * E, flops_per_element=AUX_LOSS_FLOPS, sp="elements")
             g.edge(get("router_topk"), n, act)
         elif op == "permute":  # gather each token's k copies into expert order
-            g.elementwise(n, op, t * k * h, flops_per_element=0.0, sp="elements")
+            g.elementwise(n, op, rows * h, flops_per_element=0.0, sp="elements")
             g.edge(get("ln2"), n, act)
             g.edge(get("router_topk"), n, act, t * k * 4)
         elif op == "expert_cast":
-            g.elementwise(n, "fp8_cast", t * k * h, inputs=2, outputs=1, precision="fp8",
+            g.elementwise(n, "fp8_cast", rows * h, inputs=2, outputs=1, precision="fp8",
                           flops_per_element=CAST_FLOPS, sp="elements")
             g.edge(get("permute"), n, act)
         elif op == "expert_fc1":
@@ -312,7 +431,7 @@ class _Block:
             g.edge(get("expert_cast" if self.fp8 else "permute"), n, act)
         elif op == "expert_act":
             gated = spec.gated_linear_unit
-            g.elementwise(n, "swiglu" if gated else "gelu", t * k * f, inputs=1 + gated,
+            g.elementwise(n, "swiglu" if gated else "gelu", rows * f, inputs=1 + gated,
                           flops_per_element=SWIGLU_FLOPS if gated else GELU_FLOPS,
                           sp="elements")
             g.edge(get("expert_fc1"), n, act)
@@ -348,17 +467,17 @@ class _Block:
         g, t, h, p, spec, src = self.g, self.t, self.h, self.prefix, self.spec, self.src
         E, k = spec.num_moe_experts, spec.moe_router_topk
         f, f_in = spec.moe_ffn, spec.moe_in_width
-        me = self._expert_tokens()
+        me, rows = self._expert_tokens(), self._rows()
         gp = self.gemm_precision
         gated = spec.gated_linear_unit
         context = g.context
         g.context = {**context, "moe_op": True}
         # the output gradient goes back to each token's k expert rows, scaled by its probs
-        n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", t * k * h, inputs=1,
+        n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", rows * h, inputs=1,
                           flops_per_element=1.0, sp="elements")
         g.edge(dy, n, "grad")
         if self.fp8:
-            n = self._dy_cast("expert_fc2", t * k * h, n, "sp")
+            n = self._dy_cast("expert_fc2", rows * h, n, "sp")
         dx2 = g.gemm(p + "expert_fc2.dX", "expert_fc2.dX", me, h, f, count=E, sp="m",
                      expert_tokens="m", precision=gp)
         dw2 = g.gemm(p + "expert_fc2.dW", "expert_fc2.dW", f, me, h, count=E, batch="k",
@@ -367,13 +486,13 @@ class _Block:
             g.edge(n, node, "grad")
         stash(src["expert_act"], dw2)
         a = g.elementwise(p + "expert_act.bwd", "swiglu.bwd" if gated else "gelu.bwd",
-                          t * k * f, inputs=2 + gated, outputs=1 + gated,
+                          rows * f, inputs=2 + gated, outputs=1 + gated,
                           flops_per_element=(2 * SWIGLU_FLOPS if gated else GELU_FLOPS),
                           sp="elements")
         g.edge(dx2, a, "grad")
         stash(src["expert_fc1"], a)
         if self.fp8:
-            a = self._dy_cast("expert_fc1", t * k * f_in, a, "sp")
+            a = self._dy_cast("expert_fc1", rows * f_in, a, "sp")
         dx1 = g.gemm(p + "expert_fc1.dX", "expert_fc1.dX", me, f_in, h, count=E, sp="m",
                      expert_tokens="m", precision=gp)
         dw1 = g.gemm(p + "expert_fc1.dW", "expert_fc1.dW", h, me, f_in, count=E,
@@ -500,7 +619,7 @@ class _Block:
         heads = b * a
         if flash:
             # the fused backward recomputes the scores tile by tile: QKᵀ, dV, dP, dQ, dK
-            da = g.attention(p + "attn.bwd", "attn.bwd", heads, s, d, gemms=5,
+            da = g.attention(p + "attn.bwd", "attn.bwd", heads, s, self.d_bwd, gemms=5,
                              causal=self.causal, tp="heads")
             g.edge(proj_dx, da, "grad")
             stash(qkv_src, da, t * qkv_n * nb)
@@ -523,9 +642,9 @@ class _Block:
                                flops_per_element=3.0, tp="elements")
             g.edge(n, sm, "grad")
             stash(src["softmax"], sm)
-            dq = g.gemm(p + "qk.dQ", "qk.dQ", s, s, d, count=heads, batch="count",
+            dq = g.gemm(p + "qk.dQ", "qk.dQ", s, s, self.dqk, count=heads, batch="count",
                         tp="count")
-            dk = g.gemm(p + "qk.dK", "qk.dK", s, s, d, count=heads, batch="count",
+            dk = g.gemm(p + "qk.dK", "qk.dK", s, s, self.dqk, count=heads, batch="count",
                         tp="count")
             for node in (dq, dk):
                 g.edge(sm, node, "grad")
@@ -537,18 +656,24 @@ class _Block:
             for node in grads:
                 g.edge(node, r, "grad")
             grads = [r]
-        if self.fp8:
-            grads = [self._dy_cast("qkv", t * qkv_n, grads[0], "tp")] + grads[1:]
-        qkv_dx, qkv_dw = gemm_bwd("qkv", t, h, qkv_n, src["ln1"], grads, "k", "n", qkv_n)
+        if self.mla:
+            qkv_dxs, qkv_dws = self._mla_backward(grads, stash, gemm_bwd)
+        else:
+            if self.fp8:
+                grads = [self._dy_cast("qkv", t * qkv_n, grads[0], "tp")] + grads[1:]
+            qkv_dx, qkv_dw = gemm_bwd("qkv", t, h, qkv_n, src["ln1"], grads, "k", "n",
+                                      qkv_n)
+            qkv_dxs, qkv_dws = [qkv_dx], [qkv_dw]
         ln1 = g.elementwise(p + "ln1.bwd", "ln1.bwd", t * h, inputs=3,
                             flops_per_element=10.0, sp="elements", wgrad=2 * h)
-        g.edge(qkv_dx, ln1, "grad")
+        for node in qkv_dxs:
+            g.edge(node, ln1, "grad")
         g.edge(ln2, ln1, "grad")  # the residual branch
         stash(x, ln1)
         # optimizer
         g.context = {"phase": "optimizer", "layer": self.layer, "unit": self.layer + 1}
         opt = _adam(g, p + "optimizer", sum(layer_params(self.spec, self.layer)))
-        for node in (*mlp_wgrads, ln2, proj_dw, qkv_dw, ln1):
+        for node in (*mlp_wgrads, ln2, proj_dw, *qkv_dws, ln1):
             g.edge(node, opt, "wgrad", g.nodes[node]["wgrad_elements"] * nb)
         return ln1
 
