@@ -188,3 +188,26 @@ def test_bad_expert_tensor_parallelism_is_a_config_error(spec, par, text, allowe
     assert err.value.value == par["expert_tensor_parallel"]
     if allowed:
         assert err.value.allowed == allowed
+
+
+def test_expert_tensor_parallel_is_a_searchable_parallelism_option():
+    from dataclasses import replace
+
+    from crossflow.search.space import Dimension, SearchSpaceSpec
+    from crossflow.search.study import load_study
+
+    assert SearchSpaceSpec(params={"expert_tensor_parallel": [1, 2]})
+    with pytest.raises(ConfigError, match="not an allowed value") as err:
+        SearchSpaceSpec(params={"expert_tensor_parallel": [1, 0]})
+    assert err.value.key == "params.expert_tensor_parallel[1]"
+    setup = load_study("qwen3-30b-a3b-h100")
+    space = replace(setup.space, dimensions=(
+        *setup.space.dimensions, Dimension("expert_tensor_parallel", "categorical", (1, 2))))
+    design = space.decode({"strategy": "t2-d8-p1-sp", "mapping_order": ORDER,
+                           "expert_parallel": 4, "expert_tensor_parallel": 2,
+                           "context_parallel": 1, "micro_batch_size": 1,
+                           "use_distributed_optimizer": True})
+    par = setup.parallelism(design)
+    assert par["expert_tensor_parallel"] == 2
+    p = crossflow.predict(workload=setup.workload, system=SYSTEM, parallelism=par)
+    assert p.feasible and p.details["expert_tensor_parallel"] == 2
