@@ -97,6 +97,21 @@ def test_expert_gemms_split_their_width_for_the_groups_tokens():
         assert two["flops"] == one["flops"] == a["flops"]
         if a["wgrad_elements"]:
             assert two["wgrad_elements"] * 2 == one["wgrad_elements"]
+    # FP8: Transformer Engine casts the gathered rows (fc1's input, fc2's output gradient),
+    # etp times a rank's own; the casts of narrower tensors keep their size
+    from crossflow.sim.training import _expert_gathered
+
+    g8 = transformer_graph(_moe(precision="fp8"))
+    gathered = {n for n, a in g8.nodes(data=True)
+                if n.startswith("L0.") and a.get("expert_gathered")}
+    assert gathered == {"L0.expert_cast", "L0.expert_fc2.dY_cast"}
+    for n in gathered:
+        a = g8.nodes[n]
+        assert _expert_gathered(a, 2)["elements"] == 2 * a["elements"]
+        assert _expert_gathered(a, 2)["flops"] == 2 * a["flops"]
+    p1, p2 = (crossflow.predict(workload=_moe(precision="fp8"), system=SYSTEM,
+                                parallelism=_par(etp)) for etp in (1, 2))
+    assert p2.details["block_forward_s"]["memory"] > p1.details["block_forward_s"]["memory"]
 
 
 def test_the_dispatcher_gathers_and_scatters_in_the_expert_tensor_group():

@@ -84,9 +84,10 @@ class ParallelismSpec(Spec):
     #: expert-tensor group is this many consecutive ranks of the expert grid, an expert group
     #: takes one rank of each.  Megatron-Core's own default (unset) is tensor_parallel; this
     #: one is 1, each expert whole on one rank: what Megatron-Bridge's MoE recipes set
-    #: (``expert_tensor_parallel_size = 1`` in recipes/qwen/h100/qwen3_moe.py,
-    #: deepseek/h100/deepseek_v3.py, gpt_oss/h100/gpt_oss.py), so what the published MoE rows
-    #: ran.  Give it the tensor_parallel degree for Megatron-Core's default
+    #: (``expert_tensor_parallel_size = 1`` in NVIDIA-NeMo/Megatron-Bridge
+    #: src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py, …/deepseek/h100/deepseek_v3.py,
+    #: …/gpt_oss/h100/gpt_oss.py), so what the published MoE rows ran, and what predictions
+    #: assumed before this key.  Give it the tensor_parallel degree for Megatron-Core's default
     expert_tensor_parallel: Degree = 1
     #: Megatron-Core's uneven pipeline split: the embedding (the loss) counts as one layer
     #: when the layers are cut into pipeline × virtual chunks, so the first (last) chunk has
