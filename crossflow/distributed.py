@@ -44,7 +44,10 @@ class _Local:
     def p2p(self, nbytes: float, dim: str) -> float:
         return 0.0
 
-    def all_to_all(self, nbytes: float, size: int) -> float:
+    def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
+        return 0.0
+
+    def expert_tensor(self, kind: str, nbytes: float, size: int) -> float:
         return 0.0
 
 
@@ -125,7 +128,8 @@ def _strategy(spec, parallelism):
 
 
 def _check_experts(spec, par, strategy) -> None:
-    """Expert parallelism needs MoE layers whose experts it divides; an MoE layer under
+    """Expert parallelism needs MoE layers whose experts it divides, expert tensor
+    parallelism MoE layers whose experts' inner width it divides; an MoE layer under
     tensor parallelism needs sequence parallelism (Megatron-LM's arguments.py: "When using
     expert parallelism and tensor parallelism, sequence parallelism must be used")."""
     ep = par.expert_parallel
@@ -140,6 +144,20 @@ def _check_experts(spec, par, strategy) -> None:
             f"must divide the workload's num_moe_experts ({spec.num_moe_experts})",
             key="expert_parallel", value=ep,
             allowed=f"a divisor of {spec.num_moe_experts}")
+    etp = par.expert_tensor_parallel
+    if etp > 1 and not moe:
+        raise ConfigError("expert tensor parallelism splits the experts of MoE layers, and "
+                          f"the workload {spec.name!r} has none", key="expert_tensor_parallel",
+                          value=etp, allowed="1 (or a workload with num_moe_experts)")
+    if moe and spec.moe_ffn % etp:
+        # Megatron-Core's grouped expert GEMMs divide fc1's output and fc2's input width by
+        # the expert-tensor-parallel size (TEGroupedLinear: megatron.core.utils.divide,
+        # which asserts it divides)
+        raise ConfigError(
+            f"each expert-tensor-parallel rank holds an equal slice of every expert's inner "
+            f"width, so expert_tensor_parallel must divide the workload's "
+            f"moe_ffn_hidden_size ({spec.moe_ffn})", key="expert_tensor_parallel",
+            value=etp, allowed="a divisor of " + str(spec.moe_ffn))
     if moe and strategy.tp > 1 and not strategy.sp:
         raise ConfigError(
             "an MoE model under tensor parallelism needs sequence parallelism (Megatron-LM "
@@ -214,7 +232,8 @@ def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software),
             cp=cp, extra_layers=par.pipeline_extra_layers if par else (0, 0),
-            ep=par.expert_parallel if par else 1)
+            ep=par.expert_parallel if par else 1,
+            etp=par.expert_tensor_parallel if par else 1)
     if spec.kind == "lstm" and spec.seq_length > 2 * _SHORT_UNROLL:
         # Every quantity of graph_memory is affine in the sequence length once it is
         # past a few steps (weights are shared over time, the largest kernel is the same,
@@ -420,6 +439,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         cp=par.context_parallel if par else 1,
         extra_layers=par.pipeline_extra_layers if par else (0, 0),
         ep=par.expert_parallel if par else 1,
+        etp=par.expert_tensor_parallel if par else 1,
     )
     return _prediction(
         spec, arch, strategy, devices, time_s=r.time_s, breakdown=r.breakdown,
@@ -428,7 +448,9 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
                  "context_parallel": par.context_parallel if par else 1,
                  "activation_recompute": spec.activation_recompute,
-                 **({"expert_parallel": par.expert_parallel} if par and spec.moe else {}),
+                 **({"expert_parallel": par.expert_parallel,
+                     "expert_tensor_parallel": par.expert_tensor_parallel}
+                    if par and spec.moe else {}),
                  "model_flops_per_iteration": r.flops_per_iteration, **r.detail},
     )
 

@@ -72,11 +72,23 @@ class ParallelismSpec(Spec):
     context_parallel: Degree = 1
     #: expert parallelism (Megatron's ``--expert-model-parallel-size``): the routed experts of
     #: each MoE layer are split over this many ranks, tokens exchanged by all-to-alls.  Not a
-    #: dimension of the grid: as Megatron-Core's MoE parallel folding does (expert tensor
-    #: parallelism 1), an expert group is ``expert_parallel`` consecutive ranks of a pipeline
-    #: stage numbered tensor-fastest, then data × context, so it must divide tensor × data ×
-    #: context (checked against the workload: it must divide num_moe_experts too)
+    #: dimension of the grid: as Megatron-Core's MoE parallel folding does, the expert layers
+    #: have their own grid, expert-tensor × expert × expert-data parallel (tensor fastest),
+    #: over the ranks of a pipeline stage numbered tensor-fastest, then data × context; so
+    #: expert_tensor_parallel × expert_parallel must divide tensor × data × context
+    #: (checked against the workload: it must divide num_moe_experts too)
     expert_parallel: Degree = 1
+    #: expert tensor parallelism (Megatron's ``--expert-tensor-parallel-size``): each routed
+    #: expert's GEMMs split this many ways (fc1 column-, fc2 row-parallel), the tokens
+    #: gathered over the group before the experts and reduce-scattered after.  An
+    #: expert-tensor group is this many consecutive ranks of the expert grid, an expert group
+    #: takes one rank of each.  Megatron-Core's own default (unset) is tensor_parallel; this
+    #: one is 1, each expert whole on one rank: what Megatron-Bridge's MoE recipes set
+    #: (``expert_tensor_parallel_size = 1`` in NVIDIA-NeMo/Megatron-Bridge
+    #: src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py, …/deepseek/h100/deepseek_v3.py,
+    #: …/gpt_oss/h100/gpt_oss.py), so what the published MoE rows ran, and what predictions
+    #: assumed before this key.  Give it the tensor_parallel degree for Megatron-Core's default
+    expert_tensor_parallel: Degree = 1
     #: Megatron-Core's uneven pipeline split: the embedding (the loss) counts as one layer
     #: when the layers are cut into pipeline × virtual chunks, so the first (last) chunk has
     #: one layer fewer; (num_layers + the accounted ones) must divide evenly
@@ -98,7 +110,7 @@ class ParallelismSpec(Spec):
     def _consistent(self) -> ParallelismSpec:
         if self.context_parallel > 1 and self.strategy is not None:
             self._check_context_parallel()
-        if self.expert_parallel > 1:
+        if self.expert_parallel > 1 or self.expert_tensor_parallel > 1:
             self._check_expert_parallel()
         if (self.use_distributed_optimizer is not None and "zero1" in self.model_fields_set
                 and self.zero1 != self.use_distributed_optimizer):
@@ -133,24 +145,39 @@ class ParallelismSpec(Spec):
                 allowed=f"a divisor of {strategy.dp}" if strategy.kp_type == "TP" else "1")
 
     def _check_expert_parallel(self) -> None:
+        """Megatron-Core's expert grid (parallel_state.initialize_model_parallel) takes the
+        ranks of a pipeline stage: world size must divide by expert-tensor × expert ×
+        pipeline parallel (its RuntimeError), so etp × ep must divide tensor × data ×
+        context; any such etp is accepted (no other assertion on it)."""
         strategy = self.to_strategy()
+        key = "expert_parallel" if self.expert_parallel > 1 else "expert_tensor_parallel"
         if strategy.kp_type != "TP":
             raise ConfigError("expert parallelism goes with Megatron's tensor parallelism, not "
                               f"the paper's {strategy.kp_type} kernel parallelism",
-                              key="expert_parallel", value=self.expert_parallel,
+                              key=key, value=getattr(self, key),
                               allowed="1 with an RC / CR strategy")
         ranks = strategy.tp * strategy.dp  # the grid's d is data × context
-        if ranks % self.expert_parallel:
-            shown = (f"tensor_parallel × data_parallel × context_parallel = "
-                     f"{self.tensor_parallel} × {self.data_parallel} × "
-                     f"{self.context_parallel} = {ranks}" if self.strategy is None else
-                     f"tensor × data parallel of {self.strategy} = {ranks}")
+        etp, ep = self.expert_tensor_parallel, self.expert_parallel
+        shown = (f"tensor_parallel × data_parallel × context_parallel = "
+                 f"{self.tensor_parallel} × {self.data_parallel} × "
+                 f"{self.context_parallel} = {ranks}" if self.strategy is None else
+                 f"tensor × data parallel of {self.strategy} = {ranks}")
+        if ranks % ep:
             raise ConfigError(
-                f"an expert-parallel group is expert_parallel consecutive ranks of a "
-                f"pipeline stage, whose {shown} ranks it must divide (Megatron-Core's MoE "
-                f"parallel folding, expert tensor parallelism 1)",
-                key="expert_parallel", value=self.expert_parallel,
-                allowed=f"a divisor of {ranks}")
+                f"an expert-parallel group is expert_parallel ranks of a pipeline stage, "
+                f"whose {shown} ranks it must divide (Megatron-Core's MoE parallel folding)",
+                key="expert_parallel", value=ep, allowed=f"a divisor of {ranks}")
+        if ranks % (etp * ep):
+            fits = [d for d in range(1, ranks // ep + 1) if ranks // ep % d == 0]
+            raise ConfigError(
+                f"the expert layers' grid, expert_tensor_parallel × expert_parallel × "
+                f"expert-data parallel, takes the {shown} ranks of a pipeline stage, so "
+                f"expert_tensor_parallel × expert_parallel ({etp} × {ep} = {etp * ep}) must "
+                f"divide {ranks} (Megatron-Core's parallel_state refuses a world size that "
+                f"expert-tensor × expert × pipeline parallel does not divide)",
+                key="expert_tensor_parallel", value=etp,
+                allowed=f"with expert_parallel {ep}, a divisor of {ranks // ep}: "
+                        f"{', '.join(map(str, fits))}")
 
     def to_strategy(self) -> Strategy:
         """The :class:`Strategy` this file describes."""

@@ -41,8 +41,9 @@ Named parameters: AGE overrides of :data:`crossflow.arch.age.OVERRIDE_KEYS`
 ``chip_area_mm2``, ``node_area_mm2``; these need an architecture template) and parallelism
 options (``micro_batch_size``, ``schedule``, ``zero1`` or Megatron's
 ``use_distributed_optimizer``, ``overlap_grad_reduce``, ``recompute_granularity``,
-``expert_parallel`` for MoE workloads, ``context_parallel`` for transformers: a degree
-that does not fit a strategy is an invalid combination, dropped before any evaluation).
+``expert_parallel`` and ``expert_tensor_parallel`` for MoE workloads, ``context_parallel``
+for transformers: a degree that does not fit a strategy is an invalid combination, dropped
+before any evaluation).
 
 The file is checked on its own when loaded (:class:`SearchSpaceSpec`); what depends on the
 study — template component names, technology names, the strategies of the device count —
@@ -74,7 +75,7 @@ SIMPLEX_OVERRIDE = {s: f"{s}_fractions" for s in SIMPLEXES}
 #: Named dimensions that go into the parallelism file.
 PARALLELISM_PARAMS = ("micro_batch_size", "schedule", "zero1", "overlap_grad_reduce",
                       "recompute_granularity", "use_distributed_optimizer",
-                      "expert_parallel", "context_parallel")
+                      "expert_parallel", "expert_tensor_parallel", "context_parallel")
 _NUMERIC = (*SCALAR_DIMS, "micro_batch_size")
 STRATEGY = "strategy"
 MAPPING_ORDER = "mapping_order"
@@ -279,7 +280,8 @@ def _check_param(name: str, dist: tuple[Choice, ...] | RangeSpec) -> None:
             ok, allowed = v in ("none", "selective", "full"), "none, selective, full"
         elif name == "schedule":
             ok, allowed = v in ("1f1b", "gpipe"), "1f1b, gpipe"
-        elif name in ("micro_batch_size", "expert_parallel", "context_parallel"):
+        elif name in ("micro_batch_size", "expert_parallel", "expert_tensor_parallel",
+                      "context_parallel"):
             ok, allowed = isinstance(v, int) and not isinstance(v, bool) and v >= 1, \
                 "integers >= 1"
         elif name in _NUMERIC:

@@ -70,8 +70,13 @@ class Network(Protocol):
     def p2p(self, nbytes: float, dim: str) -> float:
         """One point-to-point transfer between neighbours of the ``dim`` group."""
 
-    def all_to_all(self, nbytes: float, size: int) -> float:
-        """An all-to-all in each expert-parallel group of ``size`` ranks."""
+    def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
+        """An all-to-all in each expert-parallel group of ``size`` ranks (every
+        ``stride``-th rank of the expert grid: ``stride`` is expert tensor parallelism)."""
+
+    def expert_tensor(self, kind: str, nbytes: float, size: int) -> float:
+        """``kind`` ∈ all_gather | reduce_scatter in each expert-tensor-parallel group of
+        ``size`` ranks."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +161,12 @@ def transformer_iteration(
     cp: int = 1,
     extra_layers: tuple[int, int] = (0, 0),
     ep: int = 1,
+    etp: int = 1,
 ) -> TrainingResult:
     """Predict one iteration of ``spec`` (a TransformerSpec) on ``tp·cp·pp·dp`` devices
     (``dp`` model replicas; ``cp`` context-parallel ranks share each sequence; ``ep``
-    expert-parallel ranks share the experts of each MoE layer).
+    expert-parallel ranks share the experts of each MoE layer, ``etp`` expert-tensor-parallel
+    ranks the width of each expert).
 
     ``software`` (a system's SoftwareSpec) adds the host: each pass's dispatch time runs on
     a host resource beside the device in the pipeline simulation, and the iteration's host
@@ -192,13 +199,22 @@ def transformer_iteration(
     # sequence-parallel share of the micro-batch) to the experts' ranks, those past an
     # expert's capacity dropped, or every expert's capacity when padded (Megatron-Core's
     # capacity is per rank, from its own tokens)
-    a2a = 0.0
-    if spec.moe and ep > 1:
+    a2a = gather = 0.0
+    if spec.moe and (ep > 1 or etp > 1):
         routed = spec.routed_rows(b * s // cp // tp) * h * nbytes
-        a2a = network.all_to_all(routed, ep)
+        if ep > 1:
+            a2a = (network.all_to_all(routed, ep, etp) if etp > 1 else
+                   network.all_to_all(routed, ep))
+        if etp > 1:
+            # Megatron-Core's all-to-all dispatcher then gathers the rows its expert-tensor
+            # group received (gather_from_sequence_parallel_region over expt_tp) and, before
+            # the combine, reduce-scatters the experts' partial outputs
+            # (reduce_scatter_to_sequence_parallel_region): etp × a rank's rows each, the
+            # same ring cost; backward the other way round
+            gather = network.expert_tensor("all_gather", etp * routed, etp)
     moe_efficiency = software.moe_efficiency if software is not None else 1.0
     blocks, ends = _passes(arch, spec, tp, sp, coll, cp, ep, a2a, moe_efficiency,
-                           accum_bytes(software))
+                           accum_bytes(software), etp, gather)
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
     # Context parallelism (Transformer Engine's ring attention, crossflow.sim.ring_attention):
     # each rank holds 1/cp of every sequence and passes its keys and values around the ring
@@ -259,13 +275,13 @@ def transformer_iteration(
                              schedule=schedule, virtual_stages=vp, host=host)
 
     dense_params, expert_params = stage_parameter_split(
-        spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp, ep=ep)
+        spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp, ep=ep, etp=etp)
     stage_params = dense_params + expert_params
     grads = dense_params * grad_reduce_bytes
     # gradients are reduced, and the distributed optimizer sharded, over data × context ranks
-    # (experts' over the expert-data-parallel ranks: tp·dp·cp / ep)
+    # (experts' over the expert-data-parallel ranks: tp·dp·cp / (ep·etp))
     shard = dp * cp if zero1 else 1
-    edp = tp * dp * cp // ep
+    edp = tp * dp * cp // (ep * etp)
     reduce_s = gather_s = 0.0
     if dp * cp > 1:
         # the distributed optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers
@@ -367,7 +383,7 @@ def transformer_iteration(
             for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
                                 zero1=zero1, grad_bytes=grad_bytes(software), cp=cp,
-                                extra_layers=extra_layers, ep=ep)
+                                extra_layers=extra_layers, ep=ep, etp=etp)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
@@ -455,7 +471,8 @@ def accum_bytes(software) -> int:
 
 
 def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int = 1,
-            a2a: float = 0.0, moe_efficiency: float = 1.0, accum: float = 0.0):
+            a2a: float = 0.0, moe_efficiency: float = 1.0, accum: float = 0.0,
+            etp: int = 1, gather: float = 0.0):
     """Forward / backward times of one block of each kind the model has (a dict: is it an
     MoE layer -> (forward, backward)), and of the embedding and of the head (per
     micro-batch, one tensor-parallel and context-parallel rank), priced from the workload
@@ -463,34 +480,57 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int
     ``cp``; a flash attention core becomes Transformer Engine's ring
     (:mod:`crossflow.sim.ring_attention`), an unfused one keeps 1/cp of its heads;
     expert parallelism gives each rank 1/ep of the experts, each with ep times the tokens
-    (:func:`_expert_shard`); ``a2a`` is the seconds of one of its all-to-alls; ``accum``
-    the bytes per weight gradient of the accumulation into the gradient buffer
+    and expert tensor parallelism 1/etp of each expert's width for etp times the tokens
+    (:func:`_expert_shard`); ``a2a`` is the seconds of one of its all-to-alls, ``gather``
+    of the expert-tensor-parallel all-gather or reduce-scatter beside each; ``accum`` the
+    bytes per weight gradient of the accumulation into the gradient buffer
     (:func:`accum_bytes`)."""
     blocks = {}
     for moe in sorted(set(spec.moe_layers)):
         *block, ends = _block_passes(arch, _one_block(spec, moe), tp, sp, coll, cp, ep,
-                                     a2a if moe else 0.0, moe_efficiency, accum)
+                                     a2a if moe else 0.0, moe_efficiency, accum, etp,
+                                     gather if moe else 0.0)
         blocks[moe] = tuple(block)
     return blocks, ends
 
 
-def _expert_shard(attrs: dict, ep: int) -> dict:
-    """An expert GEMM on one of ``ep`` expert-parallel ranks: 1/ep of the experts, each
-    with the tokens routed to it from all ep ranks (balanced routing)."""
+def _expert_shard(attrs: dict, ep: int, etp: int = 1) -> dict:
+    """An expert GEMM on one rank of the expert grid: 1/ep of the experts, each with the
+    tokens routed to it from all ep expert-parallel ranks (balanced routing); with ``etp``
+    expert-tensor-parallel ranks, 1/etp of each expert's width (``expert_width``: fc1's
+    columns, fc2's rows) for the tokens of the whole expert-tensor group, etp times a
+    rank's own.  FLOPs per rank stay those of ep = etp = 1: the GEMMs change shape."""
     out = dict(attrs)
     key = attrs["expert_tokens"]
     out["count"] = -(-attrs["count"] // ep)
-    out[key] = attrs[key] * ep
+    out[key] = attrs[key] * ep * etp
+    if etp > 1:
+        width = attrs["expert_width"]
+        out[width] = -(-attrs[width] // etp)
     if attrs.get("wgrad_elements"):  # the weight gradients of this rank's experts only
         out["wgrad_elements"] = attrs["wgrad_elements"] * out["count"] // attrs["count"]
+        if etp > 1:  # and of their slice (the width is a dimension of the m × n gradient)
+            out["wgrad_elements"] = out["wgrad_elements"] * out[width] // attrs[width]
+    out["flops"] = node_flops(out)
+    return out
+
+
+def _expert_gathered(attrs: dict, etp: int) -> dict:
+    """An FP8 cast of the full-width rows an expert-tensor group gathered (``expert_
+    gathered``): etp times a rank's own rows."""
+    out = dict(attrs)
+    key = attrs["expert_gathered"]
+    out[key] = attrs[key] * etp
     out["flops"] = node_flops(out)
     return out
 
 
 def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: int,
-                  a2a: float, moe_efficiency: float = 1.0, accum: float = 0.0):
+                  a2a: float, moe_efficiency: float = 1.0, accum: float = 0.0,
+                  etp: int = 1, gather: float = 0.0):
     graph = transformer_graph(spec)
     strategy = Strategy.megatron(tp=tp, sp=sp, dp=cp)
+    experts = ep > 1 or etp > 1
     groups: dict[tuple[int, bool], list[dict]] = {}
     for _, attrs in graph.nodes(data=True):
         if attrs["phase"] == "optimizer":
@@ -504,8 +544,10 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
                 ring_nodes(whole, cp, kv_elements(spec, tp, cp)))
             continue
         shard = shard_node(attrs, strategy)
-        if ep > 1 and attrs.get("expert_tokens"):
-            shard = _expert_shard(shard, ep)
+        if experts and attrs.get("expert_tokens"):
+            shard = _expert_shard(shard, ep, etp)
+        elif etp > 1 and attrs.get("expert_gathered"):
+            shard = _expert_gathered(shard, etp)
         groups.setdefault((attrs["layer"], backward), []).append(shard)
     tokens = spec.micro_batch_size * spec.seq_length // cp
     comm_f, comm_b = block_collectives(tokens=tokens, hidden=spec.hidden_size,
@@ -515,9 +557,10 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
     vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
     on = tp > 1
     count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute)
-    block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f, a2a, moe_efficiency)
+    block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f, a2a, moe_efficiency,
+                          gather=gather)
     block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b, a2a, moe_efficiency,
-                          accum)
+                          accum, gather=gather)
     emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm, on)
     emb_b = price_nodes(arch, groups[(-1, True)])
     head_f = price_nodes(arch, groups[(1, False)])

@@ -35,17 +35,18 @@ def chunk_layers(L: int, chunks: int, extra_layers: tuple[int, int] = (0, 0)) ->
 
 
 def stage_parameters(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
-                     vp: int = 1, ep: int = 1) -> float:
+                     vp: int = 1, ep: int = 1, etp: int = 1) -> float:
     """Parameters per device: the busiest stage (the first, with the embedding table)."""
     return sum(stage_parameter_split(spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp,
-                                     ep=ep))
+                                     ep=ep, etp=etp))
 
 
 def stage_parameter_split(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
-                          vp: int = 1, ep: int = 1) -> tuple[float, float]:
+                          vp: int = 1, ep: int = 1, etp: int = 1) -> tuple[float, float]:
     """(parameters split by tensor parallelism, routed experts' parameters split by
-    expert parallelism) on a device of the first stage (with the embedding table).
-    Experts are not split by tensor parallelism (expert tensor parallelism 1)."""
+    expert × expert tensor parallelism) on a device of the first stage (with the embedding
+    table).  Tensor parallelism does not split the experts: expert tensor parallelism
+    does (Megatron-Core's expert grid)."""
     L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
     counts = chunk_layers(L, pp * vp, extra_layers)
     if not spec.moe:
@@ -58,7 +59,7 @@ def stage_parameter_split(spec, *, tp: int, pp: int, extra_layers: tuple[int, in
             d, e = layer_params(spec, layer)
             dense += d
             expert += e
-    return dense / tp + V * h / tp, expert / ep
+    return dense / tp + V * h / tp, expert / (ep * etp)
 
 
 def grad_bytes(software) -> int:
@@ -70,7 +71,7 @@ def grad_bytes(software) -> int:
 def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
                        schedule: str = "1f1b", zero1: bool = False,
                        grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
-                       extra_layers: tuple[int, int] = (0, 0), ep: int = 1
+                       extra_layers: tuple[int, int] = (0, 0), ep: int = 1, etp: int = 1
                        ) -> dict[str, float]:
     """Bytes per device of :func:`transformer_iteration` with these options, without
     pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
@@ -81,12 +82,12 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
     return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
                    stage_params=stage_parameter_split(spec, tp=tp, pp=pp,
                                                       extra_layers=extra_layers, vp=vp,
-                                                      ep=ep),
-                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep)
+                                                      ep=ep, etp=etp),
+                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp)
 
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
-            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1) -> dict[str, float]:
+            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1) -> dict[str, float]:
     """Bytes on the first pipeline stage's device (the fullest).
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
@@ -109,10 +110,12 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         # (2·k·h each) and the experts' fc1 and activation outputs, as a dense MLP of width
         # k·moe_ffn does, plus the shared expert's; averaged over the model's layers.  k
         # counts the copies the experts process: fewer when a capacity drops some, the
-        # capacity's when padded
+        # capacity's when padded.  With expert tensor parallelism the experts' input is the
+        # rows the expert-tensor group gathered, etp times a rank's own (their fc1 and
+        # activation outputs are 1/etp as wide: the same bytes)
         k = spec.routed_rows(s * b) / (s * b)
         gate = 6 if spec.gated_linear_unit else 4
-        moe_mlp = 4 * k + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
+        moe_mlp = 2 * k * (1 + etp) + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
         share = sum(spec.moe_layers) / L
         mlp = share * moe_mlp + (1 - share) * mlp
     qkv = 2 * spec.qkv_width / h
@@ -146,7 +149,7 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     shard = dp * cp if zero1 else 1
     dense, expert = stage_params
     # the experts' optimizer state is sharded over their own data-parallel ranks
-    expert_shard = tp * dp * cp // ep if zero1 else 1
+    expert_shard = tp * dp * cp // (ep * etp) if zero1 else 1
     params = dense + expert
     # FP8 (Transformer Engine without FP8 primary weights): the weights stay bf16; their
     # FP8 casts are transient workspaces, not counted

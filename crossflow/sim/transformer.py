@@ -31,7 +31,8 @@ class PassTimes:
     memory: float = 0.0  # memory-bound ops
     tp_comm: float = 0.0
     energy_J: float = 0.0
-    #: the expert-parallel all-to-alls of an MoE layer (token dispatch and combine)
+    #: an MoE layer's token dispatch and combine: the expert-parallel all-to-alls and the
+    #: expert-tensor-parallel all-gathers and reduce-scatters beside them
     ep_comm: float = 0.0
     #: of ``compute``: the attention core (flash kernel, or the batched score GEMMs)
     attention: float = 0.0
@@ -54,7 +55,9 @@ class PassTimes:
 
 #: the MoE nodes an expert-parallel all-to-all follows: the dispatch after the permutation,
 #: the combine after the second expert GEMM; backward, the gradients' dispatch after the
-#: un-permutation's backward and their combine after the first expert GEMM's input gradient
+#: un-permutation's backward and their combine after the first expert GEMM's input gradient.
+#: Each has the expert-tensor-parallel all-gather (after a dispatch) or reduce-scatter
+#: (before a combine) beside it
 A2A_AFTER: frozenset[str] = frozenset({"permute", "expert_fc2", "unpermute.bwd",
                                        "expert_fc1.dX"})
 
@@ -76,10 +79,12 @@ def grad_accumulation_s(arch: MicroArch, elements: float, accum_bytes: float) ->
 
 def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
                 collectives: int = 0, a2a: float = 0.0, moe_efficiency: float = 1.0,
-                accum_bytes: float = 0.0) -> PassTimes:
+                accum_bytes: float = 0.0, *, gather: float = 0.0) -> PassTimes:
     """The pass over ``nodes``: ``tp_comm`` seconds of ``collectives`` tensor-parallel
     collectives spread through it, and an all-to-all of ``a2a`` seconds after each node
-    named in :data:`A2A_AFTER` (none when ``a2a`` is 0: one expert-parallel rank).  An MoE
+    named in :data:`A2A_AFTER` (none when ``a2a`` is 0: one expert-parallel rank), with an
+    expert-tensor-parallel all-gather or reduce-scatter of ``gather`` seconds beside it
+    (none when 0: one expert-tensor-parallel rank).  An MoE
     layer's own kernels (nodes marked ``moe_op``) take 1 / ``moe_efficiency`` of their
     price.  ``accum_bytes`` > 0: each weight-gradient GEMM accumulates into the gradient
     buffer (:func:`grad_accumulation_s`, counted as memory time)."""
@@ -87,6 +92,7 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
     backward = 0
     trace = []
     a2a_count = 0
+    expert_comm = ((a2a,) if a2a else ()) + ((gather,) if gather else ())
     for attrs in nodes:
         t, e = node_cost(arch, attrs)
         if moe_efficiency != 1.0 and attrs.get("moe_op"):
@@ -106,10 +112,11 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
         is_bwd = attrs["phase"] == "bwd"
         backward += is_bwd
         trace.append((int(is_bwd), t))
-        if a2a and attrs["name"] in A2A_AFTER:
-            trace.append((2, a2a))
-            ep_comm += a2a
-            a2a_count += 1
+        if expert_comm and attrs["name"] in A2A_AFTER:
+            for seconds in expert_comm:
+                trace.append((2, seconds))
+                ep_comm += seconds
+                a2a_count += 1
     if collectives:  # spread evenly through the pass (Megatron's f / g operators)
         every = len(trace) / collectives
         for i in range(collectives, 0, -1):

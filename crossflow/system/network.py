@@ -30,12 +30,20 @@ class MappedNetwork:
             self._memo[key] = value
         return self._memo[key]
 
-    def all_to_all(self, nbytes: float, size: int) -> float:
-        """An all-to-all in each expert-parallel group of ``size`` ranks
-        (:meth:`Mapping.all_to_all`)."""
-        key = ("all_to_all", nbytes, str(size))
+    def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
+        """An all-to-all in each expert-parallel group of ``size`` ranks, every
+        ``stride``-th rank of the expert grid (:meth:`Mapping.all_to_all`)."""
+        key = ("all_to_all", nbytes, str(size) if stride == 1 else f"{size}/{stride}")
         if key not in self._memo:
-            self._memo[key] = self.mapping.all_to_all(nbytes, size)
+            self._memo[key] = self.mapping.all_to_all(nbytes, size, stride)
+        return self._memo[key]
+
+    def expert_tensor(self, kind: str, nbytes: float, size: int) -> float:
+        """An all-gather or reduce-scatter in each expert-tensor-parallel group of ``size``
+        ranks (:meth:`Mapping.expert_tensor`)."""
+        key = (kind, nbytes, f"etp{size}")
+        if key not in self._memo:
+            self._memo[key] = self.mapping.expert_tensor(kind, nbytes, size)
         return self._memo[key]
 
     def p2p(self, nbytes: float, dim: str) -> float:

@@ -59,10 +59,12 @@ from crossflow.errors import ConfigError
 from crossflow.system.collectives import (
     Group,
     Tree,
+    all_gather,
     all_reduce,
     all_to_all,
     hierarchical_all_reduce,
     nccl_all_reduce,
+    reduce_scatter,
     switch_group,
 )
 from crossflow.system.topology import INT, Level
@@ -432,25 +434,53 @@ class Mapping:
         return np.minimum(flat, two_level) if isinstance(flat, np.ndarray) else min(
             flat, two_level)
 
-    def expert_groups(self, size: int) -> np.ndarray:
+    def expert_groups(self, size: int, stride: int = 1) -> np.ndarray:
         """Rows of devices of the expert-parallel groups of ``size`` ranks: Megatron-Core
-        (with MoE parallel folding, expert tensor parallelism 1) numbers the ranks of a
-        pipeline stage tensor-fastest, then data (× context), and cuts that sequence into
-        consecutive groups — so an expert group takes the tensor-parallel ranks and then
-        ``size / kp1`` data-parallel replicas, wherever the mapping put them."""
+        (MoE parallel folding) numbers the ranks of a pipeline stage tensor-fastest, then
+        data (× context), and lays the expert grid over that sequence expert-tensor-fastest,
+        then expert, then expert-data (its RankGenerator order tp-ep-dp-pp for the experts).
+        An expert group takes every ``stride``-th rank (``stride``: the expert-tensor-parallel
+        size), an expert-tensor group ``stride`` consecutive ranks
+        (:meth:`expert_tensor_groups`).  With ``stride`` 1 an expert group is ``size``
+        consecutive ranks: the tensor-parallel ranks and then ``size / kp1`` data-parallel
+        replicas, wherever the mapping put them."""
         stages = self.devices[:, 0].transpose(2, 1, 0)  # (lp, dp, kp1), kp1 fastest
+        ranks = stages.reshape(stages.shape[0], -1)
+        if ranks.shape[1] % (size * stride):
+            raise ValueError(f"{size} × {stride} does not divide the {ranks.shape[1]} ranks "
+                             f"of a stage")
+        if stride == 1:
+            return ranks.reshape(-1, size)
+        return ranks.reshape(-1, size, stride).transpose(0, 2, 1).reshape(-1, size)
+
+    def expert_tensor_groups(self, size: int) -> np.ndarray:
+        """Rows of devices of the expert-tensor-parallel groups of ``size`` ranks: ``size``
+        consecutive ranks of a pipeline stage in :meth:`expert_groups`' numbering."""
+        stages = self.devices[:, 0].transpose(2, 1, 0)
         ranks = stages.reshape(stages.shape[0], -1)
         if ranks.shape[1] % size:
             raise ValueError(f"{size} does not divide the {ranks.shape[1]} ranks of a stage")
         return ranks.reshape(-1, size)
 
-    def all_to_all(self, nbytes: float, size: int) -> float:
-        """Seconds for an all-to-all of ``nbytes`` per device in every expert-parallel
-        group of ``size`` ranks at once (:func:`crossflow.system.collectives.all_to_all`):
-        the groups' members per node decide how much crosses the network."""
+    def expert_tensor(self, kind: str, nbytes: float, size: int) -> float:
+        """Seconds for a ring all-gather (``kind`` "all_gather", ``nbytes`` its output) or
+        reduce-scatter ("reduce_scatter", ``nbytes`` its input) in every
+        expert-tensor-parallel group of ``size`` ranks at once: the groups' rings routed on
+        the system like a grid dimension's, so inside a node they take the switch and
+        across nodes the network, sharing links where they meet."""
         if size <= 1:
             return 0.0
-        members = self.expert_groups(size)
+        group = _ring_stats(self.system, self.expert_tensor_groups(size)).group(self.system)
+        return (all_gather if kind == "all_gather" else reduce_scatter)(nbytes, group)
+
+    def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
+        """Seconds for an all-to-all of ``nbytes`` per device in every expert-parallel
+        group of ``size`` ranks at once (:func:`crossflow.system.collectives.all_to_all`),
+        the groups of :meth:`expert_groups` with ``stride``: the groups' members per node
+        decide how much crosses the network."""
+        if size <= 1:
+            return 0.0
+        members = self.expert_groups(size, stride)
         system = self.system
         nodes = members // system.devices_per_node
         # a device with few group members in its node sends most across the network: the

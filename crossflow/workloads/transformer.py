@@ -76,7 +76,11 @@ MLA_OPS_NO_Q_LORA: tuple[str, ...] = ("q_proj", "kv_down", "kv_ln", "kv_up")
 #: and top-k, the load-balancing loss, and the permutation of the tokens into expert order
 MOE_ROUTER_OPS: tuple[str, ...] = ("router", "router_topk", "aux_loss", "permute")
 #: the grouped expert GEMMs (one kernel for a rank's experts; ``count`` experts, each with
-#: its share of the routed tokens): the simulator re-shards them over expert parallelism
+#: its share of the routed tokens): the simulator re-shards them over expert parallelism.
+#: Their ``expert_tokens`` names the dimension holding the tokens, ``expert_width`` the one
+#: expert tensor parallelism splits (fc1's output width, fc2's input width, and the same
+#: weight dimension in their gradients); ``expert_gathered`` marks the FP8 casts of the
+#: full-width rows the expert-tensor group gathers (fc1's input, fc2's output gradient)
 EXPERT_GEMMS: tuple[str, ...] = ("expert_fc1", "expert_fc2")
 #: the load-balancing loss per (token, expert) probability (Switch Transformer's
 #: fraction × probability sum, Megatron's switch_load_balancing_loss_func)
@@ -392,7 +396,8 @@ class _Block:
         """One node of an MoE layer's feed-forward part (Megatron-Core's MoELayer with the
         all-to-all token dispatcher; its all-to-alls are priced by the simulator).  Token
         dimensions carry the sequence-parallel key: tensor parallelism splits the tokens,
-        never the experts (expert tensor parallelism 1)."""
+        never the experts; expert and expert tensor parallelism re-shard the expert GEMMs in
+        the simulator (crossflow.sim.training._expert_shard)."""
         g = self.g
         # the MoE layer's own kernels are marked (the software profile's moe_efficiency);
         # the shared expert is a dense MLP beside the experts
@@ -424,10 +429,12 @@ class _Block:
             g.edge(get("router_topk"), n, act, t * k * 4)
         elif op == "expert_cast":
             g.elementwise(n, "fp8_cast", rows * h, inputs=2, outputs=1, precision="fp8",
-                          flops_per_element=CAST_FLOPS, sp="elements")
+                          flops_per_element=CAST_FLOPS, sp="elements",
+                          expert_gathered="elements")
             g.edge(get("permute"), n, act)
         elif op == "expert_fc1":
-            g.gemm(n, op, me, h, f_in, count=E, sp="m", expert_tokens="m", **gp)
+            g.gemm(n, op, me, h, f_in, count=E, sp="m", expert_tokens="m",
+                   expert_width="n", **gp)
             g.edge(get("expert_cast" if self.fp8 else "permute"), n, act)
         elif op == "expert_act":
             gated = spec.gated_linear_unit
@@ -436,7 +443,8 @@ class _Block:
                           sp="elements")
             g.edge(get("expert_fc1"), n, act)
         elif op == "expert_fc2":
-            g.gemm(n, op, me, f, h, count=E, sp="m", expert_tokens="m", **gp)
+            g.gemm(n, op, me, f, h, count=E, sp="m", expert_tokens="m",
+                   expert_width="k", **gp)
             g.edge(get("expert_act"), n, act)
         elif op == "unpermute":  # the k expert outputs of a token, weighted by its probs
             g.elementwise(n, op, t * h, inputs=k, flops_per_element=2.0 * k, sp="elements")
@@ -477,11 +485,12 @@ class _Block:
                           flops_per_element=1.0, sp="elements")
         g.edge(dy, n, "grad")
         if self.fp8:
-            n = self._dy_cast("expert_fc2", rows * h, n, "sp")
+            n = self._dy_cast("expert_fc2", rows * h, n, "sp", expert_gathered="elements")
         dx2 = g.gemm(p + "expert_fc2.dX", "expert_fc2.dX", me, h, f, count=E, sp="m",
-                     expert_tokens="m", precision=gp)
+                     expert_tokens="m", expert_width="n", precision=gp)
         dw2 = g.gemm(p + "expert_fc2.dW", "expert_fc2.dW", f, me, h, count=E, batch="k",
-                     sp="k", expert_tokens="k", wgrad=E * f * h, precision=gp)
+                     sp="k", expert_tokens="k", expert_width="m", wgrad=E * f * h,
+                     precision=gp)
         for node in (dx2, dw2):
             g.edge(n, node, "grad")
         stash(src["expert_act"], dw2)
@@ -494,10 +503,10 @@ class _Block:
         if self.fp8:
             a = self._dy_cast("expert_fc1", rows * f_in, a, "sp")
         dx1 = g.gemm(p + "expert_fc1.dX", "expert_fc1.dX", me, f_in, h, count=E, sp="m",
-                     expert_tokens="m", precision=gp)
+                     expert_tokens="m", expert_width="k", precision=gp)
         dw1 = g.gemm(p + "expert_fc1.dW", "expert_fc1.dW", h, me, f_in, count=E,
-                     batch="k", sp="k", expert_tokens="k", wgrad=E * h * f_in,
-                     precision=gp)
+                     batch="k", sp="k", expert_tokens="k", expert_width="n",
+                     wgrad=E * h * f_in, precision=gp)
         for node in (dx1, dw1):
             g.edge(a, node, "grad")
         stash(src["expert_cast" if self.fp8 else "permute"], dw1)
@@ -533,12 +542,12 @@ class _Block:
             wgrads += [sdw2, sdw1]
         return grads, wgrads
 
-    def _dy_cast(self, name: str, elements: int, grad: str, key: str) -> str:
+    def _dy_cast(self, name: str, elements: int, grad: str, key: str, **extra) -> str:
         """FP8: Transformer Engine's cast-transpose of a GEMM's output gradient (read bf16,
         write the FP8 tensor and its transpose) before the GEMM's dgrad and wgrad."""
         n = self.g.elementwise(self.prefix + name + ".dY_cast", "fp8_cast", elements,
                                inputs=2, outputs=2, precision="fp8",
-                               flops_per_element=CAST_FLOPS, **{key: "elements"})
+                               flops_per_element=CAST_FLOPS, **{key: "elements"}, **extra)
         self.g.edge(grad, n, "grad")
         return n
 
