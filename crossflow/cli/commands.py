@@ -79,7 +79,11 @@ def _print_prediction(p) -> None:
         return
     d = p.details
     if "strategy" in d:
-        print(f"  strategy      {d['strategy']} on {d['devices']} devices"
+        # the degrees outside the grid, as the strategy name takes them (-c2, -e8, -et2)
+        extra = "".join(f"-{tag}{d[key]}" for tag, key in (
+            ("c", "context_parallel"), ("e", "expert_parallel"),
+            ("et", "expert_tensor_parallel")) if d.get(key, 1) > 1)
+        print(f"  strategy      {d['strategy']}{extra} on {d['devices']} devices"
               + (f", mapping order {d['mapping_order']}" if "mapping_order" in d else ""))
     print(f"  time          {fmt_time(p.time_s)}")
     if "activation_recompute" in d:

@@ -20,6 +20,7 @@ full) that override the workload's.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -194,10 +195,21 @@ class ParallelismSpec(Spec):
             raise ConfigError(exc.problem, key=key, value=getattr(self, key)) from None
 
 
+#: The degrees a strategy name may carry besides its grid, as Megatron-LM's short names:
+#: ``-c2`` context, ``-e8`` expert, ``-et2`` expert-tensor parallelism
+_OPTIONS = re.compile(r"(?i)(?:^|-)(et|e|c)([0-9]+)(?=-|$)")
+_OPTION_KEYS = {"c": "context_parallel", "e": "expert_parallel",
+                "et": "expert_tensor_parallel"}
+OPTIONS_GRAMMAR = ("-c{cp} (context parallelism: d counts data × context ranks), -e{ep} "
+                   "(expert parallelism) and -et{etp} (expert tensor parallelism), e.g. "
+                   "t2-d64-p8-v4-sp-e64")
+
+
 def parse_parallelism(source) -> ParallelismSpec:
     """A ParallelismSpec from a spec, a preset name, a file or a mapping — or a bare strategy
-    name such as ``RC-4-2-d32-p2`` or ``t8-d24-p8`` (paper / Megatron names).  The one
-    reader of a parallelism reference (predictions and study files)."""
+    name such as ``RC-4-2-d32-p2`` or ``t8-d24-p8`` (paper / Megatron names), with
+    :data:`OPTIONS_GRAMMAR`'s degrees optionally (``t8-d16-p4-sp-c2``).  The one reader of
+    a parallelism reference (predictions and study files)."""
     if isinstance(source, ParallelismSpec):
         return source
     try:
@@ -206,15 +218,18 @@ def parse_parallelism(source) -> ParallelismSpec:
         if (not isinstance(source, str) or source.endswith((".yaml", ".yml"))
                 or not_a_preset.file):  # a file was found and read: its error is the one
             raise
+        options = {_OPTION_KEYS[k.lower()]: int(v) for k, v in _OPTIONS.findall(source)}
+        grid = _OPTIONS.sub("", source).strip("-")
         try:
-            Strategy.parse(source)
+            Strategy.parse(grid)
         except ConfigError as bad:
             raise ConfigError(
                 "neither a parallelism preset, a file, nor a strategy name",
                 key="parallelism", value=source,
-                allowed=f"{not_a_preset.allowed}; or a strategy: {bad.allowed}",
+                allowed=f"{not_a_preset.allowed}; or a strategy: {bad.allowed}; then "
+                        f"optionally {OPTIONS_GRAMMAR}",
             ) from None
-        return load_spec({"kind": "parallelism", "strategy": source}, "parallelism")
+        return load_spec({"kind": "parallelism", "strategy": grid, **options}, "parallelism")
 
 
 # Parallelism files (kind may be left out: loader.DEFAULT_KINDS) validate here.
