@@ -31,6 +31,8 @@ def test_a_bad_name_lists_the_options_it_could_have_had():
     with pytest.raises(ConfigError) as zero:
         parse_parallelism("t2-d8-e0")
     assert zero.value.key == "expert_parallel"
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_parallelism("t2-d8-e8-e4")
 
 
 def test_predict_names_the_expert_degree_it_ran(cli):

@@ -218,7 +218,11 @@ def parse_parallelism(source) -> ParallelismSpec:
         if (not isinstance(source, str) or source.endswith((".yaml", ".yml"))
                 or not_a_preset.file):  # a file was found and read: its error is the one
             raise
-        options = {_OPTION_KEYS[k.lower()]: int(v) for k, v in _OPTIONS.findall(source)}
+        found = [(_OPTION_KEYS[k.lower()], int(v)) for k, v in _OPTIONS.findall(source)]
+        options = dict(found)
+        if len(options) < len(found):
+            raise ConfigError("a degree is given twice", key="parallelism", value=source,
+                              allowed=f"each of {OPTIONS_GRAMMAR} at most once")
         grid = _OPTIONS.sub("", source).strip("-")
         try:
             Strategy.parse(grid)
