@@ -222,7 +222,7 @@ def parse_parallelism(source) -> ParallelismSpec:
         options = dict(found)
         if len(options) < len(found):
             raise ConfigError("a degree is given twice", key="parallelism", value=source,
-                              allowed=f"each of {OPTIONS_GRAMMAR} at most once")
+                              allowed=f"each of {OPTIONS_GRAMMAR} at most once") from None
         grid = _OPTIONS.sub("", source).strip("-")
         try:
             Strategy.parse(grid)
