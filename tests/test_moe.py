@@ -348,3 +348,22 @@ def test_expert_parallel_is_a_searchable_parallelism_option():
     assert err.value.key == "expert_parallel"
     with pytest.raises(ConfigError, match="kernel parallelism"):
         parse_parallelism({"strategy": "RC-2-2-d4-p1", "expert_parallel": 2})
+
+
+def test_the_moe_study_runs_and_names_its_expert_and_context_degrees_in_mlflow(
+        tmp_path, monkeypatch, cli):
+    """Issue 22: a MoE study end to end, each trial's MLflow run naming EP and CP."""
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("study", "run", "qwen3-30b-a3b-h100", "--trials", "12")
+    assert code == 0, err
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = client.get_experiment_by_name("qwen3-30b-a3b-h100")
+    runs = [r for r in client.search_runs([exp.experiment_id], max_results=100)
+            if r.data.tags.get("trial_number") is not None]
+    assert len(runs) == 12
+    for run in runs:
+        params = run.data.params
+        assert int(params["expert_parallel"]) in (1, 2, 4, 8, 16)
+        assert int(params["context_parallel"]) >= 1
