@@ -272,15 +272,12 @@ def _axial(P: Problem, x: Cont, shares: tuple[float, ...]) -> list[Cont]:
     basin of the AGE's whole-unit cliffs than the template's, and a local search from the
     template does not cross to it."""
     out = []
-    for name, s in P.simplexes.items():
-        v = x.simplexes[name]
-        for i in range(len(s.components)):
-            for f in shares:
-                if v[i] >= f:
-                    continue
-                w = v * (1 - f) / max(1e-12, 1 - v[i])
-                w[i] = f
-                out.append(Cont({**x.simplexes, name: w}, x.floats))
+    for c in P.coords:
+        if c.index < 0:
+            continue
+        for f in shares:
+            if x.simplexes[c.block][c.index] < f:
+                out.append(P.with_share(x, c, f))
     return out
 
 

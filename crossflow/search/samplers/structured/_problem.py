@@ -158,7 +158,7 @@ class Problem:
             return Cont(cont.simplexes, {**cont.floats, coord.name: v})
         x = cont.simplexes[coord.block]
         target = min(1.0 - _FLOOR, max(_FLOOR, x[coord.index] * math.exp(s)))
-        return self._with(cont, coord, target)
+        return self.with_share(cont, coord, target)
 
     def slack(self, block: str) -> Coord:
         """The slack of a simplex as a coordinate (a donor for exchanges; never searched)."""
@@ -190,7 +190,9 @@ class Problem:
         x[frm.index] -= delta
         return Cont({**moved.simplexes, to.block: x}, moved.floats)
 
-    def _with(self, cont: Cont, coord: Coord, target: float) -> Cont:
+    def with_share(self, cont: Cont, coord: Coord, target: float) -> Cont:
+        """``cont`` with simplex coordinate ``coord`` at the share ``target``, the others
+        (slack included) scaled in proportion to fill the rest."""
         x = np.array(cont.simplexes[coord.block], dtype=float)
         rest = 1.0 - x[coord.index]
         scale = (1.0 - target) / rest if rest > 0 else 0.0
@@ -221,7 +223,7 @@ class Problem:
         if target is None or not 0 < target / share < 1 - _FLOOR:
             return moved
         # a hair above the threshold: the encoding's round trip must not lose the unit
-        return self._with(moved, coord, target * (1 + 1e-9) / share)
+        return self.with_share(moved, coord, target * (1 + 1e-9) / share)
 
     def _edges(self, cont: Cont, coord: Coord, discrete: Mapping[str, Any],
                donor: Coord | None = None) -> list[float]:
