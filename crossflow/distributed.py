@@ -132,23 +132,20 @@ def _check_experts(spec, par, strategy) -> None:
     parallelism MoE layers whose experts' inner width it divides; an MoE layer under
     tensor parallelism needs sequence parallelism (Megatron-LM's arguments.py: "When using
     expert parallelism and tensor parallelism, sequence parallelism must be used")."""
-    ep = par.expert_parallel
+    ep, etp = par.expert_parallel, par.expert_tensor_parallel
     moe = spec.kind == "transformer" and spec.moe
-    if ep > 1 and not moe:
-        raise ConfigError("expert parallelism splits the experts of MoE layers, and the "
-                          f"workload {spec.name!r} has none", key="expert_parallel",
-                          value=ep, allowed="1 (or a workload with num_moe_experts)")
+    for key, degree, what in (("expert_parallel", ep, "expert parallelism"),
+                              ("expert_tensor_parallel", etp, "expert tensor parallelism")):
+        if degree > 1 and not moe:
+            raise ConfigError(f"{what} splits the experts of MoE layers, and the workload "
+                              f"{spec.name!r} has none", key=key, value=degree,
+                              allowed="1 (or a workload with num_moe_experts)")
     if moe and spec.num_moe_experts % ep:
         raise ConfigError(
             f"each expert-parallel rank holds the same number of experts, so expert_parallel "
             f"must divide the workload's num_moe_experts ({spec.num_moe_experts})",
             key="expert_parallel", value=ep,
             allowed=f"a divisor of {spec.num_moe_experts}")
-    etp = par.expert_tensor_parallel
-    if etp > 1 and not moe:
-        raise ConfigError("expert tensor parallelism splits the experts of MoE layers, and "
-                          f"the workload {spec.name!r} has none", key="expert_tensor_parallel",
-                          value=etp, allowed="1 (or a workload with num_moe_experts)")
     if moe and spec.moe_ffn % etp:
         # Megatron-Core's grouped expert GEMMs divide fc1's output and fc2's input width by
         # the expert-tensor-parallel size (TEGroupedLinear: megatron.core.utils.divide,

@@ -6,11 +6,11 @@ and predictions without it left exactly as they were."""
 from __future__ import annotations
 
 import pytest
+from test_moe import _moe  # the small Qwen3-like MoE model both files price
 
 import crossflow
 from crossflow.arch.hardware import load_hardware
 from crossflow.config.loader import load_spec
-from crossflow.config.workload import TransformerSpec
 from crossflow.errors import ConfigError
 from crossflow.sim.training import _expert_shard, transformer_memory
 from crossflow.system import build_system
@@ -19,17 +19,6 @@ from crossflow.workloads import transformer_graph
 
 SYSTEM = "dgx-h100-megatron-core"
 ORDER = "kp1-kp2-dp-lp"  # tensor ranks adjacent, then data: a node holds 8 of a stage's ranks
-
-
-def _moe(**kw) -> TransformerSpec:
-    """The small Qwen3-like MoE model of tests/test_moe.py."""
-    base = dict(kind="transformer", name="moe", num_layers=4, hidden_size=1024,
-                num_attention_heads=16, num_query_groups=4, kv_channels=64, seq_length=1024,
-                vocab_size=32000, global_batch_size=64, micro_batch_size=1,
-                gated_linear_unit=True, untie_embeddings_and_output_weights=True,
-                position_embedding_type="rope", num_moe_experts=32, moe_router_topk=4,
-                moe_ffn_hidden_size=512, precision="bf16")
-    return TransformerSpec(**(base | kw))
 
 
 def _par(etp: int | None = None, **kw) -> dict:
