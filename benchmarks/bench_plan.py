@@ -10,7 +10,9 @@ settings on the benchmark suite: the same points and values as a study with the
         --variants '{"all": {"screen_cap": "all"}}'   # the study's trials vs its whole space
 
 Every variant (a name -> :class:`~crossflow.search.samplers.structured.Settings` fields,
-and under ``"exchange"`` keyword arguments of the local search's rules) runs on every selected study of ``benchmarks/suite/studies.yaml``.  A study's reference is
+and under ``"exchange"`` keyword arguments of the local search's rules) runs on every selected study of ``benchmarks/suite/studies.yaml`` (without
+``--studies``, the 22 with a budget split: a strategy-only study's plan ends with its
+screen, where a study hands over to TPE).  A study's reference is
 the best value any run found, or the suite's cached best-known value when it is lower
 (``--best-known``: the folder ``benchmarks/suite.py`` caches them in).  Prints, per budget,
 each variant's median and worst gap (%) over the studies, and writes every run's gaps to
@@ -112,6 +114,17 @@ def _task(task):
             "phases": phases, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
+def references(path: Path) -> dict[str, float]:
+    """Study -> reference value from a JSON object or a CSV with ``study`` and
+    ``reference`` columns (``suite.csv`` repeats a study's reference on each of its rows)."""
+    if path.suffix == ".csv":
+        import csv
+
+        with path.open(newline="") as f:
+            return {row["study"]: float(row["reference"]) for row in csv.DictReader(f)}
+    return {k: float(v) for k, v in json.loads(path.read_text()).items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--half", default="tuning", choices=("tuning", "checking", "all"))
@@ -128,7 +141,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--best-known", type=Path)
     ap.add_argument("--references", type=Path,
-                    help="a JSON file of study -> reference value (e.g. from suite.csv)")
+                    help="study -> reference value: a JSON object, or a CSV with study and "
+                         "reference columns such as benchmarks/results/suite.csv")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     budgets = sorted(int(b) for b in args.budgets.split(","))
@@ -136,8 +150,12 @@ def main() -> None:
     if args.shipped:
         studies = [{"name": n, "half": "shipped", "spec": n} for n in args.shipped.split(",")]
     else:
-        studies = suite.select(suite.load_table(), args.half,
-                               [s for s in args.studies.split(",") if s] or None)
+        names = [s for s in args.studies.split(",") if s] or None
+        studies = suite.select(suite.load_table(), args.half, names)
+        if names is None:
+            # the plan of a strategy-only study ends with its screen (a study hands it to
+            # TPE), so its gaps say nothing of the driver: those run as studies (suite.py)
+            studies = [s for s in studies if s["kind"] != "strategy"]
     tasks = [(e, v, variants[v], seed, budgets[-1], args.jitter) for e in studies
              for v in variants for seed in range(args.seeds)]
     t0 = time.perf_counter()
@@ -156,7 +174,7 @@ def main() -> None:
             except (OSError, ValueError):
                 pass
     if args.references:
-        for name, value in json.loads(args.references.read_text()).items():
+        for name, value in references(args.references).items():
             if name in reference:
                 reference[name] = min(reference[name], float(value))
     rows = []

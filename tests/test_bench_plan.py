@@ -26,3 +26,14 @@ def test_a_jittered_start_is_another_run_and_the_same_one_again():
     assert shaken != plain
     assert bench_plan.run("quickstart", 40, 1, {}, jitter=0.05) == shaken
     assert any(math.isfinite(v) for v in shaken)
+
+
+def test_references_come_from_the_suite_table_or_a_json_object(tmp_path):
+    """``--references`` reads the committed suite.csv (one reference per study, repeated on
+    its rows) or a JSON object, to the same values."""
+    table = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "suite.csv"
+    refs = bench_plan.references(table)
+    assert len(refs) == 28 and all(v > 0 for v in refs.values())
+    again = tmp_path / "refs.json"
+    again.write_text(__import__("json").dumps(refs))
+    assert bench_plan.references(again) == refs
