@@ -154,8 +154,7 @@ def transformer_iteration(
     if spec.moe and (ep > 1 or etp > 1):
         routed = spec.routed_rows(b * s // cp // tp) * h * nbytes
         if ep > 1:
-            a2a = (network.all_to_all(routed, ep, etp) if etp > 1 else
-                   network.all_to_all(routed, ep))
+            a2a = network.all_to_all(routed, ep, etp)
         if etp > 1:
             # Megatron-Core's all-to-all dispatcher then gathers the rows its expert-tensor
             # group received (gather_from_sequence_parallel_region over expt_tp) and, before

@@ -33,7 +33,7 @@ class MappedNetwork:
     def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
         """An all-to-all in each expert-parallel group of ``size`` ranks, every
         ``stride``-th rank of the expert grid (:meth:`Mapping.all_to_all`)."""
-        key = ("all_to_all", nbytes, str(size) if stride == 1 else f"{size}/{stride}")
+        key = ("all_to_all", nbytes, f"{size}/{stride}")
         if key not in self._memo:
             self._memo[key] = self.mapping.all_to_all(nbytes, size, stride)
         return self._memo[key]

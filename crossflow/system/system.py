@@ -455,12 +455,9 @@ class Mapping:
 
     def expert_tensor_groups(self, size: int) -> np.ndarray:
         """Rows of devices of the expert-tensor-parallel groups of ``size`` ranks: ``size``
-        consecutive ranks of a pipeline stage in :meth:`expert_groups`' numbering."""
-        stages = self.devices[:, 0].transpose(2, 1, 0)
-        ranks = stages.reshape(stages.shape[0], -1)
-        if ranks.shape[1] % size:
-            raise ValueError(f"{size} does not divide the {ranks.shape[1]} ranks of a stage")
-        return ranks.reshape(-1, size)
+        consecutive ranks of a pipeline stage in :meth:`expert_groups`' numbering (the
+        same cut as an expert group without stride)."""
+        return self.expert_groups(size)
 
     def expert_tensor(self, kind: str, nbytes: float, size: int) -> float:
         """Seconds for a ring all-gather (``kind`` "all_gather", ``nbytes`` its output) or

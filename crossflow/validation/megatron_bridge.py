@@ -89,18 +89,22 @@ def _tokendrop(r: dict[str, str]) -> bool:
     return "tokendrop" in r["model"]
 
 
+def _moe_published(tokendrop: bool) -> tuple[dict[str, str], ...]:
+    return tuple(r for r in _published("moe")
+                 if r["model_key"] not in SKIPPED and _tokendrop(r) == tokendrop)
+
+
 @cache
 def moe_rows() -> tuple[dict[str, str], ...]:
     """The dropless MoE rows validated (none of :data:`SKIPPED`)."""
-    return tuple(r for r in _published("moe")
-                 if r["model_key"] not in SKIPPED and not _tokendrop(r))
+    return _moe_published(tokendrop=False)
 
 
 @cache
 def tokendrop_rows() -> tuple[dict[str, str], ...]:
     """The token-dropping MoE rows (25.09's "(tokendrop)" Qwen3 runs; none of
     :data:`SKIPPED`)."""
-    return tuple(r for r in _published("moe") if r["model_key"] not in SKIPPED and _tokendrop(r))
+    return _moe_published(tokendrop=True)
 
 
 #: The token dropping of the "(tokendrop)" rows: Megatron-Bridge 25.09's performance script
