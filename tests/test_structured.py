@@ -542,3 +542,50 @@ def test_an_axial_probe_races_only_when_it_beats_its_start(probe_gain):
         assert starts == [_toy(x0), (1 - probe_gain) * _toy(x0)]
     else:
         assert starts == [_toy(x0)]
+
+
+def test_the_pattern_move_repeats_the_rounds_change_in_the_log_shares():
+    """Hooke and Jeeves's pattern move: from ``a`` to ``b`` and as far again, each share
+    multiplied by its ratio b / a (renormalised), a float range moved by b − a and clipped."""
+    from crossflow.search.samplers.structured._inner import _extrapolate
+    from crossflow.search.samplers.structured._problem import Coord
+
+    P = _ToyProblem(_ToySetup())
+    P.coords = [*P.coords, Coord("float", "volt", -1, 0.5, 1.0)]
+    a = Cont({"area": np.array([0.2, 0.2, 0.2, 0.4])}, {"volt": 0.7})
+    b = Cont({"area": np.array([0.4, 0.2, 0.1, 0.3])}, {"volt": 0.9})
+    c = _extrapolate(P, a, b)
+    raw = np.array([0.8, 0.2, 0.05, 0.225])
+    assert np.allclose(c.simplexes["area"], raw / raw.sum())
+    assert c.floats["volt"] == 1.0                                    # 1.1, clipped
+    assert _extrapolate(P, b, b).key() == b.key()                    # no change, no move
+
+
+def test_the_local_search_tries_a_pattern_move_after_a_round_that_improved():
+    """On the toy, every round that improved is followed by its pattern move, and on a
+    search that does not use it the same points come before it."""
+    from crossflow.search.samplers.structured._inner import _extrapolate
+
+    P = _ToyProblem(_ToySetup())
+    start = Cont({"area": np.array([0.3, 0.05, 0.3, 0.35])})
+
+    def points(pattern):
+        seen = []
+        gen = exchange(P, {}, start, _toy(start), 120, np.random.default_rng(0),
+                       pattern=pattern)
+        try:
+            batch = next(gen)
+            while True:
+                seen += batch
+                batch = gen.send([_toy(x) for x in batch])
+        except StopIteration:
+            return seen
+
+    with_move, without = points(True), points(False)
+    first = next(i for i, (x, y) in enumerate(zip(with_move, without, strict=False))
+                 if x.key() != y.key())
+    moved = with_move[first]
+    # the first point that differs is an extrapolation of two earlier points of the search
+    assert any(_extrapolate(P, a, b).key() == moved.key()
+               for a in [start, *with_move[:first]] for b in with_move[:first])
+
