@@ -18,6 +18,7 @@ from crossflow.search.samplers.structured._sampler import (
     DONE,
     MEMORY,
     PHASE,
+    POINT,
     SEED,
     SLOT,
     START,
@@ -119,6 +120,28 @@ def test_paper_lstm_512_extended_from_120_to_400_trials_improves(tmp_path):
     new = [t for t in extended.trials if t.number >= 120]
     assert {t.user_attrs[PHASE] for t in new} <= {"axial", "race", "search", "cma"}
     assert min(t.value for t in new if is_feasible(t)) < 0.9 * best_120
+
+
+def test_trials_of_another_plan_are_not_replayed_into_this_one(tmp_path):
+    """A study begun with other settings (a screen of 4 combinations) and extended with the
+    defaults: the default plan's screen is another batch, so the first launch's trials hold
+    its first slots but not its points.  The second launch evaluates the plan's own points
+    there instead of feeding the plan the values of other points."""
+    import json
+
+    setup = load_study("paper-lstm-512")
+    first = _run(setup, tmp_path, 12, sampler_options={"screen_cap": 4}).study
+    old = {t.system_attrs[SLOT]: t.system_attrs[POINT] for t in first.trials
+           if SLOT in t.system_attrs}
+    study = _run(setup, tmp_path, 24).study
+    _, screen = next(plan(Problem(setup), seed=0, records=[]))
+    canon = lambda p: json.dumps(p, sort_keys=True, default=str)  # noqa: E731
+    other = {j for j, p in old.items() if canon(p) != canon(screen[j])}
+    assert other                                  # the two plans differ in those slots
+    new = [t for t in study.trials if t.number >= 12]
+    assert all(canon(t.system_attrs[POINT]) == canon(screen[t.system_attrs[SLOT]])
+               for t in new)
+    assert other <= {t.system_attrs[SLOT] for t in new}   # evaluated again, not replayed
 
 
 def test_a_resumed_launch_replays_the_plan_of_the_first_launchs_seed(tmp_path, monkeypatch):

@@ -5,7 +5,9 @@ How trials share the plan (one worker or many, on one machine or several):
 * The plan (:func:`._plan.plan`) is deterministic given its seed, its start and the values
   it receives, so every worker rebuilds it from the storage: the values of the trials that
   evaluated its points, in plan order.  A trial records the plan index of its point
-  (``structured:slot``) and the point itself before it runs.
+  (``structured:slot``) and the point itself before it runs; a trial whose point is not
+  the plan's at its index (a study begun with other ``sampler_options``, or by another
+  version of the driver) is not replayed, and the plan's own point is evaluated there.
 * A new trial takes the lowest point of the current batch that no live trial holds.  When
   every point of the batch is held, it takes the oldest one still unanswered and evaluates
   it too (a duplicate): so a worker never waits for another one — a worker that was killed
@@ -26,6 +28,7 @@ How trials share the plan (one worker or many, on one machine or several):
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Sequence
@@ -172,11 +175,12 @@ class StructuredSampler(BaseSampler):
         if not self._batch:
             return None
         batch = range(self._base, self._base + len(self._batch))
-        free = [j for j in batch if not holders.get(j)]
+        held = {j: self._holding(holders, j) for j in batch}
+        free = [j for j in batch if not held[j]]
         # every point held: the oldest unanswered one again (its worker may be gone)
         slot = free[0] if free else min(
-            (j for j in batch if _value(holders[j]) is None),
-            key=lambda j: min(t.number for t in holders[j]))
+            (j for j in batch if _value(held[j]) is None),
+            key=lambda j: min(t.number for t in held[j]))
         self._prefetch(slot)
         return slot, self._batch[slot - self._base], self._phase
 
@@ -185,7 +189,8 @@ class StructuredSampler(BaseSampler):
         if self._gen is None or self._study_key != study_key(study):
             self._start(study)
         while self._batch:
-            values = [_value(holders.get(self._base + j, [])) for j in range(len(self._batch))]
+            values = [_value(self._holding(holders, self._base + j))
+                      for j in range(len(self._batch))]
             if any(v is None for v in values):
                 return
             self._base += len(self._batch)
@@ -194,6 +199,15 @@ class StructuredSampler(BaseSampler):
             except StopIteration:  # nothing continuous, screened: TPE from here on
                 self._phase, self._batch = DONE, []
             self._prefetch()
+
+    def _holding(self, holders: dict[int, list[FrozenTrial]], slot: int
+                 ) -> list[FrozenTrial]:
+        """The trials at ``slot`` (of the current batch) that evaluated this plan's point
+        there.  A trial of another plan (a study begun with other ``sampler_options``, or
+        by another version of the driver) holds the slot but not the point: it is neither
+        waited for nor replayed, so the plan is never fed the value of another point."""
+        point = _canonical(self._batch[slot - self._base])
+        return [t for t in holders.get(slot, []) if _canonical(t.system_attrs.get(POINT)) == point]
 
     def _start(self, study: Study) -> None:
         self._study_key = study_key(study)
@@ -241,6 +255,11 @@ def _incumbent(study: Study) -> dict[str, Any] | None:
         return None
     best = min(done, key=lambda t: (t.values[0], t.number))
     return None if "fixed_params" in best.system_attrs else dict(best.params)
+
+
+def _canonical(point: Any) -> str:
+    """A point as the storage gives it back (JSON: tuples are lists), for comparison."""
+    return json.dumps(point, sort_keys=True, default=str)
 
 
 def _value(trials: list[FrozenTrial]) -> float | None:
