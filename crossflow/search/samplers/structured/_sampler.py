@@ -89,6 +89,8 @@ class StructuredSampler(BaseSampler):
         self._lock = threading.Lock()
         self._gen = None
         self._batch: list[dict[str, Any]] = []
+        self._canon_of: list[dict[str, Any]] | None = None   # the batch _canon is of
+        self._canon: list[str] = []
         self._phase = ""
         self._base = 0           # plan index of the current batch's first point
         self._priced = 0         # plan index up to which the batch is priced ahead
@@ -98,7 +100,7 @@ class StructuredSampler(BaseSampler):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_gen", "_batch", "_points", "_handed"):
+        for key in ("_lock", "_gen", "_batch", "_points", "_handed", "_canon_of", "_canon"):
             del state[key]
         return state
 
@@ -206,7 +208,9 @@ class StructuredSampler(BaseSampler):
         there.  A trial of another plan (a study begun with other ``sampler_options``, or
         by another version of the driver) holds the slot but not the point: it is neither
         waited for nor replayed, so the plan is never fed the value of another point."""
-        point = _canonical(self._batch[slot - self._base])
+        if self._canon_of is not self._batch:   # once per batch, not per claim
+            self._canon_of, self._canon = self._batch, [_canonical(p) for p in self._batch]
+        point = self._canon[slot - self._base]
         return [t for t in holders.get(slot, []) if _canonical(t.system_attrs.get(POINT)) == point]
 
     def _start(self, study: Study) -> None:
