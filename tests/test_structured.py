@@ -127,7 +127,7 @@ def test_trials_of_another_plan_are_not_replayed_into_this_one(tmp_path):
     defaults: the default plan's screen is another batch, so the first launch's trials hold
     its first slots but not its points.  The second launch evaluates the plan's own points
     there instead of feeding the plan the values of other points."""
-    import json
+    from crossflow.search.samplers.structured._problem import point_key as canon
 
     setup = load_study("paper-lstm-512")
     first = _run(setup, tmp_path, 12, sampler_options={"screen_cap": 4}).study
@@ -135,7 +135,6 @@ def test_trials_of_another_plan_are_not_replayed_into_this_one(tmp_path):
            if SLOT in t.system_attrs}
     study = _run(setup, tmp_path, 24).study
     _, screen = next(plan(Problem(setup), seed=0, records=[]))
-    canon = lambda p: json.dumps(p, sort_keys=True, default=str)  # noqa: E731
     other = {j for j, p in old.items() if canon(p) != canon(screen[j])}
     assert other                                  # the two plans differ in those slots
     new = [t for t in study.trials if t.number >= 12]
@@ -585,8 +584,9 @@ def test_the_pattern_move_repeats_the_rounds_change_in_the_log_shares():
 
 
 def test_the_local_search_tries_a_pattern_move_after_a_round_that_improved():
-    """On the toy, every round that improved is followed by its pattern move, and on a
-    search that does not use it the same points come before it."""
+    """On the toy, the search with the pattern move and the one without it evaluate the
+    same points until the first pattern move: the first point where they differ is an
+    extrapolation of two earlier points of the search."""
     from crossflow.search.samplers.structured._inner import _extrapolate
 
     P = _ToyProblem(_ToySetup())

@@ -179,6 +179,10 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
     return best, fbest
 
 
+#: A share's floor in :func:`_extrapolate` (the encoding clips far above it).
+_TINY = 1e-300
+
+
 def _extrapolate(P: Problem, a: Cont, b: Cont) -> Cont:
     """``b`` moved again by the change from ``a`` to ``b``: every simplex share multiplied
     by its ratio b / a (a step in the log-shares, the coordinates the exchange moves in),
@@ -193,10 +197,6 @@ def _extrapolate(P: Problem, a: Cont, b: Cont) -> Cont:
         if c.index < 0:
             floats[c.name] = min(c.high, max(c.low, 2 * b.floats[c.name] - a.floats[c.name]))
     return Cont(simplexes, floats)
-
-
-#: A share's floor in :func:`_extrapolate` (the encoding clips far above it).
-_TINY = 1e-300
 
 
 def _shift(at: Cont, frm: Coord, to: Coord, s: float) -> float:

@@ -52,7 +52,6 @@ Points already evaluated by the plan are answered from its memo, not evaluated a
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
@@ -63,7 +62,7 @@ import numpy as np
 from crossflow.search import encoding
 from crossflow.search.objective import Invalid
 from crossflow.search.samplers.structured._inner import exchange
-from crossflow.search.samplers.structured._problem import Cont, Problem, better
+from crossflow.search.samplers.structured._problem import Cont, Problem, better, point_key
 from crossflow.search.space import MAPPING_ORDER
 
 Plan = Generator[tuple[str, list[dict[str, Any]]], list[float], None]
@@ -308,7 +307,7 @@ class _Asker:
 
     def points(self, phase: str, pairs: list[tuple[Mapping[str, Any], Cont]]):
         params = [self.P.params(x, d) for d, x in pairs]
-        keys = [json.dumps(p, sort_keys=True, default=str) for p in params]
+        keys = [point_key(p) for p in params]
         fresh: dict[str, int] = {}
         for i, k in enumerate(keys):
             if k not in self.memo and k not in fresh:

@@ -21,6 +21,7 @@ on a plateau nor steps blindly over a cliff.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -298,6 +299,12 @@ Inner = Generator[list[Cont], list[float], tuple[Cont, float]]
 
 #: Relative change below which two values are the same (the model is deterministic).
 SAME = 1e-9
+
+
+def point_key(params: Any) -> str:
+    """A point's parameters as one string, equal for equal points whether they come from
+    the plan or back from the storage (JSON: tuples read back as lists)."""
+    return json.dumps(params, sort_keys=True, default=str)
 
 
 def better(a: float, b: float) -> bool:

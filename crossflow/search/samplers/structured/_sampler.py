@@ -28,7 +28,6 @@ How trials share the plan (one worker or many, on one machine or several):
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Sequence
@@ -42,7 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 from crossflow.search import keys
 from crossflow.search.keys import PHASE
 from crossflow.search.samplers.structured._plan import Settings, plan
-from crossflow.search.samplers.structured._problem import Problem
+from crossflow.search.samplers.structured._problem import Problem, point_key
 from crossflow.search.trials import (
     all_trials,
     contains,
@@ -209,9 +208,9 @@ class StructuredSampler(BaseSampler):
         by another version of the driver) holds the slot but not the point: it is neither
         waited for nor replayed, so the plan is never fed the value of another point."""
         if self._canon_of is not self._batch:   # once per batch, not per claim
-            self._canon_of, self._canon = self._batch, [_canonical(p) for p in self._batch]
+            self._canon_of, self._canon = self._batch, [point_key(p) for p in self._batch]
         point = self._canon[slot - self._base]
-        return [t for t in holders.get(slot, []) if _canonical(t.system_attrs.get(POINT)) == point]
+        return [t for t in holders.get(slot, []) if point_key(t.system_attrs.get(POINT)) == point]
 
     def _start(self, study: Study) -> None:
         self._study_key = study_key(study)
@@ -259,11 +258,6 @@ def _incumbent(study: Study) -> dict[str, Any] | None:
         return None
     best = min(done, key=lambda t: (t.values[0], t.number))
     return None if "fixed_params" in best.system_attrs else dict(best.params)
-
-
-def _canonical(point: Any) -> str:
-    """A point as the storage gives it back (JSON: tuples are lists), for comparison."""
-    return json.dumps(point, sort_keys=True, default=str)
 
 
 def _value(trials: list[FrozenTrial]) -> float | None:
