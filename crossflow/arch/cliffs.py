@@ -12,6 +12,10 @@ of those integer counts changes.  This module reports
   really builds the unit they buy: the points a search should evaluate instead of stepping
   blindly over a cliff.
 
+(Over 600 lines, one module on purpose: :class:`_Coordinate` holds one closed form per AGE
+quantity along a coordinate, and the step search, the edge nudging and :class:`_Transfer`
+are built on its private state; they change together whenever the AGE does.)
+
 **The coordinate convention ("fraction held, slack absorbs").**  A coordinate is one
 component's share ``f`` in one budget simplex (``"area"``, ``"power"`` or ``"perimeter"``).
 Along it every *other* fraction of that simplex keeps its value (the template's, merged with
