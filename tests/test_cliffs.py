@@ -22,6 +22,7 @@ from crossflow.arch.cliffs import (
     quantities,
     quantities_at,
     steps,
+    thresholds,
     transfer_amount,
 )
 from crossflow.arch.paper_check import paper_check
@@ -133,6 +134,25 @@ def test_lstm512_register_cliff():
     room = {**LSTM512_BEST, "area_fractions": {**LSTM512_BEST["area_fractions"], "L2": 0.12}}
     t, bundles = _register_cliff(steps(spec, room, "area", "core", 0.6, 0.7))
     assert bundles == 180 and t == pytest.approx(180 * 8 * 0.38 / 815, abs=1e-9)
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize(("simplex", "component", "only"), [
+    ("area", "core", (FEASIBLE, "core.", "registers.banks_per_instance")),
+    ("power", "registers", (FEASIBLE, "registers.")),
+    ("perimeter", "inter", ("inter_links.ports",)),
+])
+def test_thresholds_are_the_fractions_of_the_steps_of_the_named_quantities(
+        convention, simplex, component, only):
+    """The driver's fast path: the same fractions as every step filtered by name, each once
+    and sorted, without the feasibility steps unless named."""
+    spec = SPECS["deepflow-case-study"]
+    every = steps(spec, LSTM512_BEST, simplex, component, convention=convention)
+    want = sorted({s.fraction for s in every if s.quantity.startswith(only)})
+    got = thresholds(spec, LSTM512_BEST, simplex, component, only, convention=convention)
+    assert got == want and got
+    if convention == "proportional":     # every component's units step: most are dropped
+        assert {s.quantity for s in every if not s.quantity.startswith(only)}
 
 
 def test_range_is_clipped_to_the_slack():

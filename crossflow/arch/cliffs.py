@@ -69,7 +69,7 @@ from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.tech.library import TechLibrary, library
 
 __all__ = ["SIMPLEXES", "CONVENTIONS", "FEASIBLE", "Step", "quantities", "quantities_at",
-           "unit_quantity", "steps", "edges", "coordinate_range", "coordinate_overrides",
+           "unit_quantity", "steps", "thresholds", "edges", "coordinate_range", "coordinate_overrides",
            "transfer_amount"]
 
 #: Budget simplexes and the override key that holds each one's fractions.
@@ -552,6 +552,30 @@ def steps(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
     """
     coord = _Coordinate(template, overrides, simplex, component, tech, convention)
     return _steps(coord, *coord.clip(lo, hi))
+
+
+def thresholds(template: Template, overrides: Mapping[str, Any] | None, simplex: str,
+               component: str, only: tuple[str, ...], *,
+               convention: str = "held") -> list[float]:
+    """The fractions of :func:`steps` over the coordinate's whole range, sorted and each
+    once, of the quantities whose names start with one of ``only`` (``"feasible"`` among
+    them for the feasibility steps): what a search that snaps its moves to step edges
+    needs, without building the thousands of :class:`Step` records of every quantity."""
+    coord = _Coordinate(template, overrides, simplex, component, None, convention)
+    lo, hi = coord.clip(0.0, 1.0)
+    if not hi > lo:
+        return []
+    cand, vals = coord.plateaus(lo, hi)
+    if not cand.size:
+        return []
+    feas = np.asarray(vals[FEASIBLE]).astype(bool)
+    both = feas[1:] & feas[:-1]
+    keep = (feas[1:] != feas[:-1]) if FEASIBLE.startswith(only) else np.zeros_like(both)
+    for q, v in vals.items():
+        if q != FEASIBLE and q.startswith(only):
+            v = np.asarray(v)
+            keep |= both & (v[1:] != v[:-1])
+    return cand[keep].tolist()
 
 
 def _steps(coord: _Coordinate, lo: float, hi: float) -> list[Step]:

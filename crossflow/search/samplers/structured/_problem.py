@@ -235,8 +235,11 @@ class Problem:
         component's units step along it: one more bundle costs the register file a little
         area, which is where the cliffs of the core coordinate are).  An exchange with a
         ``donor`` holds the other shares: the ``held`` steps, with half of the donor's share
-        put in the slack so that the coordinate has room to grow into."""
-        from crossflow.arch.cliffs import steps
+        put in the slack so that the coordinate has room to grow into.  Only the steps of
+        :meth:`_quantities` count, so they come from :func:`~crossflow.arch.cliffs.thresholds`
+        (the fractions alone: building every quantity's :class:`Step` and dropping most
+        of them took two thirds of a budget-only study's time)."""
+        from crossflow.arch.cliffs import thresholds
 
         convention = "proportional"
         if donor is not None:
@@ -252,13 +255,11 @@ class Problem:
             if len(self._edge_cache) > 4096:
                 self._edge_cache.clear()
             try:
-                found = steps(self.setup.template, overrides, coord.block, coord.name,
-                              convention=convention)
+                found = thresholds(self.setup.template, overrides, coord.block, coord.name,
+                                   self._quantities(coord), convention=convention)
             except CrossflowError:
                 found = []
-            mine = self._quantities(coord)
-            self._edge_cache[key] = sorted({round(s.fraction, 15) for s in found
-                                            if s.quantity.startswith(mine)})
+            self._edge_cache[key] = sorted({round(f, 15) for f in found})
         return self._edge_cache[key]
 
     def _quantities(self, coord: Coord) -> tuple[str, ...]:
