@@ -20,6 +20,7 @@ on a plateau nor steps blindly over a cliff.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -216,11 +217,13 @@ class Problem:
         edges = self._edges(moved, coord, discrete, donor)
         if not edges:
             return moved
-        below = [e for e in edges if e <= new + 1e-12]
-        target = below[-1] if below else None
+        # the edges are compared at 15 decimals; rounding is monotone, so a binary search
+        # that rounds the few edges it looks at finds what rounding them all would
+        i = bisect.bisect_right(edges, new + 1e-12, key=_round15)
+        target = _round15(edges[i - 1]) if i else None
         if new > old and (target is None or target <= old + 1e-12):
-            above = [e for e in edges if e > old + 1e-12]
-            target = above[0] if above else None
+            j = bisect.bisect_right(edges, old + 1e-12, key=_round15)
+            target = _round15(edges[j]) if j < len(edges) else None
         if target is None or not 0 < target / share < 1 - _FLOOR:
             return moved
         # a hair above the threshold: the encoding's round trip must not lose the unit
@@ -228,7 +231,8 @@ class Problem:
 
     def _edges(self, cont: Cont, coord: Coord, discrete: Mapping[str, Any],
                donor: Coord | None = None) -> list[float]:
-        """Step thresholds of ``coord`` on the line a move from ``cont`` follows (cached).
+        """Step thresholds of ``coord`` on the line a move from ``cont`` follows (sorted;
+        cached).
 
         A move (:meth:`move`) scales the other shares in proportion: the steps of
         :func:`crossflow.arch.cliffs.steps` with ``convention="proportional"`` (every
@@ -259,7 +263,7 @@ class Problem:
                                    self._quantities(coord), convention=convention)
             except CrossflowError:
                 found = []
-            self._edge_cache[key] = sorted({round(f, 15) for f in found})
+            self._edge_cache[key] = found
         return self._edge_cache[key]
 
     def _quantities(self, coord: Coord) -> tuple[str, ...]:
@@ -282,6 +286,10 @@ class Problem:
         clients = tuple(f"{m.name}.banks_per_instance" for m in template.memory[:-1]
                         if m.scope in ("mcu", "bundle"))
         return (FEASIBLE, own, *clients)
+
+
+def _round15(x: float) -> float:
+    return round(x, 15)
 
 
 def _freeze(value: Any) -> Any:
