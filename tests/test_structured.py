@@ -612,3 +612,34 @@ def test_the_local_search_tries_a_pattern_move_after_a_round_that_improved():
     assert any(_extrapolate(P, a, b).key() == moved.key()
                for a in [start, *with_move[:first]] for b in with_move[:first])
 
+
+
+def test_snap_lands_where_rounding_every_edge_would():
+    """The snap's binary search (rounding only the edges it looks at) picks the edge that
+    rounding all of them to 15 decimals and scanning the list picks."""
+    from crossflow.search.samplers.structured._problem import _FLOOR
+
+    setup = load_study("paper-lstm-512")
+    P = Problem(setup)
+    x0, d0 = P.start()
+    checked = 0
+    for c in [c for c in P.coords if c.index >= 0][:6]:
+        for s in (-0.6, -0.2, 0.05, 0.2, 0.6):
+            moved = P.move(x0, c, s)
+            got = P.snap(x0, moved, c, d0)
+            share = P.simplexes[c.block].share
+            old = x0.simplexes[c.block][c.index] * share
+            new = moved.simplexes[c.block][c.index] * share
+            edges = sorted({round(f, 15) for f in P._edges(moved, c, d0)})
+            below = [e for e in edges if e <= new + 1e-12]
+            target = below[-1] if below else None
+            if new > old and (target is None or target <= old + 1e-12):
+                above = [e for e in edges if e > old + 1e-12]
+                target = above[0] if above else None
+            if target is None or not 0 < target / share < 1 - _FLOOR:
+                assert got.key() == moved.key()
+            else:
+                want = P.with_share(moved, c, target * (1 + 1e-9) / share)
+                assert got.key() == want.key()
+                checked += 1
+    assert checked >= 10
