@@ -566,15 +566,9 @@ def thresholds(template: Template, overrides: Mapping[str, Any] | None, simplex:
     if not hi > lo:
         return []
     cand, vals = coord.plateaus(lo, hi)
-    if not cand.size:
-        return []
-    feas = np.asarray(vals[FEASIBLE]).astype(bool)
-    both = feas[1:] & feas[:-1]
-    keep = (feas[1:] != feas[:-1]) if FEASIBLE.startswith(only) else np.zeros_like(both)
-    for q, v in vals.items():
-        if q != FEASIBLE and q.startswith(only):
-            v = np.asarray(v)
-            keep |= both & (v[1:] != v[:-1])
+    keep = np.zeros(cand.size, dtype=bool)
+    for _, idx in _changes(vals, only):
+        keep[idx] = True
     return cand[keep].tolist()
 
 
@@ -585,21 +579,29 @@ def _steps(coord: _Coordinate, lo: float, hi: float) -> list[Step]:
     return _diff(cand, vals)
 
 
-def _diff(cand: np.ndarray, vals: Mapping[str, np.ndarray]) -> list[Step]:
-    """Steps between neighbouring plateaus (quantities only where both are feasible)."""
-    if not cand.size:
-        return []
+def _changes(vals: Mapping[str, np.ndarray], only: tuple[str, ...] | None = None):
+    """``(quantity, i)`` for each quantity and the indices ``i`` where it differs between
+    plateaus ``i`` and ``i + 1``: feasibility wherever it flips, any other quantity only
+    where both plateaus are feasible; only the quantities whose names start with one of
+    ``only`` (None: all)."""
     feas = np.asarray(vals[FEASIBLE])
-    ts = cand.tolist()
-    out: list[Step] = []
-    for i in np.nonzero(feas[1:] != feas[:-1])[0].tolist():
-        out.append(Step(ts[i], FEASIBLE, int(feas[i]), int(feas[i + 1])))
+    if only is None or FEASIBLE.startswith(only):
+        yield FEASIBLE, np.nonzero(feas[1:] != feas[:-1])[0]
     both = feas[1:] & feas[:-1]
     for q, v in vals.items():
-        if q == FEASIBLE:
-            continue
-        v = np.asarray(v)
-        idx = np.nonzero(both & (v[1:] != v[:-1]))[0]
+        if q != FEASIBLE and (only is None or q.startswith(only)):
+            v = np.asarray(v)
+            yield q, np.nonzero(both & (v[1:] != v[:-1]))[0]
+
+
+def _diff(cand: np.ndarray, vals: Mapping[str, np.ndarray]) -> list[Step]:
+    """Steps between neighbouring plateaus (:func:`_changes`)."""
+    if not cand.size:
+        return []
+    ts = cand.tolist()
+    out: list[Step] = []
+    for q, idx in _changes(vals):
+        v = np.asarray(vals[q])
         below, above = v[idx].astype(np.int64).tolist(), v[idx + 1].astype(np.int64).tolist()
         out.extend(map(Step, [ts[i] for i in idx.tolist()], [q] * len(idx), below, above))
     out.sort()
