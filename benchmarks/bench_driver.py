@@ -4,11 +4,13 @@
     python benchmarks/bench_driver.py [--studies a,b] [--evaluations 1000] [--rounds 1]
                                       [--reference DIR]
 
-Each study's plan runs directly (no Optuna, no MLflow: the points and values of a study with
-the ``structured`` sampler) for ``--evaluations`` model evaluations, in a fresh process.
-Reported per study: ``model_s`` (the evaluations), ``driver_s`` (everything else: the plan,
-its local search, the AGE step edges it snaps moves to), ``total_s`` and ``digest`` (a hash
-of every point and value, so two trees that make the same search show the same digest).
+Each study's plan runs as ``bench_plan.py`` runs it (no Optuna, no MLflow: the points and
+values of a study with the ``structured`` sampler, seed 0) for ``--evaluations`` model
+evaluations, in a fresh process.  Reported per study: ``model_s`` (the plan's batches
+evaluated), ``driver_s`` (everything else: the plan, its local search, the AGE step edges it
+snaps moves to; also loading the study and its baseline trial), ``total_s`` and ``digest``
+(a hash of every point and value of the plan, so two trees that make the same search show
+the same digest).
 With ``--reference DIR`` (another source tree, e.g. ``git worktree add DIR COMMIT``) each
 study runs from it too, alternating, so load on a shared machine hits both alike, and the
 ratios reference / this tree are given.
@@ -31,31 +33,23 @@ STUDIES = ("lstm-2k-1chip-n7", "gemm-mem-64k-1chip-n5", "gemm-32k-8k-512-n5",
            "lstm-paper-512-n7-600mm", "gpt-350m-1chip-n5")
 
 _CHILD = r"""
-import hashlib, json, math, sys, time
+import hashlib, json, sys, time
 sys.path.insert(0, sys.argv[3])
-import suite
-from crossflow.search.objective import evaluate_many
-from crossflow.search.samplers.structured._plan import Settings, plan
-from crossflow.search.samplers.structured._problem import Problem, point_key
-from crossflow.search.study import load_study
+import bench_plan, suite
+from crossflow.search.samplers.structured._problem import point_key
 
-name, budget = sys.argv[1], int(sys.argv[2])
-setup = load_study(suite.select(suite.load_table(), "all", [name])[0]["spec"])
-digest, model, t0 = hashlib.sha1(), 0.0, time.perf_counter()
-gen = plan(Problem(setup), seed=0, settings=Settings(), records=[])
-phase, batch = next(gen)
-done = 0
-while done < budget:
-    t = time.perf_counter()
-    got = [e.values(setup.objectives)[0] if e.feasible else math.inf
-           for e in evaluate_many(setup, [setup.design(p) for p in batch])]
-    model += time.perf_counter() - t
-    for p, v in zip(batch, got):
+digest, model = hashlib.sha1(), [0.0]
+
+def seen(points, values, seconds):
+    model[0] += seconds
+    for p, v in zip(points, values):
         digest.update((point_key(p) + repr(v)).encode())
-    done += len(batch)
-    phase, batch = gen.send(got)
+
+spec = suite.select(suite.load_table(), "all", [sys.argv[1]])[0]["spec"]
+t0 = time.perf_counter()
+done = len(bench_plan.run(spec, int(sys.argv[2]), 0, {}, on_batch=seen))
 total = time.perf_counter() - t0
-print(json.dumps({"model_s": model, "driver_s": total - model, "total_s": total,
+print(json.dumps({"model_s": model[0], "driver_s": total - model[0], "total_s": total,
                   "evaluations": done, "digest": digest.hexdigest()[:16]}))
 """
 

@@ -38,12 +38,15 @@ _DEFAULTS: dict[str, dict] = {}
 
 
 def run(spec, budget: int, seed: int, settings: dict,
-        phases: list[list] | None = None, jitter: float = 0.0) -> list[float]:
+        phases: list[list] | None = None, jitter: float = 0.0,
+        on_batch=None) -> list[float]:
     """Every evaluation's value (inf when infeasible), the baseline trials first (a study
     samples their missing dimensions at random: counted here as inf); ``phases`` (when
     given) gets the plan's phases in order, each as [name, evaluations].  With ``jitter``
     and a seed above 0, the plan starts from the template's split with every share scaled
-    by exp(N(0, jitter)) (see ``--jitter``)."""
+    by exp(N(0, jitter)) (see ``--jitter``).  ``on_batch(points, values, seconds)`` (when
+    given) is called after each of the plan's batches with the model's time for it
+    (``benchmarks/bench_driver.py``)."""
     import functools
 
     from crossflow.search.objective import evaluate, evaluate_many
@@ -89,8 +92,11 @@ def run(spec, budget: int, seed: int, settings: dict,
                 phases[-1][1] += len(batch)
             else:
                 phases.append([phase, len(batch)])
+        t0 = time.perf_counter()
         got = [e.values(setup.objectives)[0] if e.feasible else math.inf
                for e in evaluate_many(setup, [setup.design(p) for p in batch])]
+        if on_batch is not None:
+            on_batch(batch, got, time.perf_counter() - t0)
         values += got
         if len(values) >= budget:
             break
