@@ -17,6 +17,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from crossflow.search import _plots
 from crossflow.search.tracking import (
     StudyTracker,
     duplicates,
@@ -280,7 +281,7 @@ def test_parent_run_artifacts_params_and_metrics(tmp_path):
     assert data.metrics["n_trials_complete"] == len(complete)
     assert data.metrics["n_trials"] == 12
     assert data.tags["best_trial_number"] == str(study.best_trial.number)
-    assert data.tags["importance_method"] == "optuna.importance.get_param_importances"
+    assert data.tags["importance_method"] == _plots.IMPORTANCE_METHOD
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
@@ -448,9 +449,30 @@ def test_importing_the_tracker_does_not_import_mlflow():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-def test_importance_falls_back_clearly_when_optuna_cannot_compute_it(tmp_path, monkeypatch):
-    from crossflow.search import _plots
+def test_the_summary_importances_need_no_scikit_learn(tmp_path):
+    """The logging process keeps scikit-learn out (2 s of CPU a launch): the importance
+    plot must come out of PED-ANOVA, not the fallback, with it refused."""
+    code = f"""
+import sys
+sys.modules["sklearn"] = None
+import optuna
+from pathlib import Path
+from crossflow.search import _plots
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+study.optimize(lambda t: (t.suggest_float("x", -4, 4) - 1) ** 2
+               + t.suggest_float("y", 0, 1) * 0.01, n_trials=40)
+method = _plots.importance_png(Path({str(tmp_path)!r}) / "i.png", study.trials, ["value"], "t")
+assert method == _plots.IMPORTANCE_METHOD, method
+scores, _, _ = _plots.importance_scores([t.params for t in study.trials],
+                                        [t.value for t in study.trials], "minimize")
+assert max(scores, key=scores.get) == "x", scores
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    assert (tmp_path / "i.png").read_bytes()[:4] == b"\x89PNG"
 
+
+def test_importance_falls_back_clearly_when_optuna_cannot_compute_it(tmp_path, monkeypatch):
     study = new_study()
     study.optimize(objective, n_trials=15, catch=(ValueError,))
 

@@ -389,8 +389,7 @@ def _gather(inbox: queue.SimpleQueue, lingers) -> list[Any]:
 
 def _warm_up() -> None:
     """What the summary needs, done while the logging process waits for trials rather than
-    after the study: the imports (matplotlib, Optuna's importance module with scikit-learn)
-    and a first figure drawn (fonts and text layout are set up on first use, ~0.25 s)."""
+    after the study: the imports (matplotlib, Optuna's importance module) and a first figure drawn (fonts and text layout are set up on first use, ~0.25 s)."""
     import io
 
     import matplotlib.backends.backend_agg  # noqa: F401
@@ -411,6 +410,12 @@ def _worker_main() -> None:
     """The logging process: JSON messages on stdin, JSON events on (a private copy of)
     stdout; ``mlflow``'s own output goes to stderr.  Whatever is waiting is handled at once,
     so trials that arrive while a batch is written go into the next batch."""
+    # Optuna's importance package imports scikit-learn (~2 s of CPU) for its fANOVA
+    # evaluator, which this process never uses (the summary's importances are PED-ANOVA's,
+    # crossflow.search._plots.IMPORTANCE_METHOD); on a 2-core machine the study pays for
+    # every CPU second spent here.  Optuna imports it through ``try_import``, which takes
+    # the refusal as "not installed".
+    sys.modules["sklearn"] = None  # type: ignore[assignment]
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
