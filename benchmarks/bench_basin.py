@@ -1,0 +1,188 @@
+"""Why the structured driver ends where it does on a suite study: its end point beside the
+best-known design, unit by unit, and what reaches the best-known design from there.
+
+    python benchmarks/bench_basin.py --study lstm-2k-1chip-n7 [--budget 1000] [--seed 0]
+        [--best-known DIR] [--quick-reference] [--cma-evals 300] [--hops 12] [--hop-evals 60]
+        [--from-evals 400]
+
+Steps (every figure a model evaluation of the study's own objective; prints one JSON object):
+
+1. the driver's plan (``bench_plan.run``, as a study with the ``structured`` sampler would
+   run it) for ``--budget`` evaluations; its best point;
+2. the best-known design (:func:`crossflow.search.best_known.best_known`, cached under
+   ``--best-known``; a minute or more on a new study; ``--quick-reference``: the suite's
+   ``--quick`` settings, seconds, for a smoke test);
+3. both designs' whole units (:func:`crossflow.arch.cliffs.quantities_at`) and budget
+   shares, and each budget simplex of one put into the other (is the difference one
+   simplex's, or do they only pay off together?);
+4. from the driver's end point: CMA-ES (the ``cmaes`` package) on every logit with a small
+   first step (0.2 and 0.5), three seeds of ``--cma-evals`` evaluations each — does a
+   search that learns correlated directions walk across?;
+5. monotonic basin hopping (Wales and Doye, J. Phys. Chem. A 101, 1997): ``--hops`` random
+   jumps of every log-share by N(0, sigma) (sigma 0.5 and 1.0), each followed by the
+   driver's local search for ``--hop-evals`` evaluations — does a short local search from
+   a jump land in the better basin?
+6. for each budget simplex: the driver's local search for ``--from-evals`` evaluations from
+   its end point with that simplex set to the best-known design's — is the better basin a
+   matter of that simplex alone, the others following by local search?
+
+Gaps are in % above the best-known value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_plan  # noqa: E402
+import suite  # noqa: E402
+
+
+def _gap(v: float, ref: float) -> float | None:
+    return round(100 * (v / ref - 1), 3) if math.isfinite(v) else None
+
+
+def _shares(params: dict, block: str) -> dict[str, float]:
+    keys = [k for k in params if k.startswith(block + ".")]
+    z = np.exp([params[k] for k in keys])
+    return {k.split(".", 1)[1]: round(float(s), 4) for k, s in zip(keys, z / z.sum(),
+                                                                  strict=True)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--budget", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--best-known", default=str(suite.RESULTS))
+    ap.add_argument("--quick-reference", action="store_true")
+    ap.add_argument("--cma-evals", type=int, default=300)
+    ap.add_argument("--hops", type=int, default=12)
+    ap.add_argument("--hop-evals", type=int, default=60)
+    ap.add_argument("--from-evals", type=int, default=400)
+    a = ap.parse_args(argv)
+    if not any(e["name"] == a.study for e in suite.load_table()):
+        ap.error(f"no study {a.study!r} in {suite.TABLE}")
+    print(json.dumps(diagnose(a.study, budget=a.budget, seed=a.seed, root=a.best_known,
+                              quick=a.quick_reference, cma_evals=a.cma_evals, hops=a.hops,
+                              hop_evals=a.hop_evals, from_evals=a.from_evals),
+                     indent=1, default=str))
+    return 0
+
+
+def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None = None,
+             quick: bool = False, cma_evals: int = 300, hops: int = 12,
+             hop_evals: int = 60, from_evals: int = 400) -> dict:
+    """Steps 1-6 of the module docstring on the suite study ``study``."""
+    from cmaes import CMA
+
+    from crossflow.arch.cliffs import quantities_at
+    from crossflow.search.best_known import best_known
+    from crossflow.search.objective import evaluate
+    from crossflow.search.samplers.structured._inner import exchange
+    from crossflow.search.samplers.structured._problem import Cont, Problem
+    from crossflow.search.study import load_study
+
+    entry = next(e for e in suite.load_table() if e["name"] == study)
+    setup = load_study(entry["spec"])
+
+    def f(params: dict) -> float:
+        return evaluate(setup, setup.design(params)).values(setup.objectives)[0]
+
+    seen: list[tuple[dict, float]] = []
+    bench_plan.run(entry["spec"], budget, seed, {},
+                   on_batch=lambda pts, vals, _s: seen.extend(zip(pts, vals, strict=True)))
+    drv, v_drv = min(seen, key=lambda pv: pv[1])
+    bk = best_known(setup, root=root or str(suite.RESULTS),
+                    **(suite.QUICK["best_known"] if quick else {}))
+    ref, ref_params = float(bk["value"]), bk["params"]
+    blocks = sorted({k.split(".")[0] for k in drv if k.split(".")[0] in
+                     {s.name for s in setup.space.simplexes}})
+
+    def describe(params: dict, value: float) -> dict:
+        q = quantities_at(setup.template, setup.overrides(setup.design(params)))
+        return {"gap_pct": _gap(value, ref), "units": q,
+                "shares": {b: _shares(params, b) for b in blocks},
+                "discrete": {k: v for k, v in params.items() if not isinstance(v, float)}}
+
+    swaps = {}
+    for b in blocks:
+        mine = {k: v for k, v in ref_params.items() if k.startswith(b + ".")}
+        theirs = {k: v for k, v in drv.items() if k.startswith(b + ".")}
+        swaps[f"best-known {b} on the driver's"] = _gap(f({**drv, **mine}), ref)
+        swaps[f"driver's {b} on the best-known"] = _gap(f({**ref_params, **theirs}), ref)
+
+    keys = [k for k in drv if isinstance(drv[k], float)]
+    cma = {}
+    for sigma in (0.2, 0.5):
+        ends = []
+        for seed in range(3):
+            m = np.clip([drv[k] for k in keys], -3.999, 3.999)
+            es = CMA(mean=m, sigma=sigma, bounds=np.tile([-4.0, 4.0], (len(m), 1)), seed=seed)
+            best, used = v_drv, 0
+            while used < cma_evals:
+                xs = [es.ask() for _ in range(es.population_size)]
+                vs = [f({**drv, **dict(zip(keys, map(float, x), strict=True))}) for x in xs]
+                used += len(xs)
+                best = min([best, *vs])
+                es.tell([(x, v if math.isfinite(v) else 1e30) for x, v in zip(xs, vs,
+                                                                             strict=True)])
+            ends.append(_gap(best, ref))
+        cma[f"sigma {sigma}"] = ends
+
+    P = Problem(setup)
+    x0, d = P.split(drv)
+    rng = np.random.default_rng(seed)
+
+    def fx(x: Cont) -> float:
+        return f(P.params(x, d))
+
+    def local(y: Cont, evals: int) -> float:
+        """The driver's local search from ``y``: its best value."""
+        g = exchange(P, d, y, fx(y), evals, rng)
+        try:
+            batch = next(g)
+            while True:
+                batch = g.send([fx(b) for b in batch])
+        except StopIteration as stop:
+            return stop.value[1]
+
+    hopped = {}
+    for sigma in (0.5, 1.0):
+        ends = []
+        for _ in range(hops):
+            simp = {}
+            for k, v in x0.simplexes.items():
+                z = np.log(np.maximum(v, 1e-300)) + rng.normal(0.0, sigma, len(v))
+                z = np.exp(z - z.max())
+                simp[k] = z / z.sum()
+            ends.append(_gap(local(Cont(simp, dict(x0.floats)), hop_evals), ref))
+        hopped[f"sigma {sigma}"] = sorted(ends, key=lambda g: math.inf if g is None else g)
+
+    from_known = {}
+    for b in blocks:
+        y, _ = P.split({**drv, **{k: v for k, v in ref_params.items()
+                                  if k.startswith(b + ".")}})
+        from_known[f"best-known {b}"] = _gap(local(y, from_evals), ref)
+
+    return {
+        "study": study, "budget": budget, "seed": seed,
+        "best_known": {"value": ref, "evaluations": bk.get("evaluations"),
+                       **describe(ref_params, ref)},
+        "driver": {"value": v_drv, **describe(drv, v_drv)},
+        "swapped_simplexes_gap_pct": swaps,
+        "local_cma_from_driver_gap_pct": cma,
+        "basin_hops_gap_pct": hopped,
+        "local_search_from_best_known_simplex_gap_pct": from_known,
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""benchmarks/bench_basin.py, the diagnosis of where the structured driver ends on a suite
+study (docs/search-benchmarks.md): a smoke run on a small study with a quick reference."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+bench_basin = pytest.importorskip("bench_basin")
+
+
+def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
+    d = bench_basin.diagnose("gemm-mem-64k-1chip-n5", budget=60, root=str(tmp_path),
+                             quick=True, cma_evals=12, hops=2, hop_evals=10,
+                             from_evals=10)
+    bk, drv = d["best_known"], d["driver"]
+    assert bk["gap_pct"] == 0.0
+    assert drv["value"] >= bk["value"] * (1 - 1e-12) or drv["gap_pct"] < 0
+    assert drv["gap_pct"] == pytest.approx(100 * (drv["value"] / bk["value"] - 1), abs=1e-3)
+    # whole units of both designs, from the AGE
+    assert bk["units"]["core.bundles"] >= 1 and drv["units"]["core.bundles"] >= 1
+    assert set(bk["shares"]) == set(drv["shares"]) == {"area", "power"}
+    # two simplexes: the driver's power on the best-known's area is the same design as the
+    # best-known's area on the driver's power
+    swaps = d["swapped_simplexes_gap_pct"]
+    assert swaps["best-known area on the driver's"] == swaps["driver's power on the best-known"]
+    # CMA-ES and the hops start from the driver's end point: never worse than it
+    for runs in (*d["local_cma_from_driver_gap_pct"].values(),):
+        assert len(runs) == 3 and all(g <= drv["gap_pct"] + 1e-9 for g in runs)
+    assert all(len(v) == 2 for v in d["basin_hops_gap_pct"].values())
+    assert set(d["local_search_from_best_known_simplex_gap_pct"]) == {
+        "best-known area", "best-known power"}
