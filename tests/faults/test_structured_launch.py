@@ -78,7 +78,7 @@ def test_a_killed_worker_does_not_freeze_a_structured_launch(tmp_path):
         _wait(lambda: _running_on(journal, name), 10, step=0.01)  # in a trial, mostly
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
-        out, err = _finish(launcher, 120)
+        out, err = _finish(launcher, 240)
         after_kill = time.monotonic() - killed
     finally:
         for pid in workers:
@@ -89,8 +89,10 @@ def test_a_killed_worker_does_not_freeze_a_structured_launch(tmp_path):
             launcher.wait()
     assert launcher.returncode == 0, err[-3000:]
     assert "Traceback" not in err
-    # bounded: the survivor ran the rest at once (no wait of minutes for the dead one)
-    assert after_kill < 90, after_kill
+    # bounded: the survivor ran the rest at once, with no wait for the dead one (the freeze
+    # this guards against waited 600 s).  The rest takes ~10 s on an idle 2-core VM and was
+    # seen at 95 s on one loaded by two other jobs, so the bound leaves room for load.
+    assert after_kill < 180, after_kill
     trials = _trials(journal)
     states = [t.state.name for t in trials]
     assert states.count("COMPLETE") == total
