@@ -389,7 +389,8 @@ def _gather(inbox: queue.SimpleQueue, lingers) -> list[Any]:
 
 def _warm_up() -> None:
     """What the summary needs, done while the logging process waits for trials rather than
-    after the study: the imports (matplotlib, Optuna's importance module) and a first figure drawn (fonts and text layout are set up on first use, ~0.25 s)."""
+    after the study: the imports (matplotlib, Optuna's importance module) and a first
+    figure drawn (fonts and text layout are set up on first use, ~0.25 s)."""
     import io
 
     import matplotlib.backends.backend_agg  # noqa: F401
