@@ -50,10 +50,12 @@ def _gap(v: float, ref: float) -> float | None:
 
 
 def _shares(params: dict, block: str) -> dict[str, float]:
+    """The decoded shares (slack included) of one budget simplex's logits in ``params``."""
+    from crossflow.search.encoding import decode
+
     keys = [k for k in params if k.startswith(block + ".")]
-    z = np.exp([params[k] for k in keys])
-    return {k.split(".", 1)[1]: round(float(s), 4) for k, s in zip(keys, z / z.sum(),
-                                                                  strict=True)}
+    return {k.split(".", 1)[1]: round(s, 4)
+            for k, s in zip(keys, decode([params[k] for k in keys]), strict=True)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,8 +69,8 @@ from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.tech.library import TechLibrary, library
 
 __all__ = ["SIMPLEXES", "CONVENTIONS", "FEASIBLE", "Step", "quantities", "quantities_at",
-           "unit_quantity", "steps", "thresholds", "edges", "coordinate_range", "coordinate_overrides",
-           "transfer_amount"]
+           "unit_quantity", "steps", "thresholds", "edges", "coordinate_range",
+           "coordinate_overrides", "transfer_amount"]
 
 #: Budget simplexes and the override key that holds each one's fractions.
 SIMPLEXES: Mapping[str, str] = {"area": "area_fractions", "power": "power_fractions",

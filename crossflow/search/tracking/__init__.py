@@ -26,8 +26,9 @@
   (and drawn a first figure) while the study ran.  What is left is a fixed cost per launch,
   mostly imports (MLflow and matplotlib: ~3-4 s of CPU in the logging process, which
   keeps scikit-learn out: the importances are PED-ANOVA's); a new SQLite store is a copy
-  of a cached empty one (:func:`.store.seed_sqlite`) rather than MLflow's ~60 migrations.  ``mode="thread"`` keeps all this in a thread of this process (also
-  the fallback when the process cannot start).
+  of a cached empty one (:func:`.store.seed_sqlite`) rather than MLflow's ~60 migrations.
+  ``mode="thread"`` keeps all this in a thread of this process (also the fallback when the
+  process cannot start).
 * **Complete.**  ``__exit__`` (also on Ctrl-C or an exception) sends every finished trial not
   yet sent — including one that Ctrl-C interrupted (Optuna records it FAIL without calling
   the callbacks) — and waits until the worker has logged them.  The worker runs in its own
