@@ -3,7 +3,7 @@ best-known design, unit by unit, and what reaches the best-known design from the
 
     python benchmarks/bench_basin.py --study lstm-2k-1chip-n7 [--budget 1000] [--seed 0]
         [--best-known DIR] [--quick-reference] [--cma-evals 300] [--hops 12] [--hop-evals 60]
-        [--from-evals 400]
+        [--from-evals 400] [--shake-evals 300]
 
 Steps (every figure a model evaluation of the study's own objective; prints one JSON object):
 
@@ -25,6 +25,11 @@ Steps (every figure a model evaluation of the study's own objective; prints one 
 6. for each budget simplex: the driver's local search for ``--from-evals`` evaluations from
    its end point with that simplex set to the best-known design's — is the better basin a
    matter of that simplex alone, the others following by local search?
+7. for each budget share in turn: the driver's end point with that share halved and doubled
+   (the others in proportion), each followed by the driver's local search for
+   ``--shake-evals`` evaluations — the shakes of the driver's variable neighbourhood search
+   (``_plan._shake``), each given a longer search: does one share moved a long way reach
+   the better basin?
 
 Gaps are in % above the best-known value.
 """
@@ -69,20 +74,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hops", type=int, default=12)
     ap.add_argument("--hop-evals", type=int, default=60)
     ap.add_argument("--from-evals", type=int, default=400)
+    ap.add_argument("--shake-evals", type=int, default=300)
     a = ap.parse_args(argv)
     if not any(e["name"] == a.study for e in suite.load_table()):
         ap.error(f"no study {a.study!r} in {suite.TABLE}")
     print(json.dumps(diagnose(a.study, budget=a.budget, seed=a.seed, root=a.best_known,
                               quick=a.quick_reference, cma_evals=a.cma_evals, hops=a.hops,
-                              hop_evals=a.hop_evals, from_evals=a.from_evals),
+                              hop_evals=a.hop_evals, from_evals=a.from_evals,
+                              shake_evals=a.shake_evals),
                      indent=1, default=str))
     return 0
 
 
 def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None = None,
              quick: bool = False, cma_evals: int = 300, hops: int = 12,
-             hop_evals: int = 60, from_evals: int = 400) -> dict:
-    """Steps 1-6 of the module docstring on the suite study ``study``."""
+             hop_evals: int = 60, from_evals: int = 400, shake_evals: int = 300) -> dict:
+    """Steps 1-7 of the module docstring on the suite study ``study``."""
     from cmaes import CMA
 
     from crossflow.arch.cliffs import quantities_at
@@ -174,6 +181,15 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
                                   if k.startswith(b + ".")}})
         from_known[f"best-known {b}"] = _gap(local(y, from_evals), ref)
 
+    shakes = {}
+    for c in P.coords:
+        share = x0.simplexes[c.block][c.index] if c.index >= 0 else 0.0
+        for factor in (0.5, 2.0):
+            if c.index >= 0 and share * factor < 0.98:
+                y = P.with_share(x0, c, share * factor)
+                shakes[f"{c.label} x{factor:g}"] = {"shaken": _gap(fx(y), ref),
+                                                   "searched": _gap(local(y, shake_evals), ref)}
+
     return {
         "study": study, "budget": budget, "seed": seed,
         "best_known": {"value": ref, "evaluations": bk.get("evaluations"),
@@ -183,6 +199,7 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
         "local_cma_from_driver_gap_pct": cma,
         "basin_hops_gap_pct": hopped,
         "local_search_from_best_known_simplex_gap_pct": from_known,
+        "shakes_gap_pct": shakes,
     }
 
 

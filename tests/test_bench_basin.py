@@ -15,7 +15,7 @@ bench_basin = pytest.importorskip("bench_basin")
 def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
     d = bench_basin.diagnose("gemm-mem-64k-1chip-n5", budget=60, root=str(tmp_path),
                              quick=True, cma_evals=12, hops=2, hop_evals=10,
-                             from_evals=10)
+                             from_evals=10, shake_evals=10)
     bk, drv = d["best_known"], d["driver"]
     assert bk["gap_pct"] == 0.0
     assert drv["value"] >= bk["value"] * (1 - 1e-12) or drv["gap_pct"] < 0
@@ -33,3 +33,9 @@ def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
     assert all(len(v) == 2 for v in d["basin_hops_gap_pct"].values())
     assert set(d["local_search_from_best_known_simplex_gap_pct"]) == {
         "best-known area", "best-known power"}
+    # every share halved and doubled, then searched: never worse than the shake itself
+    shakes = d["shakes_gap_pct"]
+    assert {k.rsplit(" ", 1)[1] for k in shakes} == {"x0.5", "x2"}
+    assert {k.split(".")[0] for k in shakes} == {"area", "power"}
+    assert all(v["searched"] <= v["shaken"] + 1e-9 for v in shakes.values()
+               if v["shaken"] is not None)

@@ -118,7 +118,7 @@ def test_paper_lstm_512_extended_from_120_to_400_trials_improves(tmp_path):
     extended = _run(setup, tmp_path, 400).study
     assert len(extended.trials) == 400
     new = [t for t in extended.trials if t.number >= 120]
-    assert {t.user_attrs[PHASE] for t in new} <= {"axial", "race", "search", "cma"}
+    assert {t.user_attrs[PHASE] for t in new} <= {"axial", "race", "search", "vns", "cma"}
     assert min(t.value for t in new if is_feasible(t)) < 0.9 * best_120
 
 
@@ -513,6 +513,7 @@ def test_the_search_restarts_gaining_local_searches_and_resumes_the_race_losers_
     mp = pytest.MonkeyPatch()
     mp.setattr(_plan, "_Local", Local)
     mp.setattr(_plan, "_Cma", Cma)
+    mp.setattr(_plan, "KICKS", ())      # no variable neighbourhood search before CMA-ES
     try:
         gen = plan(P, seed=0, records=[])
         _, batch = next(gen)
@@ -523,6 +524,110 @@ def test_the_search_restarts_gaining_local_searches_and_resumes_the_race_losers_
     finally:
         mp.undo()
     assert checked and checked[0] <= _toy_optimum() * 1.005   # the local searches' optimum
+
+
+def _lead(P, x, fx):
+    """A finished local search ending at ``x`` (the incumbent a shake starts from)."""
+    from crossflow.search.samplers.structured import _plan
+
+    run = _plan._Local(P, {}, x, fx, np.random.default_rng(0))
+    run.done = True
+    return run
+
+
+def _drive(gen, f, P):
+    """Runs a plan-like generator of (phase, params) batches to its end: (its return value,
+    the batches it asked for)."""
+    asked = []
+    try:
+        phase, batch = next(gen)
+        while True:
+            asked.append((phase, batch))
+            phase, batch = gen.send([f(P.split(p)[0]) for p in batch])
+    except StopIteration as end:
+        return end.value, asked
+
+
+def test_a_shake_scales_one_share_at_a_time_and_the_best_ones_search_leads():
+    """Variable neighbourhood search: the first batch is every share of the incumbent
+    halved and doubled (one at a time, the others in proportion); the local search from the
+    best shake beats the incumbent and is handed back as the lead."""
+    from crossflow.search.samplers.structured import _plan
+
+    P = _ToyProblem(_ToySetup())
+    P.setup.start_params = lambda: {}
+    near = Cont({"area": np.array([0.3, 0.4, 0.2, 0.1])})
+    f_near = _toy_far(near)
+    found, asked = _drive(_plan._shake(P, _plan._Asker(P), _lead(P, near, f_near),
+                                       np.random.default_rng(0), [0.5, 2.0]), _toy_far, P)
+    phase, first = asked[0]
+    want = {P.with_share(near, c, near.simplexes["area"][c.index] * f).key()
+            for c in P.coords for f in (0.5, 2.0)
+            if near.simplexes["area"][c.index] * f < 0.98}
+    assert {P.split(p)[0].key() for p in first} == want and len(first) == len(want)
+    assert {ph for ph, _ in asked} == {_plan.VNS}
+    assert found is not None and found.value < 0.8 * f_near and found.start == f_near
+    # the best shake's search was tried first, and it won
+    assert found.value <= min(_toy_far(P.split(p)[0]) for p in first)
+
+
+def test_shakes_that_beat_nothing_give_none_after_a_bounded_search_each():
+    """At the global minimum no shake's search wins: each gets its KICK_EVALS evaluations per
+    coordinate (whole batches) and the shake gives up."""
+    from crossflow.search.samplers.structured import _plan
+
+    P = _ToyProblem(_ToySetup())
+    P.setup.start_params = lambda: {}
+    best = Cont({"area": np.array([0.3, 0.2, 0.3, 0.2])})
+
+    def bowl(cont: Cont) -> float:      # its one minimum is ``best``
+        return 1.0 + float(np.sum((cont.simplexes["area"] - best.simplexes["area"]) ** 2))
+
+    found, asked = _drive(_plan._shake(P, _plan._Asker(P), _lead(P, best, bowl(best)),
+                                       np.random.default_rng(0), [0.5, 2.0]), bowl, P)
+    assert found is None
+    shakes = len(asked[0][1])
+    per_shake = _plan.KICK_EVALS * len(P.coords) + 2 * len(P.coords)    # a batch past
+    assert sum(len(b) for _, b in asked) <= shakes * (1 + per_shake)
+
+
+def test_the_plan_shakes_the_incumbent_once_every_local_search_has_ended():
+    """Phase 6: variable neighbourhood search starts from the best point of all local
+    searches once they have all ended, and comes before any CMA-ES."""
+    from crossflow.search.samplers.structured import _plan
+
+    P = _ToyProblem(_ToySetup())
+    P.setup.start_params = lambda: {}
+    made = []
+
+    class Local(_plan._Local):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
+    seen: list[tuple[str, float]] = []
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_plan, "_Local", Local)
+    try:
+        gen = plan(P, seed=0, records=[])
+        phase, batch = next(gen)
+        for _ in range(5000):
+            if phase == _plan.VNS:
+                break
+            values = [_toy_far(P.split(p)[0]) for p in batch]
+            seen += [(phase, v) for v in values]
+            phase, batch = gen.send(values)
+    finally:
+        mp.undo()
+    assert phase == _plan.VNS and _plan.CMA not in {ph for ph, _ in seen}
+    assert made and all(run.done for run in made)
+    incumbent = min(v for _, v in seen)
+    x = min(made, key=lambda r: r.value).best
+    assert min(made, key=lambda r: r.value).value == incumbent
+    assert {P.split(p)[0].key() for p in batch} == {
+        P.with_share(x, c, x.simplexes["area"][c.index] * f).key()
+        for c in P.coords for f in _plan.KICKS
+        if 2 * _plan._FLOOR < x.simplexes["area"][c.index] * f < 0.98}
 
 
 @pytest.mark.parametrize("probe_gain", [0.0, 0.5])

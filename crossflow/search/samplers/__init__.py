@@ -5,7 +5,8 @@ paper's §7 gradient descent), ``tpe``, ``cmaes``, ``random``, ``nsga2``.
   screen of the discrete choices (memory-only checks first, one mapping order per class of
   equivalent orders), axial probes of the budget split, a successive-halving race of
   local searches of the split, the winner's local search restarted while it gains, the
-  race's losers resumed, then IPOP-CMA-ES alternating with the local search.
+  race's losers resumed, then variable neighbourhood search from the incumbent, and
+  IPOP-CMA-ES when no shake wins.
 * ``gd`` — :class:`crossflow.search.samplers.gd.GDSampler`: the paper's eq. 6
   (momentum-projected gradient descent) from random starts.  ``gd-paper`` is an older name
   of it, still accepted.

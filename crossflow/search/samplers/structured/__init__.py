@@ -21,8 +21,9 @@ So the driver (:mod:`._plan`) is built from standard parts:
    moves land on the AGE's step edges, :mod:`._inner`) among the best few combinations and
    the best probe;
 4. the winner's local search, restarted from its best point while it gains, then the race's
-   losers resumed the same way, and IPOP-CMA-ES from the incumbent once no local search
-   gains any more, alternating with the local search.
+   losers resumed the same way; once no local search gains any more, variable
+   neighbourhood search (each budget share of the incumbent halved and doubled in turn, a
+   local search from each), and IPOP-CMA-ES from the incumbent when no shake wins.
 
 Every point it evaluates is an Optuna trial (logged to MLflow like any other).  Its four
 settings (:class:`._plan.Settings`) are keyword arguments, settable from a study's
