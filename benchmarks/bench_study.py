@@ -4,7 +4,7 @@ docs/architecture.md, "Benchmarks".
 
     python benchmarks/bench_study.py [--trials N] [--repeat R] [--sampler tpe|random]
                                      [--mode process|thread] [--no-bulk] [--batch-size B]
-                                     [--cases toy,gemm,transformer]
+                                     [--cases toy,gemm,transformer] [--busy-baseline]
 
 Prints one JSON object.  Each case runs one fresh study of N trials (Optuna journal-file
 storage, MLflow SQLite store, both in a temporary directory, as ``crossflow study run`` keeps
@@ -49,6 +49,8 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -203,6 +205,10 @@ def main() -> None:
                         help="most trial runs per transaction (default: the tracker's)")
     parser.add_argument("--cases", default="toy,gemm,transformer")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--busy-baseline", action="store_true",
+                        help="also run the untracked study beside a busy loop in another "
+                             "process (one core's worth of CPU, as the logging process "
+                             "takes): does CPU on the other core alone slow the study?")
     args = parser.parse_args()
     import optuna
 
@@ -214,7 +220,7 @@ def main() -> None:
            "target_trials_per_s": 30, "cases": {}}
     with tempfile.TemporaryDirectory(prefix="crossflow-bench-study-") as tmp:
         for case in args.cases.split(","):
-            rows, base, adds, base_cpu = [], [], [], []
+            rows, base, adds, base_cpu, busy = [], [], [], [], []
             for i in range(args.repeat):
                 rows.append(run_case(case, args.trials, args.sampler, args.mode,
                                      Path(tmp) / f"{case}-{i}", bulk=not args.no_bulk,
@@ -225,6 +231,15 @@ def main() -> None:
                     base.append(round(args.trials / b["wall_s"], 1))
                     base_cpu.append(b["cpu_s"])
                     adds.append(rows[-1]["wall_s"] / b["wall_s"] - 1)
+                if args.busy_baseline:
+                    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    try:
+                        b = run_case(case, args.trials, args.sampler, None,
+                                     Path(tmp) / f"{case}-{i}-busy")
+                    finally:
+                        hog.kill()
+                        hog.wait()
+                    busy.append(round(args.trials / b["wall_s"], 1))
             rows.sort(key=lambda r: r["trials_per_s"])
             row = rows[len(rows) // 2]  # the median run, all its figures
             row["trials_per_s_all_runs"] = [r["trials_per_s"] for r in rows]
@@ -234,6 +249,9 @@ def main() -> None:
                 row["tracking_adds"] = f"{statistics.median(adds):.0%}"
                 row["tracking_adds_all_runs"] = [f"{a:.0%}" for a in adds]
                 row["cpu_s"]["study_process_untracked"] = round(statistics.median(base_cpu), 3)
+            if busy:
+                row["baseline_beside_a_busy_core_trials_per_s"] = statistics.median(busy)
+                row["baseline_beside_a_busy_core_all_runs"] = sorted(busy)
             out["cases"][case] = row
     out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=2))
