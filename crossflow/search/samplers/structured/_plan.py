@@ -164,11 +164,11 @@ GAIN = 1e-6
 #: multiplied by each of these factors, one at a time; then by their squares, and so on, up
 #: to the power ``KICK_LEVELS``; () leaves IPOP-CMA-ES alone after the local searches.  On
 #: the suite (3 runs per study, 3000 evaluations) it took the tuning half's median gap from
-#: 1.35 to 0.83 % (mean 3.42 -> 3.15 %) and the checking half's mean from 1.82 to 1.69 % (its
-#: median stayed at 0.96 %), and lost no study; it starts once every local search has ended, which no run
-#: reached before 1000 evaluations.  Factors 1/3 and 3, one level or two, 10 or 40
-#: evaluations per coordinate (``KICK_EVALS``) all ended within 0.1 points of these
-#: (docs/search-benchmarks.md, "A twelfth round").
+#: 1.35 to 0.83 % (mean 3.42 -> 3.15 %) and the checking half's mean from 1.82 to 1.69 %
+#: (its median stayed at 0.96 %), and lost no study; it starts once every local search has
+#: ended, which no run reached before 1000 evaluations.  Factors 1/3 and 3, one level or
+#: two, 10 or 40 evaluations per coordinate (``KICK_EVALS``) all ended within 0.1 points of
+#: these (docs/search-benchmarks.md, "A twelfth round").
 KICKS: tuple[float, ...] = (0.5, 2.0)
 KICK_LEVELS = 2
 #: The local search's evaluations after a shake, per searched coordinate, before the next
