@@ -96,6 +96,7 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
     from crossflow.search.best_known import best_known
     from crossflow.search.objective import evaluate
     from crossflow.search.samplers.structured._inner import exchange
+    from crossflow.search.samplers.structured._plan import _shakes
     from crossflow.search.samplers.structured._problem import Cont, Problem
     from crossflow.search.study import load_study
 
@@ -181,14 +182,9 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
                                   if k.startswith(b + ".")}})
         from_known[f"best-known {b}"] = _gap(local(y, from_evals), ref)
 
-    shakes = {}
-    for c in P.coords:
-        share = x0.simplexes[c.block][c.index] if c.index >= 0 else 0.0
-        for factor in (0.5, 2.0):
-            if c.index >= 0 and share * factor < 0.98:
-                y = P.with_share(x0, c, share * factor)
-                shakes[f"{c.label} x{factor:g}"] = {"shaken": _gap(fx(y), ref),
-                                                   "searched": _gap(local(y, shake_evals), ref)}
+    shakes = {f"{c.label} x{factor:g}": {"shaken": _gap(fx(y), ref),
+                                         "searched": _gap(local(y, shake_evals), ref)}
+              for c, factor, y in _shakes(P, x0, [0.5, 2.0])}
 
     return {
         "study": study, "budget": budget, "seed": seed,

@@ -72,6 +72,7 @@ from crossflow.search.samplers.structured._inner import exchange
 from crossflow.search.samplers.structured._problem import (
     _FLOOR,
     Cont,
+    Coord,
     Problem,
     better,
     point_key,
@@ -309,9 +310,7 @@ def _shake(P: Problem, ask: _Asker, lead: _Local, rng: np.random.Generator,
     KICK_EVALS evaluations per coordinate from each; the first that beats the incumbent is
     returned (its search goes on as the lead), None when none does."""
     x, fx = lead.best, lead.value
-    xs = [P.with_share(x, c, x.simplexes[c.block][c.index] * f)
-          for c in P.coords if c.index >= 0 for f in factors
-          if 2 * _FLOOR < x.simplexes[c.block][c.index] * f < 0.98]
+    xs = [y for _, _, y in _shakes(P, x, factors)]
     got = yield from ask.points(VNS, [(lead.discrete, y) for y in xs])
     for i in sorted(range(len(xs)), key=got.__getitem__):
         if not math.isfinite(got[i]):
@@ -322,6 +321,20 @@ def _shake(P: Problem, ask: _Asker, lead: _Local, rng: np.random.Generator,
             run.start = fx
             return run
     return None
+
+
+def _shakes(P: Problem, x: Cont, factors: list[float]) -> list[tuple[Coord, float, Cont]]:
+    """(coordinate, factor, point) of every shake of ``x``: each simplex share multiplied by
+    each of ``factors``, the others (slack included) scaled in proportion; a share the
+    factor would take to the encoding's floor or near the whole budget is not shaken."""
+    out = []
+    for c in P.coords:
+        if c.index < 0:
+            continue
+        share = x.simplexes[c.block][c.index]
+        out += [(c, f, P.with_share(x, c, share * f)) for f in factors
+                if 2 * _FLOOR < share * f < 0.98]
+    return out
 
 
 def _axial(P: Problem, x: Cont, shares: tuple[float, ...]) -> list[Cont]:
