@@ -52,6 +52,26 @@ def test_fp32_is_slower_than_fp16_on_tensor_core_gpus(preset):
     assert fp32 > 4 * fp16  # CUDA-core fp32 is 8-16x below the tensor-core fp16 peak
 
 
+def test_a_hardware_files_fp8_efficiency_prices_fp8_matmuls_alone():
+    h200 = load_hardware("h200-sxm-141gb")
+    fp8 = h200.precision_efficiency["fp8"]
+    assert fp8 < h200.compute_efficiency  # measured: Hopper's fp8 matmuls reach less of peak
+    as_bf16 = replace(h200, precision_efficiency={})
+    shape = (16384, 16384, 16384)  # compute-bound in both precisions
+    assert gemm(h200, *shape, "fp8").compute_time_s == pytest.approx(
+        gemm(as_bf16, *shape, "fp8").compute_time_s * h200.compute_efficiency / fp8, rel=1e-3)
+    assert gemm(h200, *shape, "bf16").time_s == gemm(as_bf16, *shape, "bf16").time_s
+
+
+def test_a_software_profile_replaces_the_devices_fp8_efficiency():
+    from crossflow.config.loader import load_spec
+    from crossflow.distributed import with_software
+
+    software = load_spec("dgx-h100-megatron-core", "systems").software
+    driven = with_software(load_hardware("h100-sxm5-80gb"), software)
+    assert driven.precision_efficiency == {"fp8": software.fp8_gemm_efficiency}
+
+
 def test_unsupported_precision_is_a_config_error(a100):
     with pytest.raises(ConfigError, match="has no fp8 arithmetic"):
         gemm(a100, 128, 128, 128, "fp8")

@@ -111,7 +111,8 @@ class MicroArch:
             kernel; None: the kernel layer's default fraction (FLASH_RELATIVE_EFFICIENCY) of
             ``compute_efficiency``.  A software profile sets it.
         precision_efficiency: precision -> GEMM efficiency where it differs from
-            ``compute_efficiency`` (a software profile's FP8 GEMMs).
+            ``compute_efficiency``: the device's own (a hardware preset's measured fp8
+            matmul rate), replaced by a software profile's (its FP8 GEMMs) under a system.
         report: how the chip was derived (AGE area/power use, datasheet sources) for output.
     """
 
@@ -184,6 +185,7 @@ class MicroArch:
             "frequency_Hz": self.frequency_Hz,
             "peak_flops_per_s": dict(self.peak_flops),
             "compute_efficiency": self.compute_efficiency,
+            "precision_efficiency": dict(self.precision_efficiency),
             "memory": [
                 {
                     "name": m.name,

@@ -5,7 +5,7 @@ File shape (``presets/hardware/*.yaml``)::
     kind: microarch
     name: a100-sxm4-80gb
     compute: {num_bundles, mcus_per_bundle, mcu_array, frequency_GHz, peak_TFLOPS: {fp16: …},
-              efficiency, dataflow, energy_pJ_per_FLOP: {…}}
+              efficiency, precision_efficiency: {fp8: …}, dataflow, energy_pJ_per_FLOP: {…}}
     memory:  [{name, scope, capacity_<bytes unit>, bandwidth_<bandwidth unit>, efficiency,
                latency_<time unit>, energy_pJ_per_bit}, …]   # innermost first
     links:   {intra: {count, bandwidth_GBps, latency_us, energy_pJ_per_bit}, inter: {…}}
@@ -36,6 +36,9 @@ class ComputeSpec(Spec):
     frequency_Hz: Positive
     peak_FLOPS: dict[PrecisionName, Positive]
     efficiency: Fraction = 1.0
+    #: GEMM efficiency of a precision whose kernels sustain a different share of its peak
+    #: (Hopper's fp8 matmuls: a lower one); the others use ``efficiency``.
+    precision_efficiency: dict[PrecisionName, Fraction] = Field(default_factory=dict)
     dataflow: Literal["ws", "os", "as", "best"] = "best"
     accumulator_fraction: Fraction = 0.5
     energy_J_per_FLOP: dict[PrecisionName, NonNegative] = Field(default_factory=dict)
@@ -110,6 +113,7 @@ class MicroArchSpec(Spec):
             frequency_Hz=c.frequency_Hz,
             peak_flops=dict(c.peak_FLOPS),
             compute_efficiency=c.efficiency,
+            precision_efficiency=dict(c.precision_efficiency),
             memory=tuple(
                 MemoryLevel(
                     name=m.name,

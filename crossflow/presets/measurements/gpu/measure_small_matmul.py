@@ -1,17 +1,22 @@
-"""Time small torch matmuls one at a time, as a framework user sees them (eager PyTorch).
+"""Time small torch kernels one at a time, as a framework user sees them: eager PyTorch,
+back to back, and replayed from a CUDA graph.
 
     python measure_small_matmul.py [--output FILE] [--repeat 200]
 
-Two figures per shape and precision, C = A @ B with A [m, k] and B [k, n]:
+Three figures per kernel (a matmul C = A @ B with A [m, k] and B [k, n], or ``add``: an
+in-place ``x += 1`` on m×n elements, a kernel that does almost nothing):
 
 * ``single_us``: the median over ``--repeat`` calls of CUDA events recorded just before and
-  just after one ``torch.matmul`` on an idle stream.  The GPU reaches the first event at once
-  and waits for the host to dispatch the matmul, so this is the framework-timed cost of one
-  small kernel (PyTorch dispatch + launch + kernel), what a user timing an op measures;
-* ``back_to_back_us``: CUDA events around 100 matmuls issued back to back, divided by 100:
-  the host runs ahead, so this is the device time per kernel once launches are hidden.
+  just after one call on an idle stream.  The GPU reaches the first event at once and waits
+  for the host to dispatch the kernel, so this is the framework-timed cost of one small
+  kernel (PyTorch dispatch + launch + kernel), what a user timing an op measures;
+* ``back_to_back_us``: CUDA events around 100 calls issued back to back, divided by 100: the
+  host runs ahead when it can, so this is the time per kernel of an eager loop;
+* ``graph_us``: the same 100 calls captured once in a CUDA graph and replayed, divided by
+  100: the time per kernel without per-call host dispatch (what CUDA graphs buy).
 
-The CSV header records the device, driver, torch and CUDA versions, the date and the command.
+Each of the last two is the median of 10 timings.  The CSV header records the device,
+torch and CUDA versions, the date and the command.
 """
 
 from __future__ import annotations
@@ -23,6 +28,58 @@ import sys
 
 SHAPES = ((8192, 64, 64), (4096, 64, 64), (64, 64, 64), (8192, 128, 128),
           (1024, 1024, 1024), (4096, 4096, 4096))
+ADD_SIZES = ((1, 1), (1024, 1024))
+CALLS = 100
+
+
+def _events(torch):
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def time_kernel(torch, call, repeat: int) -> tuple[float, float, float]:
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    single = []
+    for _ in range(repeat):
+        s, e = _events(torch)
+        torch.cuda.synchronize()
+        s.record()
+        call()
+        e.record()
+        e.synchronize()
+        single.append(s.elapsed_time(e) * 1e3)
+    eager = []
+    for _ in range(10):
+        s, e = _events(torch)
+        torch.cuda.synchronize()
+        s.record()
+        for _ in range(CALLS):
+            call()
+        e.record()
+        e.synchronize()
+        eager.append(s.elapsed_time(e) * 1e3 / CALLS)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up on a side stream, as graph capture requires
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    replay = []
+    for _ in range(10):
+        s, e = _events(torch)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        replay.append(s.elapsed_time(e) * 1e3 / CALLS)
+    return statistics.median(single), statistics.median(eager), statistics.median(replay)
 
 
 def main() -> None:
@@ -40,42 +97,28 @@ def main() -> None:
         for m, k, n in SHAPES:
             a = torch.randn(m, k, device=dev, dtype=dtype)
             b = torch.randn(k, n, device=dev, dtype=dtype)
-            for _ in range(20):
-                torch.matmul(a, b)
-            torch.cuda.synchronize()
-            single = []
-            for _ in range(args.repeat):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                s.record()
-                torch.matmul(a, b)
-                e.record()
-                e.synchronize()
-                single.append(s.elapsed_time(e) * 1e3)
-            runs = []
-            for _ in range(10):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                s.record()
-                for _ in range(100):
-                    torch.matmul(a, b)
-                e.record()
-                e.synchronize()
-                runs.append(s.elapsed_time(e) * 1e3 / 100)
-            rows.append((m, k, n, dtype_name, statistics.median(single),
-                         statistics.median(runs)))
+            c = torch.empty(m, n, device=dev, dtype=dtype)
+            rows.append(("matmul", m, k, n, dtype_name,
+                         *time_kernel(torch, lambda a=a, b=b, c=c: torch.matmul(a, b, out=c),
+                                      args.repeat)))
             print(rows[-1], flush=True)
+    for m, n in ADD_SIZES:
+        x = torch.zeros(m, n, device=dev, dtype=torch.float32)
+        rows.append(("add", m, 0, n, "fp32", *time_kernel(torch, lambda x=x: x.add_(1.0),
+                                                           args.repeat)))
+        print(rows[-1], flush=True)
     with open(args.output, "w") as f:
         f.write(f"# device: {props.name}; torch {torch.__version__}; CUDA {torch.version.cuda}; "
-                f"driver/capability sm_{props.major}{props.minor}; "
+                f"capability sm_{props.major}{props.minor}; "
                 f"{dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}\n")
         f.write(f"# command: python {' '.join(sys.argv)}\n")
-        f.write("# single_us: median of --repeat single matmuls bracketed by CUDA events on an "
-                "idle stream (framework-timed); back_to_back_us: 100 matmuls between two "
-                "events / 100, median of 10 (device time per kernel)\n")
-        f.write("M,K,N,precision,single_us,back_to_back_us\n")
+        f.write("# single_us: median of --repeat single calls bracketed by CUDA events on an "
+                "idle stream (framework-timed); back_to_back_us: 100 eager calls between two "
+                "events / 100, median of 10; graph_us: the 100 calls replayed from one CUDA "
+                "graph / 100, median of 10\n")
+        f.write("op,M,K,N,precision,single_us,back_to_back_us,graph_us\n")
         for r in rows:
-            f.write(f"{r[0]},{r[1]},{r[2]},{r[3]},{r[4]:.2f},{r[5]:.2f}\n")
+            f.write(f"{r[0]},{r[1]},{r[2]},{r[3]},{r[4]},{r[5]:.2f},{r[6]:.2f},{r[7]:.2f}\n")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 
 Each row is the best of ``--repeat`` timed runs (CUDA events around one matmul, after
 warm-up), C = A @ B with A [m, k] and B [k, n] in the given precision.  tf32 is fp32 inputs
-with ``torch.backends.cuda.matmul.allow_tf32 = True``; fp32 is the same with it off.  The
+with ``torch.backends.cuda.matmul.allow_tf32 = True``; fp32 is the same with it off; fp8 is
+``torch._scaled_mm`` on e4m3 operands with unit scales and a bf16 output (B column-major, as
+cuBLASLt's fp8 kernels require), the way Transformer Engine runs an fp8 linear layer.  The
 CSV header records the device, driver, torch and CUDA versions, the date and the command,
 and names the hardware preset the rows validate (``# preset: NAME``).  Written to a
 temporary file and renamed at the end, so an interrupted run leaves nothing half-written.
@@ -28,26 +30,38 @@ SHAPES = (
     (8192, 4096, 12288), (8192, 4096, 16384), (8192, 16384, 4096), (2048, 12288, 49152),
     (4096, 128, 4096), (16384, 16384, 128),
 )
-DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16",
+          "fp8": "float8_e4m3fn"}
+
+
+def _product(torch, m: int, k: int, n: int, precision: str):
+    """A zero-argument callable computing one m×k×n product in ``precision``."""
+    dtype = getattr(torch, DTYPES[precision])
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    if precision == "fp8":
+        a = torch.randn(m, k, device="cuda").to(dtype)
+        b = torch.randn(n, k, device="cuda").to(dtype).t()
+        one = torch.ones((), device="cuda")
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    return lambda: torch.matmul(a, b)
 
 
 def time_matmul(torch, m: int, k: int, n: int, precision: str, repeat: int) -> float:
-    dtype = getattr(torch, DTYPES[precision])
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    product = _product(torch, m, k, n, precision)
     for _ in range(3):
-        torch.matmul(a, b)
+        product()
     torch.cuda.synchronize()
     best = float("inf")
     for _ in range(repeat):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        torch.matmul(a, b)
+        product()
         stop.record()
         stop.synchronize()
         best = min(best, start.elapsed_time(stop) * 1e-3)
-    del a, b
+    del product
     return best
 
 
@@ -56,7 +70,7 @@ def main() -> int:
     parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
     parser.add_argument("--output", help="CSV to write (default: torch_matmul_<preset>.csv here)")
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--precisions", default="fp32,tf32,fp16,bf16")
+    parser.add_argument("--precisions", default="fp32,tf32,fp16,bf16,fp8")
     args = parser.parse_args()
 
     import torch
@@ -72,14 +86,18 @@ def main() -> int:
         f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
         f"device: {props.name}, {props.multi_processor_count} SMs, "
         f"{props.total_memory / 2**30:.1f} GiB",
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuBLAS via torch.matmul",
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuBLAS via torch.matmul (fp8: torch._scaled_mm)",
         f"timing: best of {args.repeat} CUDA-event-timed runs after 3 warm-up runs",
         f"preset: {args.preset}",
     ]
     rows = []
     for precision in args.precisions.split(","):
         for m, k, n in SHAPES:
-            best = time_matmul(torch, m, k, n, precision, args.repeat)
+            try:
+                best = time_matmul(torch, m, k, n, precision, args.repeat)
+            except RuntimeError as exc:  # a precision this device or torch build lacks
+                print(f"skipped {m}x{k}x{n} {precision}: {exc}", file=sys.stderr, flush=True)
+                continue
             rows.append(f"{m},{k},{n},{precision},{best:.9g},{2 * m * k * n / best / 1e12:.2f}")
             print(rows[-1], flush=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")

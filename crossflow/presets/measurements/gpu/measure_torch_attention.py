@@ -1,0 +1,132 @@
+"""Time fused (flash) attention through torch's scaled_dot_product_attention on a GPU.
+
+    python measure_torch_attention.py --preset h200-sxm-141gb [--output FILE] [--repeat 20]
+
+For each shape (batch, query heads, key/value heads, sequence, head dimension, causal) and
+each backend torch offers on the device (FlashAttention-2 and cuDNN fused attention), bf16:
+
+* ``fwd``: one forward call;
+* ``bwd``: one backward call of the same attention (dq, dk, dv from dO), the graph retained
+  so the same forward serves every timed backward.
+
+Each row is the median of ``--repeat`` CUDA-event-timed runs after 3 warm-up runs, with the
+FLOPs of the products (4·b·h·s²·d forward, 10·b·h·s²·d backward with the scores recomputed;
+halved under a causal mask) and the rate they give.  A backend that refuses a shape is
+skipped and said so on stderr.  The header names the hardware preset (``# preset: NAME``).
+Written to a temporary file and renamed, so an interrupted run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+#: (batch, query heads, key/value heads, sequence, head dim, causal): GPT-3-like and
+#: Llama-like layers per tensor-parallel rank, with and without grouped-query attention.
+SHAPES = (
+    (4, 16, 16, 2048, 128, 1),
+    (1, 32, 32, 4096, 128, 1),
+    (1, 64, 8, 4096, 128, 1),
+    (1, 32, 8, 8192, 128, 1),
+    (2, 16, 16, 2048, 64, 1),
+    (1, 32, 32, 4096, 128, 0),
+)
+
+
+def _median_time(torch, call, repeat: int) -> float:
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        call()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3)
+    return statistics.median(times)
+
+
+def time_shape(torch, shape: tuple[int, ...], repeat: int) -> tuple[float, float]:
+    """Median forward and backward seconds of one attention shape on the active backend."""
+    import torch.nn.functional as F
+
+    b, h, hkv, s, d, causal = shape
+    q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def forward():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
+                                              enable_gqa=hkv != h)
+
+    fwd = _median_time(torch, forward, repeat)
+    o = forward()
+    grad = torch.randn_like(o)
+    bwd = _median_time(
+        torch, lambda: torch.autograd.grad(o, (q, k, v), grad, retain_graph=True), repeat)
+    return fwd, bwd
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
+    parser.add_argument("--output",
+                        help="CSV to write (default: torch_attention_<preset>.csv here)")
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing measured", file=sys.stderr)
+        return 2
+    out = Path(args.output or Path(__file__).with_name(f"torch_attention_{args.preset}.csv"))
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    rows = []
+    for b, h, hkv, s, d, causal in SHAPES:
+        for name, backend in backends.items():
+            try:
+                with sdpa_kernel([backend]):
+                    fwd, bwd = time_shape(torch, (b, h, hkv, s, d, causal), args.repeat)
+            except RuntimeError as exc:
+                print(f"skipped {name} {(b, h, hkv, s, d, causal)}: {str(exc)[:200]}",
+                      file=sys.stderr, flush=True)
+                continue
+            scale = 0.5 if causal else 1.0
+            for pass_, t, gemms in (("fwd", fwd, 2), ("bwd", bwd, 5)):
+                flops = 2.0 * gemms * b * h * s * s * d * scale
+                rows.append(f"{b},{h},{hkv},{s},{d},{causal},{name},{pass_},bf16,"
+                            f"{t:.9g},{flops / t / 1e12:.1f}")
+                print(rows[-1], flush=True)
+    props = torch.cuda.get_device_properties(0)
+    header = [
+        f"source: measured by crossflow/presets/measurements/gpu/{Path(__file__).name}",
+        f"command: python {' '.join(sys.argv)}",
+        f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
+        f"device: {props.name}, {props.multi_processor_count} SMs, "
+        f"{props.total_memory / 2**30:.1f} GiB",
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"cuDNN {torch.backends.cudnn.version()}",
+        f"timing: median of {args.repeat} CUDA-event-timed runs after 3 warm-up runs",
+        f"preset: {args.preset}",
+    ]
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"# {line}\n" for line in header))
+        fh.write("batch,heads,kv_heads,seq,head_dim,causal,backend,pass,dtype,median_s,tflops\n")
+        fh.write("\n".join(rows) + "\n")
+    os.replace(tmp, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
