@@ -165,3 +165,31 @@ def test_small_working_set_lives_in_l2(a100):
     per_byte_l2 = r.time_per_level_s["L2"] / r.bytes_per_level["L2"]
     per_byte_dram = big.time_per_level_s["DRAM"] / big.bytes_per_level["DRAM"]
     assert per_byte_dram > per_byte_l2
+
+
+def test_measured_attention_kernels_reach_more_of_peak_on_longer_rows():
+    h200 = load_hardware("h200-sxm-141gb")
+    kernel = h200.attention_kernel
+    rate = {s: ops.fused_attention(h200, 32, s, 128, 2, 1).flops
+            / ops.fused_attention(h200, 32, s, 128, 2, 1).compute_time_s for s in (1024, 32768)}
+    assert rate[1024] < rate[32768] < kernel.forward_efficiency * h200.peak_flops["bf16"]
+    assert rate[32768] > 0.9 * kernel.forward_efficiency * h200.peak_flops["bf16"]
+
+
+def test_a_software_profiles_attention_efficiency_replaces_the_devices_kernels():
+    h200 = load_hardware("h200-sxm-141gb")
+    profiled = replace(h200, attention_efficiency=0.5)
+    r = ops.fused_attention(profiled, 32, 4096, 128, 5, 1)
+    assert r.compute_time_s == pytest.approx(r.flops / (0.5 * h200.peak_flops["bf16"]))
+
+
+def test_the_presets_attention_block_is_the_fit_to_its_measurements():
+    from crossflow.validation.attention import fit
+    from crossflow.validation.dataset import measurements_dir
+
+    fitted = fit(measurements_dir() / "gpu" / "torch_attention_h200-sxm-141gb.csv")
+    kernel = load_hardware("h200-sxm-141gb").attention_kernel
+    assert fitted["forward_efficiency"] == pytest.approx(kernel.forward_efficiency, abs=5e-4)
+    assert fitted["backward_efficiency"] == pytest.approx(kernel.backward_efficiency, abs=5e-4)
+    assert fitted["forward_row_ns"] * 1e-9 == pytest.approx(kernel.forward_row_s, rel=1e-3)
+    assert fitted["backward_row_ns"] * 1e-9 == pytest.approx(kernel.backward_row_s, rel=1e-3)

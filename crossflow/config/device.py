@@ -29,6 +29,22 @@ Scope = Literal["mcu", "bundle", "global"]
 SCOPES: tuple[str, ...] = ("mcu", "bundle", "global")
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionKernel:
+    """A device's fused (flash) attention kernels, measured: the products run at a share
+    of the precision's peak, and every query row (per batch element and head) costs a fixed
+    time on top, which the kernel spends whatever the row's length (loading its query tile,
+    the softmax's final rescale, writing its output): short sequences and small heads reach
+    less of the peak.  Forward (QKᵀ, PV) and backward (scores recomputed, dV, dP, dQ, dK)
+    each have their own pair.
+    """
+
+    forward_efficiency: float
+    backward_efficiency: float
+    forward_row_s: float
+    backward_row_s: float
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class MemoryLevel:
     """One level of the memory hierarchy.
@@ -113,6 +129,9 @@ class MicroArch:
         precision_efficiency: precision -> GEMM efficiency where it differs from
             ``compute_efficiency``: the device's own (a hardware preset's measured fp8
             matmul rate), replaced by a software profile's (its FP8 GEMMs) under a system.
+        attention_kernel: the device's own fused attention kernels, measured (a hardware
+            preset's ``attention``); used where no software profile gives an
+            ``attention_efficiency``.
         report: how the chip was derived (AGE area/power use, datasheet sources) for output.
     """
 
@@ -135,6 +154,7 @@ class MicroArch:
     memory_passes: Mapping[str, float] = field(default_factory=dict)
     attention_efficiency: float | None = None
     precision_efficiency: Mapping[str, float] = field(default_factory=dict)
+    attention_kernel: AttentionKernel | None = None
     tdp_W: float | None = None
     report: Mapping[str, object] = field(default_factory=dict)
 
@@ -186,6 +206,11 @@ class MicroArch:
             "peak_flops_per_s": dict(self.peak_flops),
             "compute_efficiency": self.compute_efficiency,
             "precision_efficiency": dict(self.precision_efficiency),
+            "attention_kernel": (None if self.attention_kernel is None else {
+                "forward_efficiency": self.attention_kernel.forward_efficiency,
+                "backward_efficiency": self.attention_kernel.backward_efficiency,
+                "forward_row_s": self.attention_kernel.forward_row_s,
+                "backward_row_s": self.attention_kernel.backward_row_s}),
             "memory": [
                 {
                     "name": m.name,

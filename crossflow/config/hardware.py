@@ -10,6 +10,7 @@ File shape (``presets/hardware/*.yaml``)::
                latency_<time unit>, energy_pJ_per_bit}, …]   # innermost first
     links:   {intra: {count, bandwidth_GBps, latency_us, energy_pJ_per_bit}, inter: {…}}
     kernel_launch_us: …
+    attention: {forward_efficiency, backward_efficiency, forward_row_ns, backward_row_ns}
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
-from crossflow.config.device import PRECISIONS, SCOPES, Link, MemoryLevel, MicroArch
+from crossflow.config.device import (
+    PRECISIONS,
+    SCOPES,
+    AttentionKernel,
+    Link,
+    MemoryLevel,
+    MicroArch,
+)
 from crossflow.errors import ConfigError
 
 Positive = Annotated[float, Field(gt=0)]
@@ -71,6 +79,15 @@ class LinkSpec(Spec):
     efficiency: Fraction = 1.0
 
 
+class AttentionSpec(Spec):
+    """Measured fused attention kernels (:class:`~crossflow.config.device.AttentionKernel`)."""
+
+    forward_efficiency: Fraction
+    backward_efficiency: Fraction
+    forward_row_s: NonNegative
+    backward_row_s: NonNegative
+
+
 class MicroArchSpec(Spec):
     kind: Literal["microarch"]
     name: str
@@ -79,6 +96,7 @@ class MicroArchSpec(Spec):
     memory: tuple[MemoryLevelSpec, ...] = Field(min_length=2)
     links: dict[Literal["intra", "inter"], LinkSpec] = Field(default_factory=dict)
     kernel_launch_s: NonNegative = 0.0
+    attention: AttentionSpec | None = None
     tdp_W: Positive | None = None
 
     @model_validator(mode="after")
@@ -140,6 +158,8 @@ class MicroArchSpec(Spec):
                 for k, v in self.links.items()
             },
             kernel_launch_s=self.kernel_launch_s,
+            attention_kernel=(None if self.attention is None else AttentionKernel(
+                **self.attention.model_dump())),
             energy_J_per_flop=dict(c.energy_J_per_FLOP),
             dataflow=c.dataflow,
             accumulator_fraction=c.accumulator_fraction,

@@ -155,14 +155,24 @@ def fused_attention(arch: MicroArch, heads: int, seq: int, head_dim: int, gemms:
     (forward, ``gemms`` = 2: QKᵀ and PV) or q, k, v, o, dO in and dq, dk, dv out (backward,
     ``gemms`` = 5: the scores recomputed, dV, dP, dQ, dK) — no s×s tensor.  Under a causal
     mask the kernel skips the masked tiles: half the products.  Time: the slower of the
-    products at the profile's attention efficiency and the bytes at the memory-bound
-    efficiency, at least the kernel minimum, plus the launch.
+    products at the profile's attention efficiency (or the device's measured kernels, with
+    their time per query row) and the bytes at the memory-bound efficiency, at least the
+    kernel minimum, plus the launch.
     """
     check_precision(arch, precision)
     b = BYTES_PER_ELEMENT[precision]
     flops = 2.0 * gemms * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
-    efficiency = arch.attention_efficiency or FLASH_RELATIVE_EFFICIENCY * arch.compute_efficiency
-    compute_time = flops / (arch.peak_flops[precision] * efficiency)
+    kernel = arch.attention_kernel
+    rows_time = 0.0
+    if arch.attention_efficiency is None and kernel is not None:
+        # the device's measured kernels: a share of peak, plus a fixed time per query row
+        forward = gemms <= 2
+        efficiency = kernel.forward_efficiency if forward else kernel.backward_efficiency
+        rows_time = heads * seq * (kernel.forward_row_s if forward else kernel.backward_row_s)
+    else:
+        efficiency = (arch.attention_efficiency
+                      or FLASH_RELATIVE_EFFICIENCY * arch.compute_efficiency)
+    compute_time = flops / (arch.peak_flops[precision] * efficiency) + rows_time
     moved = (4 if gemms <= 2 else 8) * heads * seq * head_dim * b
     level = arch.main_memory
     memory_time = moved / (level.bandwidth_Bps * (arch.memory_bound_efficiency

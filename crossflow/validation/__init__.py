@@ -29,6 +29,7 @@ __all__ = ["SUITES", "DataSet", "Row", "collect", "measurements_dir", "read_meas
 # in ``sys.modules`` before it ran (tests/test_validation.py runs each documented command).
 #: name this package re-exports -> (submodule, its name there)
 _LAZY: dict[str, tuple[str, str]] = {
+    "attention_datasets": ("attention", "attention_datasets"),
     "collective_datasets": ("collectives", "collective_datasets"),
     "gemm_datasets": ("gemm", "gemm_datasets"),
     "megatron_bridge_cp_dataset": ("megatron_bridge", "cp_dataset"),
@@ -66,10 +67,14 @@ def _training_sets() -> list[DataSet]:
             mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset()]
 
 
+def _ops_sets() -> list[DataSet]:
+    return [*__getattr__("ops_datasets")(), *__getattr__("attention_datasets")()]
+
+
 SUITES: dict[str, Callable[[], list[DataSet]]] = {
     "gemm": _lazy("gemm_datasets"),
     "collectives": _lazy("collective_datasets"),
-    "ops": _lazy("ops_datasets"),
+    "ops": _ops_sets,
     "training": _training_sets,
 }
 

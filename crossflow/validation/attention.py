@@ -1,0 +1,95 @@
+"""Fused attention kernels timed on a GPU, against :func:`crossflow.kernels.ops.fused_attention`.
+
+* ``gpu/torch_attention_*.csv``: torch's ``scaled_dot_product_attention`` timed by
+  ``gpu/measure_torch_attention.py``, forward and backward, on the preset its header names.
+  The cuDNN rows are checked (the backend Transformer Engine and recent PyTorch choose on
+  Hopper); the FlashAttention-2 rows are recorded beside them.
+
+``python -m crossflow.validation.attention FILE`` fits the preset's ``attention`` block to a
+file: per pass, the share of peak and the time per query row that minimise the squared
+relative error (a linear least-squares problem: time = FLOPs / (peak · share) + rows · t).
+The share is bounded by the device's GEMM efficiency: a kernel made of matrix products does
+not sustain more of the peak than the device's best matmul, and an unbounded fit to
+sequences of 2K-8K tokens would carry a share above it (0.91 forward on the H200) to longer
+ones; at the bound, the time per row alone is fitted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from crossflow.kernels.ops import fused_attention
+from crossflow.predict import load_hardware
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
+from crossflow.validation.gemm import _preset_named_in
+
+#: Tolerances: the fit's own worst row is 13 % (six shapes per pass, two parameters).
+ATTENTION_MAX_MAPE, ATTENTION_MIN_SPEARMAN = 0.12, 0.9
+BACKEND = "cudnn"
+PASSES = {"fwd": 2, "bwd": 5}  # products per pass (ops.fused_attention's ``gemms``)
+
+
+def _rows(path: Path) -> tuple[str, list[dict[str, str]]]:
+    header, rows = read_measurements(path)
+    return _preset_named_in(header, path), [r for r in rows if r["backend"] == BACKEND]
+
+
+def _shape(r: dict[str, str]) -> tuple[int, int, int, int, int]:
+    """(batch × heads, seq, head dim, products, causal) as fused_attention takes them."""
+    return (int(r["batch"]) * int(r["heads"]), int(r["seq"]), int(r["head_dim"]),
+            PASSES[r["pass"]], int(r["causal"]))
+
+
+def attention_datasets() -> list[DataSet]:
+    sets = []
+    for path in sorted(measurements_dir().glob("gpu/torch_attention_*.csv")):
+        preset, rows = _rows(path)
+        arch = load_hardware(preset)
+        out = [Row(f"{r['batch']}x{r['heads']}/{r['kv_heads']} heads s={r['seq']} "
+                   f"d={r['head_dim']}{' causal' if r['causal'] == '1' else ''} {r['pass']}",
+                   fused_attention(arch, *_shape(r), r["dtype"]).time_s, float(r["median_s"]))
+               for r in rows]
+        sets.append(DataSet(
+            name=f"attention: torch SDPA ({BACKEND}) on GPU ({path.stem})",
+            source=f"{path.relative_to(measurements_dir())} on preset {preset}",
+            quantity="time_s", rows=tuple(out),
+            max_mape=ATTENTION_MAX_MAPE, min_spearman=ATTENTION_MIN_SPEARMAN))
+    return sets
+
+
+def fit(path: Path) -> dict[str, float]:
+    """The preset's ``attention`` block fitted to one measurement file."""
+    preset, rows = _rows(path)
+    arch = load_hardware(preset)
+    out: dict[str, float] = {}
+    for pass_, name in (("fwd", "forward"), ("bwd", "backward")):
+        mine = [r for r in rows if r["pass"] == pass_]
+        heads, seq, head_dim, gemms, causal = np.array([_shape(r) for r in mine], float).T
+        flops = 2.0 * gemms * heads * seq * seq * head_dim * np.where(causal > 0, 0.5, 1.0)
+        peak = np.array([arch.peak_flops[r["dtype"]] for r in mine])
+        measured = np.array([float(r["median_s"]) for r in mine])
+        product, rows_ = flops / peak / measured, heads * seq / measured
+        (inv_share, row_s), *_ = np.linalg.lstsq(np.stack([product, rows_], axis=1),
+                                                 np.ones(len(mine)), rcond=None)
+        share = 1.0 / inv_share
+        if not 0 < share <= arch.compute_efficiency:
+            share = arch.compute_efficiency
+            row_s = float(rows_ @ (1.0 - product / share) / (rows_ @ rows_))
+        out[f"{name}_efficiency"] = share
+        out[f"{name}_row_ns"] = row_s * 1e9
+    return out
+
+
+def _main() -> None:  # pragma: no cover - a maintenance script
+    for arg in sys.argv[1:] or [str(p) for p in
+                                sorted(measurements_dir().glob("gpu/torch_attention_*.csv"))]:
+        print(arg)
+        for key, value in fit(Path(arg)).items():
+            print(f"  {key}: {value:.3g}")
+
+
+if __name__ == "__main__":
+    _main()
