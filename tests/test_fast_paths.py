@@ -9,7 +9,10 @@ verdicts) and a sample of memory-feasible strategies x orders (times).  The thre
 transformer entries of ``fast_paths_predict_golden.json`` were rewritten by ``crossflow.predict``
 after issue #19 changed the transformer model on purpose (Megatron's optimizer-step traffic,
 blocking send/recv occupying both stages, the fp32 gradient buffer in memory); the batch path
-must still match them exactly.
+must still match them exactly.  Likewise the LSTM times (``paper-lstm-512`` and the two LSTM
+entries of the second file) were rewritten by ``evaluate`` / ``crossflow.predict`` one design
+at a time when the LSTM's shared weights came to be all-reduced once per iteration instead of
+once per time step (memory verdicts and bytes unchanged).
 """
 
 from __future__ import annotations

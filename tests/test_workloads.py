@@ -294,6 +294,51 @@ def test_lstm_graph_shapes_and_counts():
     assert sum(a["params"] for _, a in g.nodes(data=True)) == parameter_count(spec)
 
 
+@pytest.mark.parametrize("implementation", ["per_step", "cudnn"])
+def test_lstm_shared_weights_are_all_reduced_once_per_iteration(implementation):
+    """The cell and projection weights are shared over time steps: their gradients
+    accumulate and data parallelism all-reduces them once, not once per step."""
+    spec = load_spec({**SMALL_LSTM, "implementation": implementation}, "workloads")
+    B, H, V, L, S = 8, 16, 50, 2, 3
+    wgrad = Counter()
+    for _, a in lstm_graph(spec).nodes(data=True):
+        wgrad[a["name"]] += a["wgrad_elements"]
+    assert wgrad["cell.dW"] == L * (2 * H * 4 * H + 4 * H)
+    assert wgrad["logits.dW"] == H * V + V
+    assert wgrad["embedding.bwd"] == S * B * H     # the rows the iteration's tokens touch
+
+
+def test_cudnn_lstm_batches_what_does_not_recur():
+    """cuDNN's formulation: the same FLOPs and parameters in fewer, larger kernels; the
+    input GEMM, the projection and the weight gradients over all S·B positions at once."""
+    spec = load_spec({**SMALL_LSTM, "implementation": "cudnn"}, "workloads")
+    g = lstm_graph(spec)
+    B, H, V, S = 8, 16, 50, 3
+    assert graph_flops(g, ops=["gemm"]) == lstm_flops(spec) == model_flops(spec)
+    assert sum(a["params"] for _, a in g.nodes(data=True)) == parameter_count(spec)
+    assert g.number_of_nodes() < lstm_graph(load_spec(SMALL_LSTM, "workloads")).number_of_nodes()
+    shape = {n: (g.nodes[n]["m"], g.nodes[n]["k"], g.nodes[n]["n"])
+             for n in ("L1.input", "t2.L1.cell", "logits", "L0.dW", "logits.dW")}
+    assert shape == {"L1.input": (S * B, H, 4 * H), "t2.L1.cell": (B, H, 4 * H),
+                     "logits": (S * B, H, V), "L0.dW": (2 * H, S * B, 4 * H),
+                     "logits.dW": (H, S * B, V)}
+    assert g.has_edge("t1.L0.gates", "t2.L0.cell")  # the recurrence stays step by step
+    assert nx.is_directed_acyclic_graph(g)
+
+
+def test_cudnn_lstm_is_faster_where_the_batch_is_small():
+    """Per step with a small batch the paper's formulation streams the whole weight (and its
+    gradient) from DRAM every time; cuDNN's does it once per iteration (measured on an H200,
+    docs/validation.md)."""
+    from crossflow import predict
+
+    small = {"kind": "lstm", "global_batch_size": 64, "hidden_size": 4096,
+             "vocab_size": 32000, "num_layers": 2, "seq_length": 20}
+    per_step = predict(small, "h200-sxm-141gb").time_s
+    cudnn = predict({**small, "implementation": "cudnn"}, "h200-sxm-141gb").time_s
+    assert cudnn < 0.6 * per_step
+
+
 def test_lstm_case_study_flops():
     spec = load_spec("lstm-paper-case-study", "workloads")
     B, H, V = 16384, 16384, 800000

@@ -327,3 +327,7 @@ class LstmSpec(Spec):
     #: input, forget, cell and output gates
     num_gates: Dim = 4
     precision: PrecisionName = "fp16"
+    #: ``per_step``: the paper's formulation, every GEMM step by step; ``cudnn``: what
+    #: cuDNN's LSTM runs, the input half of the cell GEMM, its weight gradient and the
+    #: projection batched over all time steps (crossflow.workloads.lstm)
+    implementation: Literal["per_step", "cudnn"] = "per_step"

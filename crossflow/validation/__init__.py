@@ -32,6 +32,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "attention_datasets": ("attention", "attention_datasets"),
     "collective_datasets": ("collectives", "collective_datasets"),
     "gemm_datasets": ("gemm", "gemm_datasets"),
+    "lstm_datasets": ("lstm", "lstm_datasets"),
     "megatron_bridge_cp_dataset": ("megatron_bridge", "cp_dataset"),
     "megatron_bridge_dataset": ("megatron_bridge", "dataset"),
     "megatron_bridge_moe_all": ("megatron_bridge", "moe_all_dataset"),
@@ -60,11 +61,12 @@ def _lazy(name: str) -> Callable[[], list[DataSet]]:
 
 def _training_sets() -> list[DataSet]:
     from crossflow.validation import megatron_bridge as mb
+    from crossflow.validation.lstm import lstm_datasets
     from crossflow.validation.training import training_datasets
     from crossflow.validation.vtrain import vtrain_dataset
 
     return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(),
-            mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset()]
+            mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset(), *lstm_datasets()]
 
 
 def _ops_sets() -> list[DataSet]:
