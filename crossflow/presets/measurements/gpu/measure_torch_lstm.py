@@ -23,12 +23,11 @@ temporary file and renamed, so an interrupted run leaves nothing half-written.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
+
+import _record
 
 #: (batch, hidden, layers, seq, vocab)
 SHAPES = (
@@ -136,26 +135,11 @@ def main() -> int:
                 torch.cuda.empty_cache()
             rows.append(f"{name},{B},{H},{L},{S},{V},fp16,{t:.9g},{flops / t / 1e12:.1f}")
             print(rows[-1], flush=True)
-    props = torch.cuda.get_device_properties(0)
-    header = [
-        f"source: measured by crossflow/presets/measurements/gpu/{Path(__file__).name}",
-        f"command: python {' '.join(sys.argv)}",
-        f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
-        f"device: {props.name}, {props.multi_processor_count} SMs, "
-        f"{props.total_memory / 2**30:.1f} GiB",
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-        f"cuDNN {torch.backends.cudnn.version()}",
-        f"timing: median of {args.repeat} CUDA-event-timed iterations (zero_grad, forward, "
-        "loss, backward, SGD step) after 3 warm-up ones",
-        f"preset: {args.preset}",
-    ]
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write("".join(f"# {line}\n" for line in header))
-        fh.write("impl,batch,hidden,layers,seq,vocab,dtype,median_s,tflops\n")
-        fh.write("\n".join(rows) + "\n")
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    header = _record.header(torch, __file__, f"median of {args.repeat} CUDA-event-timed "
+                            "iterations (zero_grad, forward, loss, backward, SGD step) after 3 "
+                            "warm-up ones", args.preset, cudnn=True)
+    _record.write_csv(out, header, "impl,batch,hidden,layers,seq,vocab,dtype,median_s,tflops",
+                      rows)
     return 0
 
 

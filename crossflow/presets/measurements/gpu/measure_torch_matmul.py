@@ -15,11 +15,10 @@ temporary file and renamed at the end, so an interrupted run leaves nothing half
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+import _record
 
 SHAPES = (
     # square
@@ -79,17 +78,9 @@ def main() -> int:
         print("no CUDA device: nothing measured", file=sys.stderr)
         return 2
     out = Path(args.output or Path(__file__).with_name(f"torch_matmul_{args.preset}.csv"))
-    props = torch.cuda.get_device_properties(0)
-    header = [
-        f"source: measured by crossflow/presets/measurements/gpu/{Path(__file__).name}",
-        f"command: python {' '.join(sys.argv)}",
-        f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
-        f"device: {props.name}, {props.multi_processor_count} SMs, "
-        f"{props.total_memory / 2**30:.1f} GiB",
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuBLAS via torch.matmul (fp8: torch._scaled_mm)",
-        f"timing: best of {args.repeat} CUDA-event-timed runs after 3 warm-up runs",
-        f"preset: {args.preset}",
-    ]
+    header = _record.header(torch, __file__, f"best of {args.repeat} CUDA-event-timed runs "
+                            "after 3 warm-up runs; cuBLAS via torch.matmul (fp8: "
+                            "torch._scaled_mm)", args.preset)
     rows = []
     for precision in args.precisions.split(","):
         for m, k, n in SHAPES:
@@ -100,13 +91,7 @@ def main() -> int:
                 continue
             rows.append(f"{m},{k},{n},{precision},{best:.9g},{2 * m * k * n / best / 1e12:.2f}")
             print(rows[-1], flush=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write("".join(f"# {line}\n" for line in header))
-        fh.write("m,k,n,dtype,best_s,tflops\n")
-        fh.write("\n".join(rows) + "\n")
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    _record.write_csv(out, header, "m,k,n,dtype,best_s,tflops", rows)
     return 0
 
 

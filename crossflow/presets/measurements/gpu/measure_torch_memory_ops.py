@@ -15,12 +15,11 @@ temporary file and renamed, so an interrupted run leaves nothing half-written.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
+
+import _record
 
 ELEMENTS = (2**20, 2**22, 2**24, 2**26, 2**29)
 COLS = 4096
@@ -104,25 +103,10 @@ def main() -> int:
             rows.append(f"{name},{n // COLS},{COLS},bf16,{moved},{eager:.9g},{graph:.9g},"
                         f"{moved / graph / 1e9:.1f}")
             print(rows[-1], flush=True)
-    props = torch.cuda.get_device_properties(0)
-    header = [
-        f"source: measured by crossflow/presets/measurements/gpu/{Path(__file__).name}",
-        f"command: python {' '.join(sys.argv)}",
-        f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
-        f"device: {props.name}, {props.multi_processor_count} SMs, "
-        f"{props.total_memory / 2**30:.1f} GiB, L2 {props.L2_cache_size / 2**20:.0f} MiB",
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}",
-        f"timing: median of 10 CUDA-event timings of {CALLS} calls / {CALLS}, eager and "
-        "replayed from a CUDA graph; GBps = bytes / graph_s",
-        f"preset: {args.preset}",
-    ]
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write("".join(f"# {line}\n" for line in header))
-        fh.write("op,rows,cols,dtype,bytes,eager_s,graph_s,GBps\n")
-        fh.write("\n".join(rows) + "\n")
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    header = _record.header(torch, __file__, f"median of 10 CUDA-event timings of {CALLS} "
+                            f"calls / {CALLS}, eager and replayed from a CUDA graph; GBps = "
+                            "bytes / graph_s", args.preset, l2=True)
+    _record.write_csv(out, header, "op,rows,cols,dtype,bytes,eager_s,graph_s,GBps", rows)
     return 0
 
 

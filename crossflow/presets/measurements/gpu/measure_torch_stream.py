@@ -14,11 +14,10 @@ so an interrupted run leaves nothing half-written.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+import _record
 
 
 def main() -> int:
@@ -43,18 +42,9 @@ def main() -> int:
         "add": (lambda: torch.add(a, b, out=c), 3),
         "triad": (lambda: torch.add(b, c, alpha=q, out=a), 3),
     }
-    props = torch.cuda.get_device_properties(0)
-    header = [
-        f"source: measured by crossflow/presets/measurements/gpu/{Path(__file__).name}",
-        f"command: python {' '.join(sys.argv)}",
-        f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
-        f"device: {props.name}, {props.multi_processor_count} SMs, "
-        f"{props.total_memory / 2**30:.1f} GiB, L2 {props.L2_cache_size / 2**20:.0f} MiB",
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}",
-        f"timing: best of {args.repeat} CUDA-event-timed runs after 3 warm-up runs; "
-        "bytes = arrays moved x elements x 4",
-        f"preset: {args.preset}",
-    ]
+    header = _record.header(torch, __file__, f"best of {args.repeat} CUDA-event-timed runs "
+                            "after 3 warm-up runs; bytes = arrays moved x elements x 4",
+                            args.preset, l2=True)
     rows = []
     for name, (call, arrays) in kernels.items():
         for _ in range(3):
@@ -71,13 +61,7 @@ def main() -> int:
         moved = arrays * n * 4
         rows.append(f"{name},{n},{moved},{best:.9g},{moved / best / 1e9:.1f}")
         print(rows[-1], flush=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write("".join(f"# {line}\n" for line in header))
-        fh.write("kernel,elements,bytes,best_s,GBps\n")
-        fh.write("\n".join(rows) + "\n")
-    os.replace(tmp, out)
-    print(f"wrote {out}")
+    _record.write_csv(out, header, "kernel,elements,bytes,best_s,GBps", rows)
     return 0
 
 

@@ -1,0 +1,45 @@
+"""What the GPU measurement scripts beside this file share: the CSV header that records
+where and how a file was measured, and the write that leaves nothing half-written.
+
+The scripts run as ``python measure_X.py`` from this folder on a machine with a GPU (the
+project need not be installed there), so this is a plain module beside them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def header(torch, script: str, timing: str, preset: str | None = None,
+           cudnn: bool = False, l2: bool = False) -> list[str]:
+    """The header lines: the script, the command, the date, the device, the versions, how
+    the rows were timed and (``preset``) the hardware preset the rows validate."""
+    props = torch.cuda.get_device_properties(0)
+    device = (f"device: {props.name}, {props.multi_processor_count} SMs, "
+              f"{props.total_memory / 2**30:.1f} GiB")
+    versions = f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+    lines = [
+        f"source: measured by crossflow/presets/measurements/gpu/{Path(script).name}",
+        f"command: python {' '.join(sys.argv)}",
+        f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
+        device + (f", L2 {props.L2_cache_size / 2**20:.0f} MiB" if l2 else ""),
+        versions + (f", cuDNN {torch.backends.cudnn.version()}" if cudnn else ""),
+        f"timing: {timing}",
+    ]
+    return lines + ([f"preset: {preset}"] if preset else [])
+
+
+def write_csv(out: Path, lines: list[str], columns: str, rows: list[str]) -> None:
+    """``rows`` under ``columns`` and the ``# `` header ``lines``, written to a temporary
+    file beside ``out`` and renamed onto it."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"# {line}\n" for line in lines))
+        fh.write(columns + "\n")
+        fh.write("\n".join(rows) + "\n")
+    os.replace(tmp, out)
+    print(f"wrote {out}")
