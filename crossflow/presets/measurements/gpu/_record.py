@@ -43,3 +43,20 @@ def write_csv(out: Path, lines: list[str], columns: str, rows: list[str]) -> Non
         fh.write("\n".join(rows) + "\n")
     os.replace(tmp, out)
     print(f"wrote {out}")
+
+
+def timings(torch, call, repeat: int, warmup: int = 3) -> list[float]:
+    """Seconds of each of ``repeat`` calls of ``call``, each between two CUDA events on the
+    current stream, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeat):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        out.append(start.elapsed_time(stop) * 1e-3)
+    return out

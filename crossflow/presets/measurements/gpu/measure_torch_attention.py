@@ -38,18 +38,7 @@ SHAPES = (
 
 
 def _median_time(torch, call, repeat: int) -> float:
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        call()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e-3)
-    return statistics.median(times)
+    return statistics.median(_record.timings(torch, call, repeat))
 
 
 def time_shape(torch, shape: tuple[int, ...], repeat: int) -> tuple[float, float]:

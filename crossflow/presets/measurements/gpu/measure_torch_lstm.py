@@ -92,18 +92,7 @@ def time_iteration(torch, params, loss, repeat: int) -> float:
         loss().backward()
         opt.step()
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        step()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e-3)
-    return statistics.median(times)
+    return statistics.median(_record.timings(torch, step, repeat))
 
 
 def main() -> int:

@@ -48,20 +48,7 @@ def _product(torch, m: int, k: int, n: int, precision: str):
 
 
 def time_matmul(torch, m: int, k: int, n: int, precision: str, repeat: int) -> float:
-    product = _product(torch, m, k, n, precision)
-    for _ in range(3):
-        product()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeat):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        product()
-        stop.record()
-        stop.synchronize()
-        best = min(best, start.elapsed_time(stop) * 1e-3)
-    del product
-    return best
+    return min(_record.timings(torch, _product(torch, m, k, n, precision), repeat))
 
 
 def main() -> int:

@@ -47,17 +47,7 @@ def main() -> int:
                             args.preset, l2=True)
     rows = []
     for name, (call, arrays) in kernels.items():
-        for _ in range(3):
-            call()
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(args.repeat):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            call()
-            e.record()
-            e.synchronize()
-            best = min(best, s.elapsed_time(e) * 1e-3)
+        best = min(_record.timings(torch, call, args.repeat))
         moved = arrays * n * 4
         rows.append(f"{name},{n},{moved},{best:.9g},{moved / best / 1e9:.1f}")
         print(rows[-1], flush=True)
