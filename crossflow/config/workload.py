@@ -329,5 +329,5 @@ class LstmSpec(Spec):
     precision: PrecisionName = "fp16"
     #: ``per_step``: the paper's formulation, every GEMM step by step; ``cudnn``: what
     #: cuDNN's LSTM runs, the input half of the cell GEMM, its weight gradient and the
-    #: projection batched over all time steps (crossflow.workloads.lstm)
+    #: projection batched over all time steps (docs/model.md)
     implementation: Literal["per_step", "cudnn"] = "per_step"
