@@ -23,8 +23,8 @@ import numpy as np
 
 from crossflow.kernels.ops import fused_attention
 from crossflow.predict import load_hardware
-from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
-from crossflow.validation.gemm import _preset_named_in
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_preset_measurements
+from crossflow.workloads.graph import attention_flops
 
 #: Tolerances: the fit's own worst row is 13 % (six shapes per pass, two parameters).
 ATTENTION_MAX_MAPE, ATTENTION_MIN_SPEARMAN = 0.12, 0.9
@@ -33,8 +33,8 @@ PASSES = {"fwd": 2, "bwd": 5}  # products per pass (ops.fused_attention's ``gemm
 
 
 def _rows(path: Path) -> tuple[str, list[dict[str, str]]]:
-    header, rows = read_measurements(path)
-    return _preset_named_in(header, path), [r for r in rows if r["backend"] == BACKEND]
+    preset, rows = read_preset_measurements(path)
+    return preset, [r for r in rows if r["backend"] == BACKEND]
 
 
 def _shape(r: dict[str, str]) -> tuple[int, int, int, int, int]:
@@ -67,8 +67,8 @@ def fit(path: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for pass_, name in (("fwd", "forward"), ("bwd", "backward")):
         mine = [r for r in rows if r["pass"] == pass_]
-        heads, seq, head_dim, gemms, causal = np.array([_shape(r) for r in mine], float).T
-        flops = 2.0 * gemms * heads * seq * seq * head_dim * np.where(causal > 0, 0.5, 1.0)
+        heads, seq = np.array([_shape(r)[:2] for r in mine], float).T
+        flops = np.array([attention_flops(*_shape(r)) for r in mine])
         peak = np.array([arch.peak_flops[r["dtype"]] for r in mine])
         measured = np.array([float(r["median_s"]) for r in mine])
         product, rows_ = flops / peak / measured, heads * seq / measured

@@ -32,6 +32,16 @@ def read_measurements(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     return header, list(csv.DictReader(body))
 
 
+def read_preset_measurements(path: Path) -> tuple[str, list[dict[str, str]]]:
+    """The hardware preset a file of this project's own measurements names in its header
+    (``# preset: NAME``), and its rows."""
+    header, rows = read_measurements(path)
+    for line in header:
+        if line.lower().startswith("preset:"):
+            return line.split(":", 1)[1].strip(), rows
+    raise ValueError(f"{path} has no '# preset: NAME' header line naming its hardware preset")
+
+
 @dataclass(frozen=True)
 class Row:
     label: str

@@ -9,12 +9,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from crossflow.arch.microarch import MicroArch
 from crossflow.kernels.gemm import gemm
 from crossflow.predict import FRAMEWORK_FLOOR_S, load_hardware
-from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
+from crossflow.validation.dataset import (
+    DataSet,
+    Row,
+    measurements_dir,
+    read_measurements,
+    read_preset_measurements,
+)
 
 #: Tolerances (issue #2, "Accuracy, asserted in tests").
 A100_MAX_MAPE, A100_MIN_SPEARMAN = 0.10, 0.9
@@ -22,13 +26,6 @@ CPU_MAX_MAPE, CPU_MIN_SPEARMAN = 0.25, 0.9
 GPU_MAX_MAPE, GPU_MIN_SPEARMAN = 0.15, 0.9
 
 NUMPY_DTYPES = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
-def _preset_named_in(header: list[str], path: Path) -> str:
-    for line in header:
-        if line.lower().startswith("preset:"):
-            return line.split(":", 1)[1].strip()
-    raise ValueError(f"{path} has no '# preset: NAME' header line naming its hardware preset")
 
 
 def a100_msweep() -> DataSet:
@@ -55,8 +52,7 @@ def _timed_sets(pattern: str, label: str, max_mape: float, min_rho: float,
     """One data set per measurement file; each prediction is at least ``floor_s``."""
     sets = []
     for path in sorted(measurements_dir().glob(pattern)):
-        header, rows = read_measurements(path)
-        preset = _preset_named_in(header, path)
+        preset, rows = read_preset_measurements(path)
         arch = load_hardware(preset)
         by_threads: dict[int, MicroArch] = {}
         out = []

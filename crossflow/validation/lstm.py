@@ -9,8 +9,7 @@
 from __future__ import annotations
 
 from crossflow.predict import predict
-from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
-from crossflow.validation.gemm import _preset_named_in
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_preset_measurements
 
 #: Tolerances: the DeepFlow paper reports 16 % mean error for its LSTM on a V100 (§8); one row
 #: of six (batch 64, hidden 1024: 4.8 ms) is bound by the host's kernel dispatch.
@@ -28,8 +27,7 @@ def workload(r: dict[str, str]) -> dict[str, object]:
 def lstm_datasets() -> list[DataSet]:
     sets = []
     for path in sorted(measurements_dir().glob("gpu/torch_lstm_*.csv")):
-        header, rows = read_measurements(path)
-        preset = _preset_named_in(header, path)
+        preset, rows = read_preset_measurements(path)
         out = [Row(f"batch {r['batch']} hidden {r['hidden']} ({r['layers']} layers, "
                    f"{r['seq']} steps, vocab {r['vocab']})",
                    predict(workload(r), preset).time_s, float(r["median_s"]))
