@@ -97,9 +97,7 @@ def _cudnn_graph(g: GraphBuilder, ctx, B: int, H: int, V: int, L: int, S: int, G
     FLOPs and parameters as the per-step formulation, in fewer, larger kernels: on an H200
     it is within 10 % of cuDNN's measured iterations where the per-step one is up to 89 %
     slow (docs/validation.md, "Measured on an H200")."""
-    pointwise_flops = float((G + 1) + (G + 4))
-    cell_params = 2 * H * G * H + G * H
-    logit_params = H * V + V
+    cell_params, logit_params = _params(H, V, G)
     SB = S * B
 
     # forward, layer by layer
@@ -117,8 +115,7 @@ def _cudnn_graph(g: GraphBuilder, ctx, B: int, H: int, V: int, L: int, S: int, G
             ctx("fwd", layer, t)
             p = f"t{t}.L{layer}."
             cell = g.gemm(p + "cell", "cell", B, H, G * H, params=H * G * H * (t == 0))
-            gates = g.elementwise(p + "gates", "gates", B * H, inputs=G + 1, outputs=2,
-                                  flops_per_element=pointwise_flops)
+            gates = _gates(g, p, B, H, G)
             g.edge(inp, gates, "act", B * G * H * nb)
             g.edge(cell, gates, "act")
             if t:
@@ -150,16 +147,8 @@ def _cudnn_graph(g: GraphBuilder, ctx, B: int, H: int, V: int, L: int, S: int, G
         dgs = []
         for t in reversed(range(S)):
             ctx("bwd", layer, t)
-            p = f"t{t}.L{layer}."
-            dg = g.elementwise(p + "gates.bwd", "gates.bwd", B * H, inputs=G + 3,
-                               outputs=G + 1, flops_per_element=2 * pointwise_flops)
-            g.edge(dh_in, dg, "grad", B * H * nb)
-            g.edge(p + "gates", dg, "stash")
-            if t < S - 1:  # dh_t and dc_t from step t + 1
-                nxt = f"t{t + 1}.L{layer}."
-                g.edge(nxt + "cell.dX", dg, "grad", B * H * nb)
-                g.edge(nxt + "gates.bwd", dg, "grad", B * H * nb)
-            cdx = g.gemm(p + "cell.dX", "cell.dX", B, G * H, H)   # dh_{t-1}
+            dg = _gates_bwd(g, layer, t, S, dh_in, B, H, G, nb)
+            cdx = g.gemm(f"t{t}.L{layer}.cell.dX", "cell.dX", B, G * H, H)   # dh_{t-1}
             g.edge(dg, cdx, "grad")
             dgs.append(dg)
         ctx("bwd", layer)
@@ -192,12 +181,42 @@ def _optimizer(g: GraphBuilder, ctx, wgrads: dict[int, list[str]], H: int, V: in
     return g.build()
 
 
+def _pointwise_flops(G: int) -> float:
+    """FLOPs per element of the gates node: G + 1 non-linear and G + 4 add / multiply."""
+    return float((G + 1) + (G + 4))
+
+
+def _params(H: int, V: int, G: int) -> tuple[int, int]:
+    """(cell parameters with bias, projection parameters with bias)."""
+    return 2 * H * G * H + G * H, H * V + V
+
+
+def _gates(g: GraphBuilder, p: str, B: int, H: int, G: int) -> str:
+    """The fused point-wise node of one cell step (module docstring)."""
+    return g.elementwise(p + "gates", "gates", B * H, inputs=G + 1, outputs=2,
+                         flops_per_element=_pointwise_flops(G))
+
+
+def _gates_bwd(g: GraphBuilder, layer: int, t: int, S: int, dh: str, B: int, H: int, G: int,
+               nb: int) -> str:
+    """The gates' gradient at step ``t`` of ``layer``: from ``dh`` (the gradient from
+    above), the step's stashed gates, and dh_t / dc_t from step t + 1."""
+    p = f"t{t}.L{layer}."
+    dg = g.elementwise(p + "gates.bwd", "gates.bwd", B * H, inputs=G + 3, outputs=G + 1,
+                       flops_per_element=2 * _pointwise_flops(G))
+    g.edge(dh, dg, "grad", B * H * nb)
+    g.edge(p + "gates", dg, "stash")
+    if t < S - 1:
+        nxt = f"t{t + 1}.L{layer}."
+        g.edge(nxt + "cell.dX", dg, "grad", B * H * nb)
+        g.edge(nxt + "gates.bwd", dg, "grad", B * H * nb)
+    return dg
+
+
 def _per_step_graph(g: GraphBuilder, ctx, B: int, H: int, V: int, L: int, S: int, G: int,
                     nb: int) -> nx.DiGraph:
     """The paper's formulation, every GEMM step by step (the module's docstring)."""
-    pointwise_flops = float((G + 1) + (G + 4))
-    cell_params = 2 * H * G * H + G * H
-    logit_params = H * V + V
+    cell_params, logit_params = _params(H, V, G)
 
     # forward
     for t in range(S):
@@ -209,8 +228,7 @@ def _per_step_graph(g: GraphBuilder, ctx, B: int, H: int, V: int, L: int, S: int
             p = f"t{t}.L{layer}."
             cell = g.gemm(p + "cell", "cell", B, 2 * H, G * H, params=cell_params * first)
             g.edge(x, cell, "act")
-            gates = g.elementwise(p + "gates", "gates", B * H, inputs=G + 1, outputs=2,
-                                  flops_per_element=pointwise_flops)
+            gates = _gates(g, p, B, H, G)
             g.edge(cell, gates, "act")
             if t:
                 prev = f"t{t - 1}.L{layer}.gates"
@@ -243,14 +261,7 @@ def _per_step_graph(g: GraphBuilder, ctx, B: int, H: int, V: int, L: int, S: int
         for layer in reversed(range(L)):
             ctx("bwd", layer, t)
             p = f"t{t}.L{layer}."
-            dg = g.elementwise(p + "gates.bwd", "gates.bwd", B * H, inputs=G + 3,
-                               outputs=G + 1, flops_per_element=2 * pointwise_flops)
-            g.edge(dh, dg, "grad", B * H * nb)
-            g.edge(p + "gates", dg, "stash")
-            if t < S - 1:  # dh_t and dc_t from step t + 1
-                nxt = f"t{t + 1}.L{layer}."
-                g.edge(nxt + "cell.dX", dg, "grad", B * H * nb)
-                g.edge(nxt + "gates.bwd", dg, "grad", B * H * nb)
+            dg = _gates_bwd(g, layer, t, S, dh, B, H, G, nb)
             cdx = g.gemm(p + "cell.dX", "cell.dX", B, G * H, 2 * H)
             cdw = g.gemm(p + "cell.dW", "cell.dW", 2 * H, B, G * H, batch="k",
                          wgrad=cell_params * last)
