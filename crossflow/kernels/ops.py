@@ -162,18 +162,18 @@ def fused_attention(arch: MicroArch, heads: int, seq: int, head_dim: int, gemms:
     check_precision(arch, precision)
     b = BYTES_PER_ELEMENT[precision]
     flops = 2.0 * gemms * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    forward = gemms <= 2
     kernel = arch.attention_kernel
     rows_time = 0.0
     if arch.attention_efficiency is None and kernel is not None:
         # the device's measured kernels: a share of peak, plus a fixed time per query row
-        forward = gemms <= 2
         efficiency = kernel.forward_efficiency if forward else kernel.backward_efficiency
         rows_time = heads * seq * (kernel.forward_row_s if forward else kernel.backward_row_s)
     else:
         efficiency = (arch.attention_efficiency
                       or FLASH_RELATIVE_EFFICIENCY * arch.compute_efficiency)
     compute_time = flops / (arch.peak_flops[precision] * efficiency) + rows_time
-    moved = (4 if gemms <= 2 else 8) * heads * seq * head_dim * b
+    moved = (4 if forward else 8) * heads * seq * head_dim * b
     level = arch.main_memory
     memory_time = moved / (level.bandwidth_Bps * (arch.memory_bound_efficiency
                                                   or level.efficiency)) + level.latency_s
