@@ -60,3 +60,41 @@ def timings(torch, call, repeat: int, warmup: int = 3) -> list[float]:
         stop.synchronize()
         out.append(start.elapsed_time(stop) * 1e-3)
     return out
+
+
+def per_call(torch, call, calls: int, repeat: int = 10) -> tuple[list[float], list[float]]:
+    """Seconds per call of ``call``, ``repeat`` times each: ``calls`` calls issued eagerly
+    back to back between two CUDA events, then the same ``calls`` calls captured once in a
+    CUDA graph and replayed (warmed up on a side stream, as capture requires, and replayed
+    once untimed)."""
+    eager = []
+    for _ in range(repeat):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(calls):
+            call()
+        stop.record()
+        stop.synchronize()
+        eager.append(start.elapsed_time(stop) * 1e-3 / calls)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    replay = []
+    for _ in range(repeat):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        replay.append(start.elapsed_time(stop) * 1e-3 / calls)
+    return eager, replay

@@ -26,60 +26,22 @@ import datetime as dt
 import statistics
 import sys
 
+import _record
+
 SHAPES = ((8192, 64, 64), (4096, 64, 64), (64, 64, 64), (8192, 128, 128),
           (1024, 1024, 1024), (4096, 4096, 4096))
 ADD_SIZES = ((1, 1), (1024, 1024))
 CALLS = 100
 
 
-def _events(torch):
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-
 def time_kernel(torch, call, repeat: int) -> tuple[float, float, float]:
+    """(single_us, back_to_back_us, graph_us) of one kernel (module docstring)."""
     for _ in range(20):
         call()
-    torch.cuda.synchronize()
-    single = []
-    for _ in range(repeat):
-        s, e = _events(torch)
-        torch.cuda.synchronize()
-        s.record()
-        call()
-        e.record()
-        e.synchronize()
-        single.append(s.elapsed_time(e) * 1e3)
-    eager = []
-    for _ in range(10):
-        s, e = _events(torch)
-        torch.cuda.synchronize()
-        s.record()
-        for _ in range(CALLS):
-            call()
-        e.record()
-        e.synchronize()
-        eager.append(s.elapsed_time(e) * 1e3 / CALLS)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up on a side stream, as graph capture requires
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    replay = []
-    for _ in range(10):
-        s, e = _events(torch)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        replay.append(s.elapsed_time(e) * 1e3 / CALLS)
-    return statistics.median(single), statistics.median(eager), statistics.median(replay)
+    # one call at a time, each from an idle device (timings synchronises first)
+    single = [_record.timings(torch, call, 1, warmup=0)[0] for _ in range(repeat)]
+    eager, graph = _record.per_call(torch, call, CALLS)
+    return tuple(1e6 * statistics.median(x) for x in (single, eager, graph))
 
 
 def main() -> None:

@@ -29,35 +29,8 @@ CALLS = 20
 def _time(torch, call) -> tuple[float, float]:
     for _ in range(5):
         call()
-    torch.cuda.synchronize()
-    eager = []
-    for _ in range(10):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(CALLS):
-            call()
-        e.record()
-        e.synchronize()
-        eager.append(s.elapsed_time(e) * 1e-3 / CALLS)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            call()
-    replay = []
-    for _ in range(10):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        replay.append(s.elapsed_time(e) * 1e-3 / CALLS)
-    return statistics.median(eager), statistics.median(replay)
+    eager, graph = _record.per_call(torch, call, CALLS)
+    return statistics.median(eager), statistics.median(graph)
 
 
 def _ops(torch, n: int) -> dict:
