@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from crossflow.search.samplers.structured import Settings, StructuredSampler
 from crossflow.search.samplers.structured._inner import exchange
 from crossflow.search.samplers.structured._plan import _axial, plan
-from crossflow.search.samplers.structured._problem import Cont, Problem
+from crossflow.search.samplers.structured._problem import Cont, Problem, point_key
 from crossflow.search.samplers.structured._sampler import (
     DONE,
     MEMORY,
@@ -94,6 +94,40 @@ def test_search_improves_on_the_screen_and_on_the_template(lstm_screen):
     best = min(t.value for t in feasible)
     screened = min(t.value for t in feasible if t.user_attrs.get(PHASE) == "screen")
     assert best < screened < template.value
+
+
+def test_the_driver_prices_each_design_once(lstm_screen):
+    """Splits the AGE turns into the same whole units are one chip: the driver's trials
+    never price the same chip with the same strategy and order twice."""
+    setup, study = lstm_screen
+    P = Problem(setup)
+    keys = [P.design_key(t.params) for t in study.trials if SLOT in t.system_attrs]
+    assert len(keys) > 100 and len(set(keys)) == len(keys)
+
+
+def test_design_keys_are_equal_exactly_for_the_same_chip_and_choices():
+    setup = load_study("paper-lstm-512")
+    P = Problem(setup)
+    x, d = P.start()
+    params = P.params(x, d)
+    core = next(c for c in P.coords if c.name == "core" and c.block == "area")
+    # a hair more core area buys no unit: the same chip, the same key
+    nudged = P.params(P.move(x, core, 1e-6), d)
+    assert nudged != params
+    assert setup.arch(setup.design(nudged)).model_key() == \
+        setup.arch(setup.design(params)).model_key()
+    assert P.design_key(nudged) == P.design_key(params)
+    # a quarter more core area is another chip; another strategy another design
+    assert P.design_key(P.params(P.move(x, core, 0.25), d)) != P.design_key(params)
+    other = next(s for s in setup.space.dimension("strategy").values()
+                 if s != d["strategy"])
+    assert P.design_key({**params, "strategy": other}) != P.design_key(params)
+    # a split the AGE cannot build keys by its parameters
+    starved = P.params(P.with_share(x, core, 1e-6), d)
+    from crossflow.errors import InfeasibleDesignError
+    with pytest.raises(InfeasibleDesignError):
+        setup.arch(setup.design(starved))
+    assert P.design_key(starved) == point_key(starved)
 
 
 def test_the_plan_is_anytime_resumed_and_extended_studies_replay_it(tmp_path):
@@ -327,6 +361,10 @@ class _ToySetup:
 class _ToyProblem(Problem):
     """The toy's steps, as the AGE's cliffs module reports a chip's: the core buys whole
     units of 5 % of the area, the SRAM is useful from 15 % on."""
+
+    def design_key(self, params):
+        # the toy's I/O is continuous: every point is a design of its own
+        return point_key(params)
 
     def _edges(self, cont, coord, discrete, donor=None):
         if coord.name == "core":

@@ -13,7 +13,7 @@ through the arch layer, which re-exports them (docs/architecture.md, "Layers").
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
@@ -193,6 +193,14 @@ class MicroArch:
 
     def supports(self, precision: str) -> bool:
         return self.peak_flops.get(precision, 0.0) > 0.0
+
+    def model_key(self) -> str:
+        """Every field the performance model reads, as one string: two chips with equal
+        keys give every workload the same prediction.  Leaves out ``name`` and
+        ``report`` (how the chip was derived), so two budget splits that the AGE turns
+        into the same whole units are one chip."""
+        return repr([getattr(self, f.name) for f in fields(self)
+                     if f.name not in ("name", "report")])
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready description (SI units, unit-suffixed keys)."""

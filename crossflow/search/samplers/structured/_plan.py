@@ -54,7 +54,9 @@ Phases (every point yielded is one model evaluation, one trial):
    local search again from the best point; and so on, CMA-ES's population doubled at
    every turn (IPOP-CMA-ES).  For ever.
 
-Points already evaluated by the plan are answered from its memo, not evaluated again.
+A point whose design the plan has already priced — the same discrete choices on the same
+chip (:meth:`~._problem.Problem.design_key`: many budget splits build one chip) — is
+answered from its memo, not evaluated again.
 """
 
 from __future__ import annotations
@@ -75,7 +77,6 @@ from crossflow.search.samplers.structured._problem import (
     Coord,
     Problem,
     better,
-    point_key,
 )
 from crossflow.search.space import MAPPING_ORDER
 
@@ -374,7 +375,7 @@ class _Asker:
     """Turns continuous points into the plan's batches, answering repeats from the memo."""
 
     def __init__(self, P: Problem) -> None:
-        self.P, self.memo = P, {}     # parameters (JSON) -> value
+        self.P, self.memo = P, {}     # design key -> value
         self.fresh = 0    # points the last batch evaluated (the others were repeats)
 
     def __call__(self, phase: str, x: Cont, discretes: list[dict[str, Any]]):
@@ -382,7 +383,7 @@ class _Asker:
 
     def points(self, phase: str, pairs: list[tuple[Mapping[str, Any], Cont]]):
         params = [self.P.params(x, d) for d, x in pairs]
-        keys = [point_key(p) for p in params]
+        keys = [self.P.design_key(p) for p in params]
         fresh: dict[str, int] = {}
         for i, k in enumerate(keys):
             if k not in self.memo and k not in fresh:

@@ -81,6 +81,8 @@ class Problem:
         self.has_order = any(d.name == MAPPING_ORDER for d in self.discrete)
         self.has_strategy = any(d.name == STRATEGY for d in self.discrete)
         self._edge_cache: dict[tuple, list[float]] = {}
+        self._simplex_params = {p for s in space.simplexes for p in s.param_names}
+        self._chips: dict[str, str] = {}   # AGE overrides -> the chip's model key
 
     # ---- points -----------------------------------------------------------------------
 
@@ -107,6 +109,31 @@ class Problem:
             out[d.name] = float(min(d.high, max(d.low, cont.floats[d.name])))
         out.update(discrete)
         return out
+
+    def design_key(self, params: Mapping[str, Any]) -> str:
+        """A key equal for two points the model cannot tell apart: the same parameters
+        besides the budget split, on the same chip.  The AGE turns a split into whole units
+        (bundles, banks, DRAM devices, ports), so many splits build one chip, and the plan
+        prices a design once (the driver's moves land on about 10-40 % such repeats in a
+        budget-only study).  A point whose chip cannot be built, or a study without an
+        architecture template, keys by its parameters."""
+        if self.setup.template is None:
+            return point_key(params)
+        design = self.setup.design(params)
+        chip = point_key(self.setup.overrides(design))
+        key = self._chips.get(chip)
+        if key is None:
+            try:
+                key = self.setup.arch(design).model_key()
+            except CrossflowError:
+                key = ""
+            if len(self._chips) > 65536:
+                self._chips.clear()
+            self._chips[chip] = key
+        if not key:
+            return point_key(params)
+        return point_key([key, {k: v for k, v in params.items()
+                                if k not in self._simplex_params}])
 
     def split(self, params: Mapping[str, Any]) -> tuple[Cont, dict[str, Any]]:
         """The inverse of :meth:`params`."""
