@@ -366,6 +366,9 @@ class _ToyProblem(Problem):
         # the toy's I/O is continuous: every point is a design of its own
         return point_key(params)
 
+    def refused(self, params):
+        return False
+
     def _edges(self, cont, coord, discrete, donor=None):
         if coord.name == "core":
             return [0.05 * k for k in range(1, 20)]
@@ -666,6 +669,40 @@ def test_the_plan_shakes_the_incumbent_once_every_local_search_has_ended():
         P.with_share(x, c, x.simplexes["area"][c.index] * f).key()
         for c in P.coords for f in _plan.KICKS
         if 2 * _plan._FLOOR < x.simplexes["area"][c.index] * f < 0.98}
+
+
+def test_points_that_are_no_design_are_no_trials_but_the_plan_always_goes_on():
+    """After the screen, a point whose chip cannot be built or whose strategy is over
+    memory is answered infeasible without a trial; past REFUSED_IN_A_ROW of them in a row
+    the next is priced anyway, so the plan never stops yielding."""
+    from crossflow.search.samplers.structured import _plan
+
+    class Nothing(_ToyProblem):
+        asked = 0
+
+        def refused(self, params):
+            self.asked += 1
+            return True
+
+    P = Nothing(_ToySetup())
+    P.setup.start_params = lambda: {}
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_plan, "REFUSED_IN_A_ROW", 7)
+    try:
+        gen = plan(P, seed=0, records=[])
+        phases, refused_before = [], []
+        phase, batch = next(gen)
+        for _ in range(6):
+            phases.append(phase)
+            refused_before.append(P.asked)
+            P.asked = 0
+            phase, batch = gen.send([_toy(P.split(p)[0]) for p in batch])
+    finally:
+        mp.undo()
+    assert phases[0] == _plan.SCREEN and refused_before[0] == 0   # the screen is priced
+    # after it, each batch comes after 7 points refused in a row
+    assert all(ph != _plan.SCREEN for ph in phases[1:])
+    assert refused_before[1:] == [7] * 5
 
 
 @pytest.mark.parametrize("probe_gain", [0.0, 0.5])

@@ -28,7 +28,9 @@ So the driver (:mod:`._plan`) is built from standard parts:
 Every point it evaluates is an Optuna trial (logged to MLflow like any other), and it
 evaluates each design once: a point whose chip (the AGE's whole units, generated in ~0.2 ms
 against 1-5 ms for a whole evaluation) and discrete choices it has already priced is
-answered from its memo, not made a trial again.  Its four
+answered from its memo, not made a trial again; after the screen, a point that is no design
+(the AGE cannot build its chip, or its strategy is over memory there: the memory-only checks
+of step 1) is answered infeasible without a trial.  Its four
 settings (:class:`._plan.Settings`) are keyword arguments, settable from a study's
 ``sampler_options``.  :class:`StructuredSampler` rebuilds the plan from the study's
 storage, so a study resumes, is extended or switched to this sampler, and runs on several

@@ -56,7 +56,10 @@ Phases (every point yielded is one model evaluation, one trial):
 
 A point whose design the plan has already priced — the same discrete choices on the same
 chip (:meth:`~._problem.Problem.design_key`: many budget splits build one chip) — is
-answered from its memo, not evaluated again.
+answered from its memo, not evaluated again; and after the screen, a point that is no
+design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its chip, or
+its strategy is over memory there, the checks of phase 1) is answered infeasible without
+a trial.
 """
 
 from __future__ import annotations
@@ -173,6 +176,10 @@ GAIN = 1e-6
 #: these (docs/search-benchmarks.md, "A twelfth round").
 KICKS: tuple[float, ...] = (0.5, 2.0)
 KICK_LEVELS = 2
+#: Points after the screen that are no design to price (:meth:`Problem.refused`) answered
+#: infeasible in a row before the next one is priced anyway (a bound, so that a search in
+#: a space of almost nothing but such points still makes trials).
+REFUSED_IN_A_ROW = 1000
 #: The local search's evaluations after a shake, per searched coordinate, before the next
 #: shake is tried (the search from a shake that beats the incumbent goes on to its end).
 KICK_EVALS = 20
@@ -377,6 +384,7 @@ class _Asker:
     def __init__(self, P: Problem) -> None:
         self.P, self.memo = P, {}     # design key -> value
         self.fresh = 0    # points the last batch evaluated (the others were repeats)
+        self.refused = 0  # points refused in a row since a batch was last evaluated
 
     def __call__(self, phase: str, x: Cont, discretes: list[dict[str, Any]]):
         return (yield from self.points(phase, [(d, x) for d in discretes]))
@@ -388,8 +396,18 @@ class _Asker:
         for i, k in enumerate(keys):
             if k not in self.memo and k not in fresh:
                 fresh[k] = i
+        if phase not in (SCREEN, ORDERS):
+            # no design to price (no chip, or over memory): infeasible without a trial; a
+            # search that proposes nothing else for long is priced anyway, so that the
+            # plan always goes on to yield
+            for k, i in list(fresh.items()):
+                if self.refused < REFUSED_IN_A_ROW and self.P.refused(params[i]):
+                    self.memo[k] = math.inf
+                    self.refused += 1
+                    del fresh[k]
         self.fresh = len(fresh)
         if fresh:
+            self.refused = 0
             got = yield phase, [params[i] for i in fresh.values()]
             self.memo.update(zip(fresh, got, strict=True))
         return [self.memo[k] for k in keys]

@@ -117,8 +117,31 @@ class Problem:
         prices a design once (the driver's moves land on about 10-40 % such repeats in a
         budget-only study).  A point whose chip cannot be built, or a study without an
         architecture template, keys by its parameters."""
-        if self.setup.template is None:
+        key = self._model_key(params) if self.setup.template is not None else ""
+        if not key:
             return point_key(params)
+        return point_key([key, {k: v for k, v in params.items()
+                                if k not in self._simplex_params}])
+
+    def refused(self, params: Mapping[str, Any]) -> bool:
+        """Whether a point is no design to price: the AGE cannot build its chip (a budget
+        below one unit of a component the template uses), or its strategy does not fit in
+        memory on that chip (the memory-only check of the screen's first phase: no kernel
+        priced).  Both follow from the chip alone, before the model prices anything."""
+        if self.setup.template is None:
+            return False
+        if not self._model_key(params):
+            return True
+        if not self.has_strategy:
+            return False
+        from crossflow.search.objective import memory_verdicts
+
+        (verdict,) = memory_verdicts(self.setup, [self.setup.design(params)])
+        return verdict is not None and not verdict.feasible
+
+    def _model_key(self, params: Mapping[str, Any]) -> str:
+        """:meth:`MicroArch.model_key` of a point's chip, "" when the AGE cannot build it
+        (cached by the AGE's overrides)."""
         design = self.setup.design(params)
         chip = point_key(self.setup.overrides(design))
         key = self._chips.get(chip)
@@ -130,10 +153,7 @@ class Problem:
             if len(self._chips) > 65536:
                 self._chips.clear()
             self._chips[chip] = key
-        if not key:
-            return point_key(params)
-        return point_key([key, {k: v for k, v in params.items()
-                                if k not in self._simplex_params}])
+        return key
 
     def split(self, params: Mapping[str, Any]) -> tuple[Cont, dict[str, Any]]:
         """The inverse of :meth:`params`."""
