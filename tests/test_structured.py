@@ -823,3 +823,25 @@ def test_snap_lands_where_rounding_every_edge_would():
                 assert got.key() == want.key()
                 checked += 1
     assert checked >= 10
+
+
+def test_order_classes_are_priced_for_more_combinations_until_a_share_of_the_screen():
+    """Phase 3: the top_k best combinations' every order class, and more, best first,
+    until the other classes number ORDERS_SHARE of the screen; never one infeasible at
+    the start split."""
+    from crossflow.search.samplers.structured import _plan
+
+    class Classes:
+        def order_classes(self, combo):
+            return ["o"] * combo["classes"]
+
+    screened = [{"classes": n} for n in (2, 1, 1, 2, 2, 3, 2, 2, 1, 1, 1, 1)]   # 12 screened
+    value = {i: float(i) for i in range(12)}
+    ranking = list(range(12))
+    # the top 4 have 1 + 0 + 0 + 1 = 2 other classes; a quarter of 12 is 3: one more
+    assert _plan.ORDERS_SHARE == 0.25
+    assert _plan._ordered(Classes(), screened, value, ranking, top_k=4) == 5
+    assert _plan._ordered(Classes(), screened, value, ranking, top_k=6) == 6
+    for i in range(3, 12):   # only three feasible at the start split: those three
+        value[i] = math.inf
+    assert _plan._ordered(Classes(), screened, value, ranking, top_k=4) == 3

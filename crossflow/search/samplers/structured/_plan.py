@@ -20,7 +20,9 @@ Phases (every point yielded is one model evaluation, one trial):
    them (by default 256 where a budget split is searched next, 32 where TPE takes over
    after the screen), a seeded subset of that size (the start's own combination always
    in).
-3. **Order classes**: the ``top_k`` best combinations in one order of every other class.
+3. **Order classes**: the ``top_k`` best combinations in one order of every other class,
+   and more combinations, best first, until those orders number a quarter of the screen
+   (``ORDERS_SHARE``).
    A space with nothing continuous ends the plan there (the sampler goes on with TPE,
    which learns from the screen's trials), after every other order class of every
    combination when ``screen_cap`` is ``all``.
@@ -163,6 +165,16 @@ PATIENCE = 10
 #: 23 %; probing the race's winner after the race instead moved no median or mean by more
 #: than 0.05 points (docs/search-benchmarks.md, "A fifth round").
 AXIAL = (0.5, 0.8)
+#: Phase 3 prices every other order class of the ``top_k`` best combinations, and of more,
+#: best first, until those classes number this share of the combinations screened: a
+#: strategy whose first order class is poor can be the best in another (on
+#: lstm-4k-64-n3 the best-known design's).  On the tuning half (3 runs per study) 0.25 took
+#: lstm-4k-64-n3 from 79 to 25 % at 300 evaluations and from 75 to 10 % at 1000, moved no
+#: other study by more than 0.02 points and no median (0.5 the same; top_k 6 or 8 instead
+#: did as much there but cost gpt-18b-512-n5-codesign 1.6 points at 300); on the checking
+#: half it cost two LSTM studies 1-6 points at 300 and nothing at 1000, medians unchanged
+#: (docs/search-benchmarks.md, "A fourteenth round").
+ORDERS_SHARE = 0.25
 #: A relative gain below this is no gain (the model's own noise floor is far below).
 GAIN = 1e-6
 #: Variable neighbourhood search (:func:`_shake`): each simplex share of the incumbent
@@ -227,7 +239,8 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
 
     # 3. every order class of the best combinations
     if P.has_order:
-        pairs = [(i, o) for i in ranking[:S.top_k] if math.isfinite(value[i])
+        k = _ordered(P, feasible, value, ranking, S.top_k)
+        pairs = [(i, o) for i in ranking[:k] if math.isfinite(value[i])
                  for o in P.order_classes(feasible[i]) if o != order[i]]
         got = yield from ask(ORDERS, x0, [_with(P, feasible[i], o) for i, o in pairs])
         for (i, o), v in zip(pairs, got, strict=True):
@@ -308,6 +321,21 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         if cma.value < fx:
             x, fx = cma.best, cma.value
         lead = _Local(P, discrete, x, fx, rng)
+
+
+def _ordered(P: Problem, feasible: list[dict[str, Any]], value: dict[int, float],
+             ranking: list[int], top_k: int) -> int:
+    """How many of the best combinations (``ranking``) get every order class priced: the
+    ``top_k`` best, and more, best first, until their other classes number
+    ORDERS_SHARE of the combinations screened; none infeasible at the start split."""
+    extra = 0
+    for n, i in enumerate(ranking):
+        if not math.isfinite(value[i]):
+            return n
+        extra += len(P.order_classes(feasible[i])) - 1
+        if n + 1 >= top_k and extra >= ORDERS_SHARE * len(feasible):
+            return n + 1
+    return len(ranking)
 
 
 def _shake(P: Problem, ask: _Asker, lead: _Local, rng: np.random.Generator,
