@@ -130,6 +130,32 @@ def test_design_keys_are_equal_exactly_for_the_same_chip_and_choices():
     assert P.design_key(starved) == point_key(starved)
 
 
+def test_a_point_keyed_checked_and_evaluated_builds_its_chip_once(monkeypatch):
+    """The driver keys a point by its chip, checks its memory, then the trial evaluates it:
+    the study keeps the chips it built last, so the AGE runs once; a setup replaced for
+    another study keeps none of them."""
+    from crossflow.arch import age
+    from crossflow.search.objective import evaluate
+
+    setup = load_study("paper-lstm-512")
+    P = Problem(setup)
+    x, d = P.start()
+    params = P.params(x, d)
+    built = []
+    real = age.generate
+    monkeypatch.setattr(age, "generate", lambda *a, **kw: built.append(1) or real(*a, **kw))
+    P.design_key(params)
+    # the template's own strategy is over memory on its chip: a strategy that fits there
+    params = next(p for p in ({**params, "strategy": s}
+                              for s in setup.space.dimension("strategy").values())
+                  if not P.refused(p))
+    assert evaluate(setup, setup.design(params)).feasible
+    assert len(built) == 1
+    other = dataclasses.replace(setup, spec=setup.spec.model_copy(update={"name": "other"}))
+    other.arch(other.design(params))
+    assert len(built) == 2
+
+
 def test_the_plan_is_anytime_resumed_and_extended_studies_replay_it(tmp_path):
     """A study stopped after 30 trials and extended to 60 has exactly the trials of a
     60-trial study: the plan has no budget, and it is rebuilt from the storage."""

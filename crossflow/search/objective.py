@@ -111,7 +111,7 @@ def evaluate_many(setup, designs: Sequence[Design]) -> list[Evaluation]:
     results: list[Evaluation | None] = [None] * len(designs)
     groups: dict[str, list[int]] = {}
     for i, design in enumerate(designs):
-        groups.setdefault(_chip_key(design), []).append(i)
+        groups.setdefault(design.chip_key(), []).append(i)
     for members in groups.values():
         t0 = time.perf_counter()
         design = designs[members[0]]
@@ -135,11 +135,6 @@ def evaluate_many(setup, designs: Sequence[Design]) -> list[Evaluation]:
         for i, ev in zip(members, outcome, strict=True):
             results[i] = replace(ev, eval_time_s=share)
     return results  # type: ignore[return-value]
-
-
-def _chip_key(design: Design) -> str:
-    """Designs with equal keys run on the same chip (the AGE is deterministic)."""
-    return json.dumps(design.overrides(), sort_keys=True, default=repr)
 
 
 def _outcome(arch, p, design: Design) -> Evaluation:
@@ -197,7 +192,7 @@ def prefetch(setup, designs: Sequence[Design]) -> None:
 
 
 def _design_key(setup, design: Design) -> str:
-    return json.dumps([setup.name, _chip_key(design), design.strategy, design.mapping_order,
+    return json.dumps([setup.name, design.chip_key(), design.strategy, design.mapping_order,
                        dict(design.parallelism)], sort_keys=True, default=repr)
 
 
@@ -220,7 +215,7 @@ def memory_verdicts(setup, designs: Sequence[Design]) -> list:
     groups: dict[str, list[int]] = {}
     for i, design in enumerate(designs):
         if design.strategy is not None:
-            groups.setdefault(_chip_key(design), []).append(i)
+            groups.setdefault(design.chip_key(), []).append(i)
     for members in groups.values():
         try:
             arch = setup.arch(designs[members[0]])

@@ -52,6 +52,7 @@ when a study resolves it (:func:`resolve`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -402,6 +403,11 @@ class Design:
         for simplex, fr in self.fractions.items():
             out[SIMPLEX_OVERRIDE[simplex]] = dict(fr)
         return out
+
+    def chip_key(self) -> str:
+        """Equal for designs that run on the same chip (the AGE is deterministic): their
+        :meth:`overrides` as one string."""
+        return json.dumps(self.overrides(), sort_keys=True, default=repr)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ from crossflow.search.space import STRATEGY, Design, SearchSpace, SearchSpaceSpe
 from crossflow.search.storage import make_storage
 from crossflow.search.study.spec import StudySpec
 
+#: Chips a study keeps (:meth:`StudySetup.arch`): more than a batch of the structured
+#: driver's points.
+CHIPS_KEPT = 512
+
 
 @dataclass(frozen=True)
 class StudySetup:
@@ -45,6 +49,11 @@ class StudySetup:
     file: str | None = None
     #: the MicroArch of a fixed device (built once, so kernel prices are cached across trials)
     _arch: Any = field(default=None, repr=False, compare=False)
+    #: the chips the AGE built last, by :meth:`Design.chip_key`: the structured driver keys
+    #: a point by its chip and checks its memory before the trial evaluates it (one build,
+    #: not three); cleared when full
+    _chips: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                   compare=False)
 
     @property
     def name(self) -> str:
@@ -89,7 +98,14 @@ class StudySetup:
             return self._arch
         from crossflow.arch.age import generate
 
-        return generate(self.template, overrides=self.overrides(design))
+        key = design.chip_key()
+        chip = self._chips.get(key)
+        if chip is None:
+            chip = generate(self.template, overrides=self.overrides(design))
+            if len(self._chips) >= CHIPS_KEPT:
+                self._chips.clear()
+            self._chips[key] = chip
+        return chip
 
     def parallelism(self, design: Design) -> dict[str, Any] | None:
         """The parallelism mapping ``crossflow.predict`` takes (None: one device)."""

@@ -82,7 +82,7 @@ class Problem:
         self.has_strategy = any(d.name == STRATEGY for d in self.discrete)
         self._edge_cache: dict[tuple, list[float]] = {}
         self._simplex_params = {p for s in space.simplexes for p in s.param_names}
-        self._chips: dict[str, str] = {}   # AGE overrides -> the chip's model key
+        self._chips: dict[str, str] = {}   # chip key -> the chip's model key
 
     # ---- points -----------------------------------------------------------------------
 
@@ -141,9 +141,9 @@ class Problem:
 
     def _model_key(self, params: Mapping[str, Any]) -> str:
         """:meth:`MicroArch.model_key` of a point's chip, "" when the AGE cannot build it
-        (cached by the AGE's overrides)."""
+        (cached by the chip's :meth:`Design.chip_key`)."""
         design = self.setup.design(params)
-        chip = point_key(self.setup.overrides(design))
+        chip = design.chip_key()
         key = self._chips.get(chip)
         if key is None:
             try:
