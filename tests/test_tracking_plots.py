@@ -176,3 +176,72 @@ def test_the_constant_parameters_are_all_named_not_cut():
                            "intra-node links; power fraction: inter-node links, intra-node "
                            "links; ")
     assert flat.endswith(_plots.label("logic_node"))
+
+
+def _summary_msg():
+    from crossflow.search.tracking.records import _serialize
+
+    return {"study_name": "plots", "directions": ["minimize"],
+            "metric_names": ["iteration_time_s"], "sampler": "tpe", "best_design": None,
+            "space": SPACE, "trials": [_serialize(t) for t in trials()]}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_the_logging_process_draws_the_figures_in_children_to_the_same_summary(
+        tmp_path, monkeypatch):
+    import os
+
+    from crossflow.search.tracking.summary import render_summary
+
+    drawn_by = tmp_path / "drawn_by"
+    drawn_by.mkdir()
+
+    def recorded(name):
+        real = getattr(_plots, name)
+
+        def draw(*args, **kwargs):
+            (drawn_by / f"{name}.{os.getpid()}").touch()
+            return real(*args, **kwargs)
+        return draw
+
+    for name in ("history_png", "importance_png"):
+        monkeypatch.setattr(_plots, name, recorded(name))
+    got, msg = {}, _summary_msg()
+    for fork in (False, True):
+        out = tmp_path / str(fork)
+        out.mkdir()
+        got[fork] = render_summary(out, msg, fork=fork)
+        assert sorted(p.name for p in out.iterdir()) == [
+            "best_design.yaml", "optimization_history.png", "param_importances.png",
+            "trials.csv"]
+        assert all(p.stat().st_size > 0 for p in out.iterdir())
+    assert got[True] == got[False]
+    assert got[True][1]["importance_method"] == _plots.IMPORTANCE_METHOD
+    assert (tmp_path / "True" / "trials.csv").read_text() == (
+        tmp_path / "False" / "trials.csv").read_text()
+    # each figure drawn once here (serial) and once in a child of its own (forked)
+    pids = sorted((p.suffix[1:], p.stem) for p in drawn_by.iterdir())
+    here = [name for pid, name in pids if pid == str(os.getpid())]
+    away = {pid: name for pid, name in pids if pid != str(os.getpid())}
+    assert sorted(here) == ["history_png", "importance_png"]
+    assert sorted(away.values()) == ["history_png", "importance_png"]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_a_figure_whose_child_fails_is_drawn_again_here(tmp_path):
+    import os
+
+    from crossflow.search.tracking.summary import beside
+
+    parent = os.getpid()
+    calls = []
+
+    def in_child_only_fails() -> str:
+        calls.append(os.getpid())
+        if os.getpid() != parent:
+            raise RuntimeError("the child's figure failed")
+        return "drawn here"
+
+    assert beside(in_child_only_fails)() == "drawn here"
+    assert calls == [parent]  # the child's attempt is not seen here; this one's is
+    assert beside(lambda: "drawn in the child")() == "drawn in the child"

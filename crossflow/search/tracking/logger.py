@@ -100,6 +100,9 @@ class _Logger:
         self.reconnect_s = RECONNECT_S
         self.failed_in_row = 0
         self.given_up = 0  # trial runs not tried: the store had failed GIVE_UP_AFTER times
+        #: draw the summary's figures in forked children (the logging process only: see
+        #: render_summary)
+        self.fork_figures = False
 
     # -- dispatch
     def handle_many(self, msgs: list[dict[str, Any]]) -> None:
@@ -332,7 +335,7 @@ class _Logger:
     def _op_summary(self, msg: dict[str, Any]) -> None:
         out = Path(tempfile.mkdtemp(prefix="crossflow-summary-"))
         try:
-            metrics, tags = render_summary(out, msg)
+            metrics, tags = render_summary(out, msg, fork=self.fork_figures)
             self.client.log_artifacts(self.parent_run_id, str(out))
             self._log(self.parent_run_id, metrics=metrics, tags=tags)
         finally:
@@ -438,6 +441,7 @@ def _worker_main() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         take_signal(sig, on_term)
     log = _Logger()
+    log.fork_figures = True
     closed = eof = warm = False
     while not (closed or eof):
         msgs = _gather(inbox, lambda m: m is not None and m["op"] == "trial")

@@ -7,7 +7,8 @@ in the logging process, off the study's critical path.  No MLflow here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,48 @@ def search_space_of(space: Mapping[str, Any] | None) -> Mapping[str, Any] | None
     return inner if isinstance(inner, Mapping) and "simplexes" in inner else None
 
 
-def render_summary(out: Path, msg: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+def render_summary(out: Path, msg: Mapping[str, Any], *, fork: bool = False
+                   ) -> tuple[dict[str, float], dict[str, str]]:
     """Write the summary artifacts of a study (``msg``: see ``StudyTracker.finish``) into
-    ``out``; return the parent run's (metrics, tags)."""
-    import optuna
-
+    ``out``; return the parent run's (metrics, tags).  ``fork``: draw the two figures in
+    child processes meanwhile (:func:`beside`) — for the logging process, which has one
+    thread doing the work and has imported what the figures need; a process whose other
+    threads may hold a lock (the import lock, say) must not fork."""
     from crossflow.search import _plots
 
     names, directions, title = msg["metric_names"], msg["directions"], msg["study_name"]
     trials = [_deserialize(d) for d in msg["trials"]]
     finished = [t for t in trials if t.state.is_finished()]
+
+    def draw_importance() -> str:
+        return _plots.importance_png(
+            out / "param_importances.png", finished, names, title, directions=directions,
+            space=search_space_of(msg.get("space")))
+
+    def draw_history() -> str:
+        _plots.history_png(out / "optimization_history.png", trials, directions, names, title)
+        return ""
+
+    # the study has ended, so the second core is free, and the summary is most of the wait
+    # between a tracked study's last trial and its end
+    figures = [beside(draw_importance), beside(draw_history)] if fork else [
+        draw_importance, draw_history]
+    try:
+        metrics, tags = _tables(out, msg, trials, finished)
+    finally:
+        importance = [figure() for figure in figures][0]
+    tags["importance_method"] = importance
+    return metrics, tags
+
+
+def _tables(out: Path, msg: Mapping[str, Any], trials: list[Any], finished: list[Any]
+            ) -> tuple[dict[str, float], dict[str, str]]:
+    """``trials.csv`` and ``best_design.yaml``; the parent run's metrics and tags."""
+    import optuna
+
+    from crossflow.search import _plots
+
+    names, directions = msg["metric_names"], msg["directions"]
     _plots.write_csv(out / "trials.csv", [trial_record(t, msg["sampler"], names)
                                           for t in finished])
     metrics: dict[str, float] = {"n_trials": float(len(trials))}
@@ -82,9 +115,37 @@ def render_summary(out: Path, msg: Mapping[str, Any]) -> tuple[dict[str, float],
     with (out / "best_design.yaml").open("w") as fh:
         yaml.safe_dump(design if design is not None else
                        {"best_design": None, "note": "no complete trial"}, fh, sort_keys=False)
-    _plots.history_png(out / "optimization_history.png", trials, directions, names, title)
-    tags["importance_method"] = _plots.importance_png(
-        out / "param_importances.png", finished, names, title, directions=directions,
-        space=search_space_of(msg.get("space")))
     return metrics, tags
+
+
+def beside(fn: Callable[[], str]) -> Callable[[], str]:
+    """Start ``fn`` (which returns a short string) in a forked child process; return a
+    function that waits for the child and returns ``fn``'s result.  Where there is no
+    ``fork``, or the child fails, that function calls ``fn`` itself."""
+    if not hasattr(os, "fork"):
+        return fn
+    read, write = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return fn
+    if pid == 0:  # the child: fn's result down the pipe, then out without any clean-up
+        status = 1
+        try:
+            os.close(read)
+            os.write(write, fn().encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+
+    def result() -> str:
+        with os.fdopen(read, "rb") as pipe:
+            got = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        return got.decode() if status == 0 else fn()
+
+    return result
 
