@@ -245,3 +245,22 @@ def test_a_figure_whose_child_fails_is_drawn_again_here(tmp_path):
     assert beside(in_child_only_fails)() == "drawn here"
     assert calls == [parent]  # the child's attempt is not seen here; this one's is
     assert beside(lambda: "drawn in the child")() == "drawn in the child"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_a_figure_whose_child_hangs_is_stopped_and_drawn_here():
+    import os
+    import time
+
+    from crossflow.search.tracking.summary import beside
+
+    parent = os.getpid()
+
+    def hangs_in_the_child() -> str:
+        if os.getpid() != parent:
+            time.sleep(60)
+        return "drawn here"
+
+    t0 = time.monotonic()
+    assert beside(hangs_in_the_child, timeout_s=0.5)() == "drawn here"
+    assert time.monotonic() - t0 < 10
