@@ -871,3 +871,70 @@ def test_order_classes_are_priced_for_more_combinations_until_a_share_of_the_scr
     for i in range(3, 12):   # only three feasible at the start split: those three
         value[i] = math.inf
     assert _plan._ordered(Classes(), screened, value, ranking, top_k=4) == 3
+
+
+def _best_of_plan(setup, evaluations: int) -> tuple[float, dict]:
+    """The plan of ``setup`` run for ``evaluations`` model evaluations: its best value and
+    point."""
+    from crossflow.search.objective import evaluate_many
+
+    P = Problem(setup)
+    gen = plan(P, seed=0, records=[])
+    best, point, used = math.inf, {}, 0
+    _, batch = next(gen)
+    while used < evaluations:
+        got = [e.values(setup.objectives)[0] if e.feasible else math.inf
+               for e in evaluate_many(setup, [setup.design(p) for p in batch])]
+        used += len(batch)
+        for p, v in zip(batch, got, strict=True):
+            if v < best:
+                best, point = v, p
+        _, batch = gen.send(got)
+    return best, point
+
+
+def test_a_second_bracket_finds_a_strategy_that_is_best_only_at_its_own_split(monkeypatch):
+    """gemm-32k-8k-512-n5 of the suite: RC-128-4 wins the race from the template's split;
+    RC-256-2 in a kp2-first order (never priced by the first screen, whose order classes
+    are a quarter of its 11 combinations) is best at a split of its own.  The second
+    bracket prices it, races it against the winner's record and hands it the lead; without
+    the bracket the plan stays with RC-128-4, 15 % slower."""
+    import sys
+    from pathlib import Path
+
+    from crossflow.search.samplers.structured import _plan
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import suite
+
+    entry = next(e for e in suite.load_table() if e["name"] == "gemm-32k-8k-512-n5")
+    setup = load_study(entry["spec"])
+    with_bracket, point = _best_of_plan(setup, 800)
+    assert point["strategy"].startswith("RC-256-2") and point["mapping_order"].startswith("kp2")
+    monkeypatch.setattr(_plan, "TIER", 0)
+    without, point = _best_of_plan(setup, 800)
+    assert point["strategy"].startswith("RC-128-4")
+    assert with_bracket < without / 1.1
+
+
+def test_a_local_search_keeps_its_record_at_every_evaluation_count():
+    setup = load_study("quickstart")
+    P = Problem(setup)
+    x0, d0 = P.start()
+    from crossflow.search.samplers.structured._plan import _Asker, _Local
+
+    run = _Local(P, d0, x0, 1.0, np.random.default_rng(0))
+    ask = _Asker(P)
+    gen = run.advance(ask, "search", 30)
+    values = iter([0.9, 1.1, 0.8, 0.95, 0.7] + [1.0] * 200)
+    try:
+        _, batch = next(gen)
+        while True:
+            _, batch = gen.send([next(values) for _ in batch])
+    except StopIteration:
+        pass
+    assert run.used >= 30 and run.history[0] == (0, 1.0)
+    assert [n for n, _ in run.history] == sorted(n for n, _ in run.history)
+    assert run.value_at(0) == 1.0 and run.value_at(run.used) == run.value == 0.7
+    for (n, v), (m, _) in zip(run.history, run.history[1:], strict=False):
+        assert run.value_at(n) == v and all(run.value_at(k) == v for k in range(n, m))

@@ -39,7 +39,15 @@ Phases (every point yielded is one model evaluation, one trial):
    needs another split (more link power, say) shows it here.
 6. **Search**: the winner's local search runs to its end, and runs again from its best
    point with its first steps (a restart of the pattern search) for as long as a run
-   gains.  When a run gains nothing, the race's losers go on where they stopped, best
+   gains.  Once the winner's first run has taken ``TIER`` times the evaluations of phases
+   2-5, a second bracket of the race (:func:`_tier`, as Hyperband runs brackets of
+   successive halving, the later one wider): every order class of every combination (when
+   they number no more than a screen), then the best pair that did not race, from the
+   better of its start and its best axial probe, run in doubling installments against the
+   winner's own record at equal evaluations — dropped as soon as it falls behind, the lead
+   once it keeps up for as many evaluations as the winner has had.  Each strategy has a split of its own, and one that is second at the template's
+   can be first at its own.
+   When a run gains nothing, the race's losers go on where they stopped, best
    first, each the same way (a multi-start local search whose starts the race ranked).
    When every one has ended, variable neighbourhood search from the incumbent
    (:func:`_shake`): each budget share halved and doubled in turn, the local search for a
@@ -165,6 +173,17 @@ PATIENCE = 10
 #: 23 %; probing the race's winner after the race instead moved no median or mean by more
 #: than 0.05 points (docs/search-benchmarks.md, "A fifth round").
 AXIAL = (0.5, 0.8)
+#: The second bracket (:func:`_tier`) starts once the race winner's first local search has
+#: taken this many times the evaluations of the screen, order classes, probes and race
+#: (phases 2-5).  So it comes after the first few hundred evaluations, which it leaves as
+#: they were, and takes its evaluations from a long local search: on the suite (3 runs per
+#: study) 3 left every study at 300 evaluations as it was, took the tuning half's median
+#: gap at 1000 from 1.50 to 1.37 %, its mean from 3.66 to 2.18 % and its worst from 16.3 to
+#: 10.0 % (`gemm-32k-8k-512-n5` 16.3 -> 0.04 %: RC-256-2 in a kp2-first order, never priced
+#: before, at its own split), and left the checking half's as they were; 2 did the same at
+#: 1000 and a little worse at 300; 0 turns it off.  The same rules before the race cost the
+#: checking half's median at 300 a third (docs/search-benchmarks.md, "A fifteenth round").
+TIER = 3
 #: Phase 3 prices every other order class of the ``top_k`` best combinations, and of more,
 #: best first, until those classes number this share of the combinations screened: a
 #: strategy whose first order class is poor can be the best in another (on
@@ -288,9 +307,18 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     # again from the best point found
     popsize = None
     ended: list[_Local] = []
+    before, tiered = ask.total, not TIER
+    raced = {_pair_key(r.discrete) for r in runs}
     while True:
         while not lead.done:
             yield from lead.advance(ask, SEARCH, len(P.coords) or 1)
+            if not tiered and ask.total - before >= TIER * before:
+                tiered = True
+                won = yield from _tier(P, ask, S, x0, feasible, value, order, raced, lead,
+                                       cap, rng)
+                if won is not None:
+                    dropped.append(lead)
+                    lead = won
         if lead.value < lead.start * (1 - GAIN):
             # it gained: again from its best point, with its first steps
             lead = _Local(P, lead.discrete, lead.best, lead.value, rng)
@@ -321,6 +349,56 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         if cma.value < fx:
             x, fx = cma.best, cma.value
         lead = _Local(P, discrete, x, fx, rng)
+
+
+def _pair_key(discrete: Mapping[str, Any]) -> str:
+    return repr(sorted(discrete.items()))
+
+
+def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[str, Any]],
+          value: dict[int, float], order: dict[int, Any], raced: set[str], lead: _Local,
+          cap: int | None, rng: np.random.Generator):
+    """A second bracket of the race, once the lead has searched TIER times what came before
+    it: every order class of every combination (when they number no more than a screen),
+    then the best pair that did not race, from the better of its start and its best axial
+    probe, run in doubling installments and dropped as soon as it is worse than the lead
+    was after as many evaluations of its own; when it keeps up until it has had as many as
+    the lead, it is returned (it leads), else None."""
+    pairs = {}
+    for i, c in enumerate(feasible):
+        for o in P.order_classes(c) if P.has_order else [order[i]]:
+            pairs[_pair_key(_with(P, c, o))] = (i, o)
+    if P.has_order and len(pairs) <= (cap or SCREEN_CAP):
+        todo = [(k, i, o) for k, (i, o) in pairs.items() if o != order[i]
+                and math.isfinite(value[i])]
+        got = yield from ask(ORDERS, x0, [_with(P, feasible[i], o) for _, i, o in todo])
+        priced = {k: v for (k, _, _), v in zip(todo, got, strict=True)}
+    else:
+        priced = {}
+    for i in value:  # each combination in its best order so far (the start's own, say)
+        k = _pair_key(_with(P, feasible[i], order[i]))
+        priced[k], pairs[k] = value[i], (i, order[i])
+    fresh = [k for k in priced if k not in raced and math.isfinite(priced[k])]
+    if not fresh:
+        return None
+    k = min(fresh, key=priced.__getitem__)
+    i, o = pairs[k]
+    d = _with(P, feasible[i], o)
+    xs = _axial(P, x0, AXIAL)
+    got = yield from ask.points(AXIAL_PHASE, [(d, x) for x in xs])
+    x, f = x0, priced[k]
+    if got and better(min(got), f):
+        j = int(np.argmin(got))
+        x, f = xs[j], got[j]
+    raced.add(k)
+    run = _Local(P, d, x, f, rng)
+    n = S.race * max(1, len(P.coords))
+    while not run.done and run.used < lead.used:
+        yield from run.advance(ask, RACE, n)
+        if not run.value < lead.value_at(run.used):
+            return None
+        n *= 2
+    return run if run.value < lead.value else None
 
 
 def _ordered(P: Problem, feasible: list[dict[str, Any]], value: dict[int, float],
@@ -412,6 +490,7 @@ class _Asker:
     def __init__(self, P: Problem) -> None:
         self.P, self.memo = P, {}     # design key -> value
         self.fresh = 0    # points the last batch evaluated (the others were repeats)
+        self.total = 0    # points evaluated so far
         self.refused = 0  # points refused in a row since a batch was last evaluated
 
     def __call__(self, phase: str, x: Cont, discretes: list[dict[str, Any]]):
@@ -434,6 +513,7 @@ class _Asker:
                     self.refused += 1
                     del fresh[k]
         self.fresh = len(fresh)
+        self.total += len(fresh)
         if fresh:
             self.refused = 0
             got = yield phase, [params[i] for i in fresh.values()]
@@ -454,6 +534,11 @@ class _Local:
         # the exchange ends when its steps are spent, but can circle among points already
         # evaluated first: this many batches in a row of repeats only end it too
         self.patience, self.repeats = 4 * max(1, len(P.coords)), 0
+        self.used, self.history = 0, [(0, fx)]  # (evaluations, best value) after each batch
+
+    def value_at(self, n: int) -> float:
+        """Its best value after its first ``n`` evaluations."""
+        return min(v for used, v in self.history if used <= n)
 
     def advance(self, ask: _Asker, phase: str, n: int):
         """Evaluate at least ``n`` points (whole batches), or until the search ends."""
@@ -463,12 +548,14 @@ class _Local:
                 self.batch = next(self.gen) if self.batch is None else self.batch
                 got = yield from ask.points(phase, [(self.discrete, b) for b in self.batch])
                 used += ask.fresh
+                self.used += ask.fresh
                 self.repeats = 0 if ask.fresh else self.repeats + 1
                 if self.repeats >= self.patience:
                     self.done = True
                 for b, v in zip(self.batch, got, strict=True):
                     if v < self.value:
                         self.best, self.value = b, v
+                self.history.append((self.used, self.value))
                 self.batch = self.gen.send(got)
             except StopIteration:
                 self.done = True
