@@ -45,8 +45,8 @@ Phases (every point yielded is one model evaluation, one trial):
    they number no more than a screen), then the best pair that did not race, from the
    better of its start and its best axial probe, run in doubling installments against the
    winner's own record at equal evaluations — dropped as soon as it falls behind, the lead
-   once it keeps up for as many evaluations as the winner has had.  Each strategy has a split of its own, and one that is second at the template's
-   can be first at its own.
+   once it keeps up for as many evaluations as the winner has had.  Each strategy has a
+   split of its own, and one that is second at the template's can be first at its own.
    When a run gains nothing, the race's losers go on where they stopped, best
    first, each the same way (a multi-start local search whose starts the race ranked).
    When every one has ended, variable neighbourhood search from the incumbent
@@ -352,6 +352,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
 
 
 def _pair_key(discrete: Mapping[str, Any]) -> str:
+    """A (combination, mapping order) pair as a set member."""
     return repr(sorted(discrete.items()))
 
 
