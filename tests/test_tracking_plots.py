@@ -231,7 +231,7 @@ def test_the_logging_process_draws_the_figures_in_children_to_the_same_summary(
 def test_a_figure_whose_child_fails_is_drawn_again_here(tmp_path):
     import os
 
-    from crossflow.search.tracking.summary import beside
+    from crossflow.search.children import forked
 
     parent = os.getpid()
     calls = []
@@ -242,9 +242,9 @@ def test_a_figure_whose_child_fails_is_drawn_again_here(tmp_path):
             raise RuntimeError("the child's figure failed")
         return "drawn here"
 
-    assert beside(in_child_only_fails)() == "drawn here"
+    assert forked(in_child_only_fails, 60)() == "drawn here"
     assert calls == [parent]  # the child's attempt is not seen here; this one's is
-    assert beside(lambda: "drawn in the child")() == "drawn in the child"
+    assert forked(lambda: "drawn in the child", 60)() == "drawn in the child"
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
@@ -252,7 +252,7 @@ def test_a_figure_whose_child_hangs_is_stopped_and_drawn_here():
     import os
     import time
 
-    from crossflow.search.tracking.summary import beside
+    from crossflow.search.children import forked
 
     parent = os.getpid()
 
@@ -262,5 +262,5 @@ def test_a_figure_whose_child_hangs_is_stopped_and_drawn_here():
         return "drawn here"
 
     t0 = time.monotonic()
-    assert beside(hangs_in_the_child, timeout_s=0.5)() == "drawn here"
+    assert forked(hangs_in_the_child, timeout_s=0.5)() == "drawn here"
     assert time.monotonic() - t0 < 10

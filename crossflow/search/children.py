@@ -16,7 +16,8 @@ parent and the command: it is the process-group leader and a child subreaper
 signal set, and on SIGINT/SIGTERM/SIGHUP — or when the command exits — signals the whole
 group, waits up to :data:`GRACE_S` and SIGKILLs what is left.  :func:`forward_signals`
 is the parent's side: it forwards those signals to the child and kills the child's group
-when the parent is done with it.
+when the parent is done with it.  :func:`forked` runs a function in a forked child while
+the parent works on (the MLflow logging process draws a study's two summary figures so).
 
 Used by the MLflow logging process and ``crossflow ui`` (:mod:`crossflow.search.tracking`);
 ``crossflow.search.workers`` may use :func:`spawn_child` for study workers.  Stdlib only, no
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -243,6 +245,44 @@ def _supervise(cmd: Sequence[str], grace: float = GRACE_S) -> int:
     if stopped and (code is None or code < 0):
         return 128 + stopped[0]
     return code if code is not None and code >= 0 else 128 - (code or 0)
+
+
+def forked(fn: Callable[[], str], timeout_s: float) -> Callable[[], str]:
+    """Start ``fn`` (which returns a short string) in a forked child process; return a
+    function that waits for the child and returns ``fn``'s result.  Where there is no
+    ``fork``, or the child fails or takes more than ``timeout_s`` (it is then killed), that
+    function calls ``fn`` itself.  Fork only from a process whose other threads hold no
+    lock the child needs (the import lock, say): the child inherits them held."""
+    if not hasattr(os, "fork"):
+        return fn
+    read, write = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return fn
+    if pid == 0:  # the child: fn's result down the pipe, then out without any clean-up
+        status = 1
+        try:
+            os.close(read)
+            os.write(write, fn().encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+
+    def result() -> str:
+        with os.fdopen(read, "rb") as pipe:
+            ready, _, _ = select.select([pipe], [], [], timeout_s)
+            got = pipe.read() if ready else b""
+        if not ready:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        return got.decode() if ready and status == 0 else fn()
+
+    return result
 
 
 if __name__ == "__main__":

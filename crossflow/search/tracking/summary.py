@@ -7,16 +7,13 @@ in the logging process, off the study's critical path.  No MLflow here.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
-import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from crossflow.search.children import forked
 from crossflow.search.tracking.records import (
     _MAX_TAG,
     _deserialize,
@@ -25,6 +22,10 @@ from crossflow.search.tracking.records import (
     _yaml_scalar,
     trial_record,
 )
+
+#: How long a figure's child may take (a 300-trial summary draws in ~0.3 s) before it is
+#: killed and the figure drawn in the logging process itself.
+FIGURE_TIMEOUT_S = 60.0
 
 
 def search_space_of(space: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -41,9 +42,10 @@ def render_summary(out: Path, msg: Mapping[str, Any], *, fork: bool = False
                    ) -> tuple[dict[str, float], dict[str, str]]:
     """Write the summary artifacts of a study (``msg``: see ``StudyTracker.finish``) into
     ``out``; return the parent run's (metrics, tags).  ``fork``: draw the two figures in
-    child processes meanwhile (:func:`beside`) — for the logging process, which has one
-    thread doing the work and has imported what the figures need; a process whose other
-    threads may hold a lock (the import lock, say) must not fork."""
+    child processes meanwhile (:func:`crossflow.search.children.forked`; a figure whose
+    child fails or takes over :data:`FIGURE_TIMEOUT_S` is drawn here) — for the logging
+    process, which has one thread doing the work and has imported what the figures need;
+    a process whose other threads may hold a lock (the import lock, say) must not fork."""
     from crossflow.search import _plots
 
     names, directions, title = msg["metric_names"], msg["directions"], msg["study_name"]
@@ -61,12 +63,14 @@ def render_summary(out: Path, msg: Mapping[str, Any], *, fork: bool = False
 
     # the study has ended, so the second core is free, and the summary is most of the wait
     # between a tracked study's last trial and its end
-    figures = [beside(draw_importance), beside(draw_history)] if fork else [
-        draw_importance, draw_history]
+    if fork:
+        draw_importance = forked(draw_importance, FIGURE_TIMEOUT_S)
+        draw_history = forked(draw_history, FIGURE_TIMEOUT_S)
     try:
         metrics, tags = _tables(out, msg, trials, finished)
     finally:
-        importance = [figure() for figure in figures][0]
+        importance = draw_importance()
+        draw_history()
     tags["importance_method"] = importance
     return metrics, tags
 
@@ -119,46 +123,3 @@ def _tables(out: Path, msg: Mapping[str, Any], trials: list[Any], finished: list
         yaml.safe_dump(design if design is not None else
                        {"best_design": None, "note": "no complete trial"}, fh, sort_keys=False)
     return metrics, tags
-
-
-#: How long a figure's child may take (a 300-trial summary draws in ~0.3 s) before it is
-#: stopped and the figure drawn in the logging process itself.
-CHILD_TIMEOUT_S = 60.0
-
-
-def beside(fn: Callable[[], str], timeout_s: float = CHILD_TIMEOUT_S) -> Callable[[], str]:
-    """Start ``fn`` (which returns a short string) in a forked child process; return a
-    function that waits for the child and returns ``fn``'s result.  Where there is no
-    ``fork``, or the child fails or takes more than ``timeout_s`` (it is then killed), that
-    function calls ``fn`` itself."""
-    if not hasattr(os, "fork"):
-        return fn
-    read, write = os.pipe()
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(read)
-        os.close(write)
-        return fn
-    if pid == 0:  # the child: fn's result down the pipe, then out without any clean-up
-        status = 1
-        try:
-            os.close(read)
-            os.write(write, fn().encode())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write)
-
-    def result() -> str:
-        with os.fdopen(read, "rb") as pipe:
-            ready, _, _ = select.select([pipe], [], [], timeout_s)
-            got = pipe.read() if ready else b""
-        if not ready:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        return got.decode() if ready and status == 0 else fn()
-
-    return result
-
