@@ -39,14 +39,16 @@ Phases (every point yielded is one model evaluation, one trial):
    needs another split (more link power, say) shows it here.
 6. **Search**: the winner's local search runs to its end, and runs again from its best
    point with its first steps (a restart of the pattern search) for as long as a run
-   gains.  Once the winner's first run has taken ``TIER`` times the evaluations of phases
-   2-5, a second bracket of the race (:func:`_tier`, as Hyperband runs brackets of
-   successive halving, the later one wider): every order class of every combination (when
-   they number no more than a screen), then the best pair that did not race, from the
-   better of its start and its best axial probe, run in doubling installments against the
-   winner's own record at equal evaluations — dropped as soon as it falls behind, the lead
-   once it keeps up for as many evaluations as the winner has had.  Each strategy has a
-   split of its own, and one that is second at the template's can be first at its own.
+   gains.  Once this search has taken ``TIER`` times the evaluations of phases 2-5, a
+   second bracket of the race (:func:`_tier`, as Hyperband runs brackets of successive
+   halving, the later one wider): every order class of every combination (when they
+   number no more than a screen), then the best pair that did not race, from the better
+   of its start and its best axial probe, run in doubling installments against the record
+   of the local search running then (the winner's first run, or a restart of it, whose
+   record begins where the restart began) at equal evaluations — dropped as soon as it
+   falls behind, the lead once it keeps up for as many evaluations as that run has had.
+   Each strategy has a split of its own, and one that is second at the template's can be
+   first at its own.
    When a run gains nothing, the race's losers go on where they stopped, best
    first, each the same way (a multi-start local search whose starts the race ranked).
    When every one has ended, variable neighbourhood search from the incumbent
@@ -70,6 +72,11 @@ answered from its memo, not evaluated again; and after the screen, a point that 
 design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its chip, or
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
+
+One module of ~640 lines, the schedule with the run objects it drives (:class:`_Local`,
+:class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a variant by setting
+this module's constants and its ``exchange`` for one run, and the run objects read them
+from here; split, each variant would have to be set in two modules.
 """
 
 from __future__ import annotations
@@ -173,16 +180,17 @@ PATIENCE = 10
 #: 23 %; probing the race's winner after the race instead moved no median or mean by more
 #: than 0.05 points (docs/search-benchmarks.md, "A fifth round").
 AXIAL = (0.5, 0.8)
-#: The second bracket (:func:`_tier`) starts once the race winner's first local search has
-#: taken this many times the evaluations of the screen, order classes, probes and race
-#: (phases 2-5).  So it comes after the first few hundred evaluations, which it leaves as
-#: they were, and takes its evaluations from a long local search: on the suite (3 runs per
-#: study) 3 left every study at 300 evaluations as it was, took the tuning half's median
-#: gap at 1000 from 1.50 to 1.37 %, its mean from 3.66 to 2.18 % and its worst from 16.3 to
-#: 10.0 % (`gemm-32k-8k-512-n5` 16.3 -> 0.04 %: RC-256-2 in a kp2-first order, never priced
-#: before, at its own split), and left the checking half's as they were; 2 did the same at
-#: 1000 and a little worse at 300; 0 turns it off.  The same rules before the race cost the
-#: checking half's median at 300 a third (docs/search-benchmarks.md, "A fifteenth round").
+#: The second bracket (:func:`_tier`) starts once the search after the race (the winner's
+#: first local search and its restarts) has taken this many times the evaluations of the
+#: screen, order classes, probes and race (phases 2-5).  So it comes after the first few
+#: hundred evaluations, which it leaves as they were, and takes its evaluations from a long
+#: local search: on the suite (3 runs per study) 3 left every study at 300 evaluations as it
+#: was, took the tuning half's median gap at 1000 from 1.50 to 1.37 %, its mean from 3.66 to
+#: 2.18 % and its worst from 16.3 to 10.0 % (`gemm-32k-8k-512-n5` 16.3 -> 0.04 %: RC-256-2
+#: in a kp2-first order, never priced before, at its own split), and left the checking
+#: half's as they were; 2 did the same at 1000 and a little worse at 300; 0 turns it
+#: off.  The same rules before the race cost the checking half's median at 300 a third
+#: (docs/search-benchmarks.md, "A fifteenth round").
 TIER = 3
 #: Phase 3 prices every other order class of the ``top_k`` best combinations, and of more,
 #: best first, until those classes number this share of the combinations screened: a
@@ -282,13 +290,11 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     tops = [i for i in ranking[:S.contenders] if math.isfinite(value[i])] or ranking[:1]
     starts = [(i, x0, value[i]) for i in tops]
     if AXIAL:
-        xs = _axial(P, x0, AXIAL)
-        got = yield from ask.points(AXIAL_PHASE, [(combo(tops[0]), x) for x in xs])
-        j = int(np.argmin(got)) if got else 0
         # a probe no better than its start would race a twin of the first contender (a
         # share the design does not use: the perimeter of a chip its links do not fill)
-        if got and better(got[j], value[tops[0]]):
-            starts.append((tops[0], xs[j], got[j]))
+        probe = yield from _probe(P, ask, combo(tops[0]), x0, value[tops[0]])
+        if probe is not None:
+            starts.append((tops[0], *probe))
     runs = [_Local(P, combo(i), x, f, rng) for i, x, f in starts]
     alive = list(range(len(runs)))
     installment = S.race * max(1, len(P.coords))
@@ -359,12 +365,13 @@ def _pair_key(discrete: Mapping[str, Any]) -> str:
 def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[str, Any]],
           value: dict[int, float], order: dict[int, Any], raced: set[str], lead: _Local,
           cap: int | None, rng: np.random.Generator):
-    """A second bracket of the race, once the lead has searched TIER times what came before
-    it: every order class of every combination (when they number no more than a screen),
-    then the best pair that did not race, from the better of its start and its best axial
-    probe, run in doubling installments and dropped as soon as it is worse than the lead
-    was after as many evaluations of its own; when it keeps up until it has had as many as
-    the lead, it is returned (it leads), else None."""
+    """A second bracket of the race, once the search after it has taken TIER times what
+    came before it (``lead``: the local search running then): every order class of every
+    combination (when they number no more than a screen), then the best pair that did not
+    race, from the better of its start and its best axial probe, run in doubling
+    installments and dropped as soon as it is worse than the lead was after as many
+    evaluations of its own; when it keeps up until it has had as many as the lead, it is
+    returned (it leads), else None."""
     pairs = {}
     for i, c in enumerate(feasible):
         for o in P.order_classes(c) if P.has_order else [order[i]]:
@@ -385,12 +392,7 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
     k = min(fresh, key=priced.__getitem__)
     i, o = pairs[k]
     d = _with(P, feasible[i], o)
-    xs = _axial(P, x0, AXIAL)
-    got = yield from ask.points(AXIAL_PHASE, [(d, x) for x in xs])
-    x, f = x0, priced[k]
-    if got and better(min(got), f):
-        j = int(np.argmin(got))
-        x, f = xs[j], got[j]
+    x, f = (yield from _probe(P, ask, d, x0, priced[k])) or (x0, priced[k])
     raced.add(k)
     run = _Local(P, d, x, f, rng)
     n = S.race * max(1, len(P.coords))
@@ -400,6 +402,17 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
             return None
         n *= 2
     return run if run.value < lead.value else None
+
+
+def _probe(P: Problem, ask: _Asker, discrete: Mapping[str, Any], x0: Cont, f0: float):
+    """The axial probes (:func:`_axial`) of ``discrete`` from ``x0``, one batch; the best as
+    (split, value) when it beats ``f0`` (the value at ``x0``), else None."""
+    xs = _axial(P, x0, AXIAL)
+    got = yield from ask.points(AXIAL_PHASE, [(discrete, x) for x in xs])
+    if not got:
+        return None
+    j = int(np.argmin(got))
+    return (xs[j], got[j]) if better(got[j], f0) else None
 
 
 def _ordered(P: Problem, feasible: list[dict[str, Any]], value: dict[int, float],
