@@ -81,6 +81,7 @@ from here; split, each variant would have to be set in two modules.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
@@ -552,7 +553,7 @@ class _Local:
 
     def value_at(self, n: int) -> float:
         """Its best value after its first ``n`` evaluations."""
-        return min(v for used, v in self.history if used <= n)
+        return self.history[bisect.bisect_right(self.history, n, key=lambda h: h[0]) - 1][1]
 
     def advance(self, ask: _Asker, phase: str, n: int):
         """Evaluate at least ``n`` points (whole batches), or until the search ends."""
