@@ -17,6 +17,9 @@ the best value any run found, or the suite's cached best-known value when it is 
 (``--best-known``: the folder ``benchmarks/suite.py`` caches them in).  Prints, per budget,
 each variant's median and worst gap (%) over the studies, and writes every run's gaps to
 ``--out``.  The study's baseline trials count as evaluations, as in a study.
+``--table`` adds each study's median gap under each variant, per budget; ``--trace`` every
+run's local searches (which run had each turn, over which evaluations, from and to which
+gap: where a run stalls, and which run found the best design).
 """
 
 from __future__ import annotations
@@ -39,14 +42,15 @@ _DEFAULTS: dict[str, dict] = {}
 
 def run(spec, budget: int, seed: int, settings: dict,
         phases: list[list] | None = None, jitter: float = 0.0,
-        on_batch=None) -> list[float]:
+        on_batch=None, searches: list[dict] | None = None) -> list[float]:
     """Every evaluation's value (inf when infeasible), the baseline trials first (a study
     samples their missing dimensions at random: counted here as inf); ``phases`` (when
     given) gets the plan's phases in order, each as [name, evaluations].  With ``jitter``
     and a seed above 0, the plan starts from the template's split with every share scaled
     by exp(N(0, jitter)) (see ``--jitter``).  ``on_batch(points, values, seconds)`` (when
     given) is called after each of the plan's batches with the model's time for it
-    (``benchmarks/bench_driver.py``)."""
+    (``benchmarks/bench_driver.py``).  ``searches`` (when given) gets the local searches'
+    turns in order (:func:`_traced`)."""
     import functools
 
     from crossflow.search.objective import evaluate, evaluate_many
@@ -83,6 +87,10 @@ def run(spec, budget: int, seed: int, settings: dict,
             w = np.maximum(v, 1e-9) * np.exp(rng.normal(0.0, jitter, len(v)))
             shaken[name] = w / w.sum()
         start = P.params(Cont(shaken, x0.floats), d0)
+    if searches is not None:
+        _traced(_plan, searches, len(values))
+    elif hasattr(_plan._Local, "_untraced_advance"):  # a traced task ran in this worker
+        _plan._Local.advance = _plan._Local._untraced_advance
     gen = plan(P, seed=seed, settings=Settings(**settings), records=[], start=start)
     phase, batch = next(gen)
     while len(values) < budget:
@@ -107,17 +115,51 @@ def run(spec, budget: int, seed: int, settings: dict,
     return values
 
 
+def _traced(module, searches: list[dict], offset: int) -> None:
+    """Record in ``searches`` every turn of a local search of ``module`` (the plan; each
+    task of a pool worker sets it afresh): one entry per run of the local search and phase
+    in a row — ``run`` (the runs numbered as the plan creates them: the race's first, a
+    restart, a bracket's pair), its discrete choices, ``phase``, ``first`` / ``last``
+    (the study's evaluations, the baseline trials counted), ``start`` and ``value`` (its
+    best when the turn ended)."""
+    base = module._Local
+    if not hasattr(base, "_untraced_advance"):
+        base._untraced_advance = base.advance
+    made: dict[int, int] = {}
+
+    def advance(self, ask, phase, n):
+        if id(self) not in made:
+            made[id(self)] = len(made)
+        first = ask.total
+        result = yield from base._untraced_advance(self, ask, phase, n)
+        last = searches[-1] if searches else None
+        if last and last["run"] == made[id(self)] and last["phase"] == phase \
+                and last["last"] == offset + first:
+            last["last"], last["value"] = offset + ask.total, self.value
+        elif ask.total > first:
+            searches.append({"run": made[id(self)], "phase": phase,
+                             "discrete": {k: str(v) for k, v in self.discrete.items()},
+                             "first": offset + first, "last": offset + ask.total,
+                             "start": self.start, "value": self.value})
+        return result
+
+    base.advance = advance
+
+
 def _task(task):
-    entry, variant, settings, seed, budget, jitter = task
+    entry, variant, settings, seed, budget, jitter, trace = task
     t0 = time.perf_counter()
     phases: list[list] = []
+    searches: list[dict] | None = [] if trace else None
     try:
-        values = run(entry["spec"], budget, seed, settings, phases, jitter)
+        values = run(entry["spec"], budget, seed, settings, phases, jitter,
+                     searches=searches)
     except BaseException as exc:  # a StopIteration would end the pool's iterator silently
         raise RuntimeError(f"{entry['name']} {variant}: {exc!r}") from exc
     return {"study": entry["name"], "half": entry["half"], "variant": variant, "seed": seed,
             "values": [v if math.isfinite(v) else None for v in values],
-            "phases": phases, "wall_s": round(time.perf_counter() - t0, 2)}
+            "phases": phases, "wall_s": round(time.perf_counter() - t0, 2),
+            **({"searches": searches} if trace else {})}
 
 
 def references(path: Path) -> dict[str, float]:
@@ -150,6 +192,12 @@ def main() -> None:
                     help="study -> reference value: a JSON object, or a CSV with study and "
                          "reference columns such as benchmarks/results/suite.csv")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--table", action="store_true",
+                    help="also print, per budget, each study's median gap under each variant")
+    ap.add_argument("--trace", action="store_true",
+                    help="also print every run's local searches: which run (the race's, a "
+                         "restart, the second bracket's pair) had each turn, over which "
+                         "evaluations, from and to which gap (kept in --out as 'searches')")
     args = ap.parse_args()
     budgets = sorted(int(b) for b in args.budgets.split(","))
     variants = json.loads(args.variants)
@@ -162,7 +210,7 @@ def main() -> None:
             # the plan of a strategy-only study ends with its screen (a study hands it to
             # TPE), so its gaps say nothing of the driver: those run as studies (suite.py)
             studies = [s for s in studies if s["kind"] != "strategy"]
-    tasks = [(e, v, variants[v], seed, budgets[-1], args.jitter) for e in studies
+    tasks = [(e, v, variants[v], seed, budgets[-1], args.jitter, args.trace) for e in studies
              for v in variants for seed in range(args.seeds)]
     t0 = time.perf_counter()
     with mp.get_context("fork").Pool(args.jobs) as pool:
@@ -207,8 +255,53 @@ def main() -> None:
                 line += (f"  | per-study medians: median {statistics.median(per):7.2f} %"
                          f"  worst {max(per):7.2f} %")
             print(line)
+    if args.table:
+        _print_table(rows, studies, variants, budgets)
+    if args.trace:
+        _print_traces(runs, reference)
     if args.out:
         args.out.write_text(json.dumps({"variants": variants, "rows": rows, "runs": runs}))
+
+
+def _median_gap(rows: list[dict], study: str, variant: str, budget: int) -> float:
+    """A study's median gap (%) over its seeds under a variant at a budget."""
+    return statistics.median(r["gap_pct"] if r["gap_pct"] is not None else math.inf
+                             for r in rows if r["study"] == study and r["variant"] == variant
+                             and r["budget"] == budget)
+
+
+def _print_table(rows: list[dict], studies: list[dict], variants: dict,
+                 budgets: list[int]) -> None:
+    """Per budget: one line per study, its median gap under each variant; then the
+    median and mean over the studies of each half."""
+    names = list(variants)
+    width = max(len(e["name"]) for e in studies) + 2
+    for b in budgets:
+        print(f"\n@{b}".ljust(width + 1) + "".join(f"{v[:12]:>13s}" for v in names))
+        for half in dict.fromkeys(e["half"] for e in studies):
+            mine = [e["name"] for e in studies if e["half"] == half]
+            per = {v: [_median_gap(rows, n, v, b) for n in mine] for v in names}
+            for i, n in enumerate(mine):
+                print(f"  {n:{width}s}" + "".join(f"{per[v][i]:12.2f} " for v in names))
+            for label, f in (("median", statistics.median), ("mean", statistics.mean)):
+                print(f"  {half + ' ' + label:{width}s}" + "".join(f"{f(per[v]):12.2f} "
+                                                                 for v in names))
+
+
+def _print_traces(runs: list[dict], reference: dict[str, float]) -> None:
+    """Every run's local-search turns (``--trace``), gaps to the study's reference."""
+    def gap(v: float, ref: float) -> str:
+        return f"{(v / ref - 1) * 100:+8.2f} %" if math.isfinite(v) else "  infeasible"
+
+    for r in sorted(runs, key=lambda r: (r["study"], r["variant"], r["seed"])):
+        ref = reference[r["study"]]
+        print(f"\n{r['study']}  {r['variant']}  seed {r['seed']}  phases "
+              + ", ".join(f"{p} {n}" for p, n in r["phases"]))
+        for t in r["searches"]:
+            what = " ".join(str(v) for k, v in t["discrete"].items()
+                            if k in ("strategy", "mapping_order"))
+            print(f"  run {t['run']:<3d} {t['phase']:7s} {t['first']:5d}-{t['last']:<5d} "
+                  f"{what:32s} start {gap(t['start'], ref)} -> {gap(t['value'], ref)}")
 
 
 if __name__ == "__main__":

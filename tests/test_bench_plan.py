@@ -37,3 +37,26 @@ def test_references_come_from_the_suite_table_or_a_json_object(tmp_path):
     again = tmp_path / "refs.json"
     again.write_text(__import__("json").dumps(refs))
     assert bench_plan.references(again) == refs
+
+
+def test_a_trace_accounts_for_every_local_search_turn_and_changes_nothing():
+    """``--trace`` records the local searches' turns without changing the run: the turns
+    lie inside the run in order, none overlaps another, each ends no worse than it began,
+    and the best turn's value is the run's best after the race."""
+    plain = bench_plan.run("quickstart", 300, 0, {})
+    turns: list[dict] = []
+    traced = bench_plan.run("quickstart", 300, 0, {}, searches=turns)
+    assert traced == plain
+    assert turns and {t["phase"] for t in turns} >= {"race", "search"}
+    for a, b in zip(turns, turns[1:], strict=False):
+        assert a["last"] <= b["first"]
+    for t in turns:
+        assert 0 <= t["first"] < t["last"] <= len(plain)
+        assert t["value"] <= t["start"]
+        # a turn's best is among the values up to its last evaluation
+        assert min(plain[:t["last"]]) <= t["value"]
+    assert min(t["value"] for t in turns) == min(plain[turns[0]["first"]:])
+    # untraced again in the same process: the local search is the plan's own once more
+    assert bench_plan.run("quickstart", 300, 0, {}) == plain
+    from crossflow.search.samplers.structured import _plan
+    assert _plan._Local.advance is _plan._Local._untraced_advance
