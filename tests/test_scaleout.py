@@ -138,14 +138,20 @@ def _worker_pids(coordinator: int) -> list[int]:
 
 def _caught_in_a_trial(victim: int, storage: str) -> int | None:
     """Freeze ``victim`` (SIGSTOP) and return its running trial (user attribute ``worker``,
-    written as the trial starts); None, and the victim resumed, if it is between trials."""
-    os.kill(victim, signal.SIGSTOP)
+    written as the trial starts); None, and the victim resumed, if it is between trials or
+    already gone (a worker leaves once the study has its trials: on a loaded machine that
+    can come between listing it and stopping it)."""
+    try:
+        os.kill(victim, signal.SIGSTOP)
+    except ProcessLookupError:
+        return None
     mine = f"{socket.gethostname()}:{victim}"
     running = [t.number for t in load(storage).get_trials(deepcopy=False)
                if t.state.name == "RUNNING" and t.user_attrs.get("worker") == mine]
     if running:
         return running[0]
-    os.kill(victim, signal.SIGCONT)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(victim, signal.SIGCONT)
     return None
 
 
