@@ -938,3 +938,35 @@ def test_a_local_search_keeps_its_record_at_every_evaluation_count():
     assert run.value_at(0) == 1.0 and run.value_at(run.used) == run.value == 0.7
     for (n, v), (m, _) in zip(run.history, run.history[1:], strict=False):
         assert run.value_at(n) == v and all(run.value_at(k) == v for k in range(n, m))
+
+
+def test_a_restart_that_finds_nothing_ends_after_its_trial():
+    """A restart of the local search ends once it has had RESTART_TRIAL evaluations per
+    coordinate without beating its start; a first run, or a restart that gains, goes on."""
+    from crossflow.search.samplers.structured import _plan
+
+    setup = load_study("quickstart")
+    P = Problem(setup)
+    x0, d0 = P.start()
+    trial = _plan.RESTART_TRIAL * len(P.coords)
+    assert trial > 0
+
+    def feed(run, values, budget):
+        ask = _plan._Asker(P)
+        gen = run.advance(ask, "search", budget)
+        try:
+            _, batch = next(gen)
+            while True:
+                _, batch = gen.send([next(values) for _ in batch])
+        except StopIteration:
+            pass
+
+    flat = _plan._Local(P, d0, x0, 1.0, np.random.default_rng(0), restart=True)
+    feed(flat, iter([1.0] * 10_000), 10 * trial)
+    assert flat.done and trial <= flat.used < trial + len(P.coords) + 1
+    first = _plan._Local(P, d0, x0, 1.0, np.random.default_rng(0))
+    feed(first, iter([1.0] * 10_000), trial + 2 * len(P.coords))
+    assert first.used > trial and (not first.done or first.used > flat.used)
+    gaining = _plan._Local(P, d0, x0, 1.0, np.random.default_rng(0), restart=True)
+    feed(gaining, iter(1.0 - 1e-4 * i for i in range(1, 10_000)), trial + 2 * len(P.coords))
+    assert gaining.used > trial and not gaining.done
