@@ -20,8 +20,9 @@ So the driver (:mod:`._plan`) is built from standard parts:
 3. a successive-halving race of local searches of the budget split (a pattern search whose
    moves land on the AGE's step edges, :mod:`._inner`) among the best few combinations and
    the best probe;
-4. the winner's local search, restarted from its best point while it gains, then the race's
-   losers resumed the same way; once no local search gains any more, variable
+4. the winner's local search, restarted from its best point while it gains (a restart that
+   finds nothing within five evaluations per coordinate ends), then the race's losers
+   resumed the same way; once no local search gains any more, variable
    neighbourhood search (each budget share of the incumbent halved and doubled in turn, a
    local search from each), and IPOP-CMA-ES from the incumbent when no shake wins.
 
