@@ -203,8 +203,8 @@ TIER = 3
 #: evaluations as it was, the tuning half's median at 1000 at 1.49 % (1.50 % without; mean
 #: 2.16 against 2.21 %) and the checking half's at 1.17 %, and took the medians at 3000 from
 #: 0.57 to 0.50 % (tuning) and 0.96 to 0.49 % (checking; `lstm-8k-256-n7-budgets` 7.3 ->
-#: 0.3 %); 3 cost the tuning half at 1000 (docs/search-benchmarks.md, "A seventeenth
-#: round"); 0 turns it off.
+#: 0.3 %); 4 did as well, 3 and 8 worse at 1000 on the tuning half
+#: (docs/search-benchmarks.md, "A seventeenth round"); 0 turns it off.
 RESTART_TRIAL = 5
 #: Phase 3 prices every other order class of the ``top_k`` best combinations, and of more,
 #: best first, until those classes number this share of the combinations screened: a
