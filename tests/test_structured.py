@@ -917,22 +917,28 @@ def test_a_second_bracket_finds_a_strategy_that_is_best_only_at_its_own_split(mo
     assert with_bracket < without / 1.1
 
 
-def test_a_local_search_keeps_its_record_at_every_evaluation_count():
-    setup = load_study("quickstart")
-    P = Problem(setup)
-    x0, d0 = P.start()
-    from crossflow.search.samplers.structured._plan import _Asker, _Local
+def _feed(P, run, values, budget: int) -> None:
+    """Advance the local search ``run`` by ``budget`` evaluations (or to its end), answering
+    its points from the iterator ``values`` in order."""
+    from crossflow.search.samplers.structured._plan import _Asker
 
-    run = _Local(P, d0, x0, 1.0, np.random.default_rng(0))
-    ask = _Asker(P)
-    gen = run.advance(ask, "search", 30)
-    values = iter([0.9, 1.1, 0.8, 0.95, 0.7] + [1.0] * 200)
+    gen = run.advance(_Asker(P), "search", budget)
     try:
         _, batch = next(gen)
         while True:
             _, batch = gen.send([next(values) for _ in batch])
     except StopIteration:
         pass
+
+
+def test_a_local_search_keeps_its_record_at_every_evaluation_count():
+    setup = load_study("quickstart")
+    P = Problem(setup)
+    x0, d0 = P.start()
+    from crossflow.search.samplers.structured._plan import _Local
+
+    run = _Local(P, d0, x0, 1.0, np.random.default_rng(0))
+    _feed(P, run, iter([0.9, 1.1, 0.8, 0.95, 0.7] + [1.0] * 200), 30)
     assert run.used >= 30 and run.history[0] == (0, 1.0)
     assert [n for n, _ in run.history] == sorted(n for n, _ in run.history)
     assert run.value_at(0) == 1.0 and run.value_at(run.used) == run.value == 0.7
@@ -950,23 +956,12 @@ def test_a_restart_that_finds_nothing_ends_after_its_trial():
     x0, d0 = P.start()
     trial = _plan.RESTART_TRIAL * len(P.coords)
     assert trial > 0
-
-    def feed(run, values, budget):
-        ask = _plan._Asker(P)
-        gen = run.advance(ask, "search", budget)
-        try:
-            _, batch = next(gen)
-            while True:
-                _, batch = gen.send([next(values) for _ in batch])
-        except StopIteration:
-            pass
-
     flat = _plan._Local(P, d0, x0, 1.0, np.random.default_rng(0), restart=True)
-    feed(flat, iter([1.0] * 10_000), 10 * trial)
+    _feed(P, flat, iter([1.0] * 10_000), 10 * trial)
     assert flat.done and trial <= flat.used < trial + len(P.coords) + 1
     first = _plan._Local(P, d0, x0, 1.0, np.random.default_rng(0))
-    feed(first, iter([1.0] * 10_000), trial + 2 * len(P.coords))
+    _feed(P, first, iter([1.0] * 10_000), trial + 2 * len(P.coords))
     assert first.used > trial and (not first.done or first.used > flat.used)
     gaining = _plan._Local(P, d0, x0, 1.0, np.random.default_rng(0), restart=True)
-    feed(gaining, iter(1.0 - 1e-4 * i for i in range(1, 10_000)), trial + 2 * len(P.coords))
+    _feed(P, gaining, iter(1.0 - 1e-4 * i for i in range(1, 10_000)), trial + 2 * len(P.coords))
     assert gaining.used > trial and not gaining.done
