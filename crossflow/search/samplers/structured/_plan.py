@@ -74,7 +74,7 @@ design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its ch
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
 
-One module of ~640 lines, the schedule with the run objects it drives (:class:`_Local`,
+One module of ~670 lines, the schedule with the run objects it drives (:class:`_Local`,
 :class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a variant by setting
 this module's constants and its ``exchange`` for one run, and the run objects read them
 from here; split, each variant would have to be set in two modules.
@@ -339,7 +339,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
                 if won is not None:
                     dropped.append(lead)
                     lead = won
-        if lead.value < lead.start * (1 - GAIN):
+        if lead.gained:
             # it gained: again from its best point, with its first steps
             lead = _Local(P, lead.discrete, lead.best, lead.value, rng, restart=True)
             continue
@@ -566,6 +566,11 @@ class _Local:
         # a restart that has not gained after this many evaluations ends (RESTART_TRIAL)
         self.trial = RESTART_TRIAL * max(1, len(P.coords)) if restart else 0
 
+    @property
+    def gained(self) -> bool:
+        """Whether it has beaten its start (by more than :data:`GAIN`)."""
+        return self.value < self.start * (1 - GAIN)
+
     def value_at(self, n: int) -> float:
         """Its best value after its first ``n`` evaluations."""
         return self.history[bisect.bisect_right(self.history, n, key=lambda h: h[0]) - 1][1]
@@ -586,8 +591,7 @@ class _Local:
                     if v < self.value:
                         self.best, self.value = b, v
                 self.history.append((self.used, self.value))
-                if self.trial and self.used >= self.trial and \
-                        not self.value < self.start * (1 - GAIN):
+                if self.trial and self.used >= self.trial and not self.gained:
                     self.done = True
                 self.batch = self.gen.send(got)
             except StopIteration:
