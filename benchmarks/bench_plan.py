@@ -122,22 +122,25 @@ def _traced(module, searches: list[dict], offset: int) -> None:
     restart, a bracket's pair), its discrete choices, ``phase``, ``first`` / ``last``
     (the study's evaluations, the baseline trials counted), ``start`` and ``value`` (its
     best when the turn ended)."""
+    import itertools
+
     base = module._Local
     if not hasattr(base, "_untraced_advance"):
         base._untraced_advance = base.advance
-    made: dict[int, int] = {}
+    # numbered on the run itself: an id() is reused once a replaced run is collected
+    numbers = itertools.count()
 
     def advance(self, ask, phase, n):
-        if id(self) not in made:
-            made[id(self)] = len(made)
+        if getattr(self, "_traced_as", None) is not numbers:
+            self._traced_as, self._traced_run = numbers, next(numbers)
         first = ask.total
         result = yield from base._untraced_advance(self, ask, phase, n)
         last = searches[-1] if searches else None
-        if last and last["run"] == made[id(self)] and last["phase"] == phase \
+        if last and last["run"] == self._traced_run and last["phase"] == phase \
                 and last["last"] == offset + first:
             last["last"], last["value"] = offset + ask.total, self.value
         elif ask.total > first:
-            searches.append({"run": made[id(self)], "phase": phase,
+            searches.append({"run": self._traced_run, "phase": phase,
                              "discrete": {k: str(v) for k, v in self.discrete.items()},
                              "first": offset + first, "last": offset + ask.total,
                              "start": self.start, "value": self.value})
