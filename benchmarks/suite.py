@@ -122,6 +122,10 @@ def select(studies: Sequence[dict[str, Any]], half: str = "all",
         if missing:
             raise SystemExit(f"unknown studies: {', '.join(missing)}")
         studies = [s for s in studies if s["name"] in names]
+        other = [s["name"] for s in studies if half not in ("all", s["half"])]
+        if other:
+            raise SystemExit(f"not in the {half} half: {', '.join(other)} (--half all "
+                             "runs studies of both halves)")
     return [s for s in studies if half == "all" or s["half"] == half]
 
 

@@ -22,6 +22,9 @@ from typing import Any, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from crossflow import units
 from crossflow.errors import ConfigError
@@ -49,8 +52,26 @@ class Spec(BaseModel):
 MAX_NODES = 100_000
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one) and
+if getattr(yaml, "__with_libyaml__", False):
+    from yaml._yaml import CParser
+
+    class _Loader(Composer, CParser, SafeConstructor, Resolver):
+        """PyYAML's safe loader with libyaml's scanner and parser, ~6x faster on the shipped
+        configs (80 files: 21 vs 118 ms; most of reading a config file).  The composer stays
+        PyYAML's: libyaml's recurses in C and crashes the process on a deeply nested
+        document, where PyYAML's raises RecursionError (refused below)."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+else:  # PyYAML built without libyaml
+    _Loader = yaml.SafeLoader  # type: ignore[misc,assignment]
+
+
+class _UniqueKeyLoader(_Loader):
+    """Safe loader that rejects duplicate keys (PyYAML silently keeps the last one) and
     documents that expand to more than :data:`MAX_NODES` values."""
 
     def get_single_data(self) -> Any:
