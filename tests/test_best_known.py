@@ -157,3 +157,27 @@ def test_a_cached_optimum_is_stale_once_the_model_changes(monkeypatch):
     assert bk.cache_key(setup, bk.SETTINGS) == key                 # deterministic
     monkeypatch.setattr(bk, "model_fingerprint", lambda: "another-model")
     assert bk.cache_key(setup, bk.SETTINGS) != key
+
+
+def test_same_class_carries_an_order_to_another_strategy(tiny):
+    """A mapping order carried to another strategy: the same dimensions of size > 1 in the
+    same sequence, as the order the space prices for that class."""
+    from crossflow.search import orders
+    from crossflow.search.samplers.structured._problem import Problem
+    from crossflow.search.space import MAPPING_ORDER, STRATEGY
+    from crossflow.system import order_representative
+
+    problem = Problem(tiny)
+    discrete = problem.discrete
+    allowed = next(d for d in discrete if d.name == MAPPING_ORDER).values()
+    for combo in problem.combos():
+        classes = orders.order_classes(discrete, combo)
+        for order in allowed:
+            got = orders.same_class(discrete, combo, order)
+            assert got in classes
+            strategy = combo[STRATEGY]
+            assert order_representative(strategy, got) == order_representative(strategy, order)
+    # a size-1 dimension does not count: kp2 then kp1 is the class of kp2-kp1-dp-lp
+    combo = {STRATEGY: "RC-32-2-d1-p1"}
+    assert orders.same_class(discrete, combo, "kp2-dp-lp-kp1") == \
+        order_representative("RC-32-2-d1-p1", "kp2-kp1-dp-lp")

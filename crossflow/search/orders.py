@@ -55,6 +55,20 @@ def canonical_order(discrete: Sequence[Any], combo: Mapping[str, Any]) -> str | 
     return order_classes(discrete, combo)[0]
 
 
+def same_class(discrete: Sequence[Any], combo: Mapping[str, Any], order: str) -> str | None:
+    """The order the space prices for ``combo`` in the class of ``order`` under ``combo``'s
+    strategy (what "this strategy in that order" is for another strategy: the same
+    dimensions of size > 1 in the same sequence); None when the space allows none of it."""
+    reps = order_classes(discrete, combo)
+    strategy = combo.get(STRATEGY)
+    if strategy is None or reps == [None]:
+        return order if order in reps else None
+    from crossflow.system import order_representative
+
+    want = order_representative(strategy, order)
+    return next((o for o in reps if order_representative(strategy, o) == want), None)
+
+
 def class_key(discrete: Sequence[Any], combo: Mapping[str, Any]) -> tuple:
     """A hashable key equal for two combinations exactly when they differ at most in the
     mapping order and their orders are in one class (the same prediction)."""

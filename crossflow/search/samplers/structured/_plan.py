@@ -43,8 +43,10 @@ Phases (every point yielded is one model evaluation, one trial):
    ends).  Once this search has taken ``TIER`` times the evaluations of phases 2-5, a
    second bracket of the race (:func:`_tier`, as Hyperband runs brackets of successive
    halving, the later one wider): every order class of every combination (when they
-   number no more than a screen), then the best pair that did not race, from the better
-   of its start and its best axial probe, run in doubling installments against the record
+   number no more than a screen; else every combination in the lead's mapping order, a
+   good order for one strategy being often good for its neighbours), then the axial
+   probes of the ``TIER_PROBES`` best pairs that did not race, and the one with the best
+   probe (or start) run in doubling installments against the record
    of the local search running then (the winner's first run, or a restart of it, whose
    record begins where the restart began) at equal evaluations — dropped as soon as it
    falls behind, the lead once it keeps up for as many evaluations as that run has had.
@@ -74,7 +76,7 @@ design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its ch
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
 
-One module of ~670 lines, the schedule with the run objects it drives (:class:`_Local`,
+One module of ~690 lines, the schedule with the run objects it drives (:class:`_Local`,
 :class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a variant by setting
 this module's constants and its ``exchange`` for one run, and the run objects read them
 from here; split, each variant would have to be set in two modules.
@@ -194,6 +196,17 @@ AXIAL = (0.5, 0.8)
 #: off.  The same rules before the race cost the checking half's median at 300 a third
 #: (docs/search-benchmarks.md, "A fifteenth round").
 TIER = 3
+#: The second bracket probes (:func:`_probe`) this many of the best pairs that did not race,
+#: and races the one whose probe is best: the template's split ranks strategies by how they
+#: do there, and a strategy whose basin is far from it shows only in its probes.  With the
+#: bracket pricing every combination in the lead's mapping order (where every order class of
+#: every combination is more than a screen), 3 took the tuning half's worst study at 3000
+#: evaluations, `lstm-4k-64-n3`, from 10.0 to 0.7 % (its best-known strategy, RC-32-2-d1-p1,
+#: is fourth in a kp2-first order and 20th in the screen's), its mean from 1.59 to 0.75 %,
+#: and changed no study at 300 or 1000 by more than 0.25 points, and no study of the
+#: checking half at all; 2 reached it on one run of three (docs/search-benchmarks.md, "An
+#: eighteenth round").
+TIER_PROBES = 3
 #: A restart of the local search (from its best point, with its first steps) is a test of
 #: whether steps that large still find something there: one that has not beaten its start
 #: after this many evaluations per searched coordinate ends, and the search goes on to the
@@ -381,33 +394,43 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
           cap: int | None, rng: np.random.Generator):
     """A second bracket of the race, once the search after it has taken TIER times what
     came before it (``lead``: the local search running then): every order class of every
-    combination (when they number no more than a screen), then the best pair that did not
-    race, from the better of its start and its best axial probe, run in doubling
-    installments and dropped as soon as it is worse than the lead was after as many
-    evaluations of its own; when it keeps up until it has had as many as the lead, it is
-    returned (it leads), else None."""
+    combination (when they number no more than a screen; else every combination in the
+    lead's order), then the axial probes of the TIER_PROBES best pairs that did not race, and
+    the pair with the best probe (or start) run in doubling installments, dropped as soon as
+    it is worse than the lead was after as many evaluations of its own; when it keeps up
+    until it has had as many as the lead, it is returned (it leads), else None."""
     pairs = {}
     for i, c in enumerate(feasible):
         for o in P.order_classes(c) if P.has_order else [order[i]]:
             pairs[_pair_key(_with(P, c, o))] = (i, o)
     if P.has_order and len(pairs) <= (cap or SCREEN_CAP):
-        todo = [(k, i, o) for k, (i, o) in pairs.items() if o != order[i]
-                and math.isfinite(value[i])]
-        got = yield from ask(ORDERS, x0, [_with(P, feasible[i], o) for _, i, o in todo])
-        priced = {k: v for (k, _, _), v in zip(todo, got, strict=True)}
+        more = list(pairs.values())
+    elif P.has_order and lead.discrete.get(MAPPING_ORDER) is not None:
+        # too many to price every class: every combination in the lead's order (the class
+        # with the same dimensions of size > 1 in the same sequence)
+        more = [(i, P.same_class(c, lead.discrete[MAPPING_ORDER])) for i, c in enumerate(feasible)]
     else:
-        priced = {}
+        more = []
+    todo = [(i, o) for i, o in more if o is not None and o != order[i]
+            and math.isfinite(value[i])]
+    got = yield from ask(ORDERS, x0, [_with(P, feasible[i], o) for i, o in todo])
+    priced = {_pair_key(_with(P, feasible[i], o)): v for (i, o), v in zip(todo, got, strict=True)}
     for i in value:  # each combination in its best order so far (the start's own, say)
         k = _pair_key(_with(P, feasible[i], order[i]))
         priced[k], pairs[k] = value[i], (i, order[i])
-    fresh = [k for k in priced if k not in raced and math.isfinite(priced[k])]
+    fresh = sorted((k for k in priced if k not in raced and math.isfinite(priced[k])),
+                   key=priced.__getitem__)[:TIER_PROBES]
     if not fresh:
         return None
-    k = min(fresh, key=priced.__getitem__)
-    i, o = pairs[k]
-    d = _with(P, feasible[i], o)
-    x, f = (yield from _probe(P, ask, d, x0, priced[k])) or (x0, priced[k])
-    raced.add(k)
+    chosen = None
+    for k in fresh:
+        i, o = pairs[k]
+        d = _with(P, feasible[i], o)
+        x, f = (yield from _probe(P, ask, d, x0, priced[k])) or (x0, priced[k])
+        raced.add(k)
+        if chosen is None or f < chosen[2]:
+            chosen = (d, x, f)
+    d, x, f = chosen
     run = _Local(P, d, x, f, rng)
     n = S.race * max(1, len(P.coords))
     while not run.done and run.used < lead.used:

@@ -177,6 +177,10 @@ class Problem:
         study does not search the order (:func:`crossflow.search.orders.order_classes`)."""
         return orders.order_classes(self.discrete, combo)
 
+    def same_class(self, combo: Mapping[str, Any], order: str) -> str | None:
+        """``combo`` in the class of ``order`` (:func:`crossflow.search.orders.same_class`)."""
+        return orders.same_class(self.discrete, combo, order)
+
     def canonical_order(self, combo: Mapping[str, Any]) -> str | None:
         return self.order_classes(combo)[0]
 
