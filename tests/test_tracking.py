@@ -124,6 +124,19 @@ def test_every_trial_once_with_params_metrics_state_and_reason(tmp_path, mode):
     assert parents[0].info.status == "FINISHED"
 
 
+def test_the_logging_process_warms_up_before_a_quick_study_ends(tmp_path):
+    """Trials that come faster than a batch is written leave the logging process no idle
+    moment: it imports what the summary needs (matplotlib, Optuna's importance) once the
+    parent run exists anyway, so that the summary, on the study's critical path, does not."""
+    study = new_study()
+    with tracker(tmp_path, mode="process") as tr:
+        study.optimize(objective, n_trials=40, callbacks=[tr], catch=(ValueError,))
+        tr.finish(study, None)
+    worker = tr.stats["worker"]
+    assert worker["errors"] == [] and worker["runs_logged"] == 40
+    assert worker["op_s"]["warm_up"] > 0 and worker["summary_warm"] is True
+
+
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_ctrl_c_in_a_callback_after_k_trials_leaves_k_runs(tmp_path, mode):
     k = 7

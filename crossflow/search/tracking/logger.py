@@ -96,6 +96,9 @@ class _Logger:
         self.notes: list[str] = []
         self.busy_s = 0.0
         self.op_s: dict[str, float] = {}  # seconds spent per operation (init, trials, ...)
+        #: whether the summary's imports were done before it (the logging process warms
+        #: up once the parent run exists: :func:`_worker_main`)
+        self.summary_warm: bool | None = None
         self.setup_s = 0.0
         self.reconnect_s = RECONNECT_S
         self.failed_in_row = 0
@@ -143,6 +146,7 @@ class _Logger:
                 "skipped_existing": self.skipped, "duplicates_removed": self.duplicates_removed,
                 "batches": self.batches, "largest_batch": self.largest_batch,
                 "busy_s": self.busy_s, "setup_s": self.setup_s, "op_s": self.op_s,
+                "summary_warm": self.summary_warm,
                 "errors": self.errors,
                 "notes": self.notes, "batched": self.bulk,
                 "trials_with_runs": sorted(self.known), "given_up": self.given_up,
@@ -333,6 +337,7 @@ class _Logger:
             self._log(self.parent_run_id, metrics=msg.get("metrics"), tags=msg.get("tags"))
 
     def _op_summary(self, msg: dict[str, Any]) -> None:
+        self.summary_warm = "warm_up" in self.op_s
         out = Path(tempfile.mkdtemp(prefix="crossflow-summary-"))
         try:
             metrics, tags = render_summary(out, msg, fork=self.fork_figures)
@@ -391,9 +396,9 @@ def _gather(inbox: queue.SimpleQueue, lingers) -> list[Any]:
 
 
 def _warm_up() -> None:
-    """What the summary needs, done while the logging process waits for trials rather than
-    after the study: the imports (matplotlib, Optuna's importance module) and a first
-    figure drawn (fonts and text layout are set up on first use, ~0.25 s)."""
+    """What the summary needs, done while the study runs rather than after it: the imports
+    (matplotlib, Optuna's importance module) and a first figure drawn (fonts and text
+    layout are set up on first use, ~0.25 s)."""
     import io
 
     import matplotlib.backends.backend_agg  # noqa: F401
@@ -459,10 +464,17 @@ def _worker_main() -> None:
                 msgs = msgs[i + 1:]
                 break
         log.handle_many(msgs)
-        if not warm and inbox.empty() and not (closed or eof):
-            warm = True  # idle: import what the summary needs now, off the critical path
+        if not warm and log.client is not None and not (closed or eof):
+            # once the parent run exists, import what the summary needs, off the critical
+            # path: the trials that arrive meanwhile wait in the inbox and go in the next
+            # batch.  Waiting for an idle moment instead left it to the summary (on the
+            # study's critical path, ~0.3-0.5 s) whenever trials came faster than a batch
+            # is written, as in any quick study.
+            warm = True
+            t0 = time.perf_counter()
             with contextlib.suppress(Exception):
                 _warm_up()
+            log.op_s["warm_up"] = time.perf_counter() - t0
     if not closed and log.client is not None:  # stdin closed: the study process is gone
         log.handle_many([{"op": "close", "status": "KILLED"}])
     proto.write(json.dumps({"event": "stats", "cpu_s": time.process_time() - cpu0,
