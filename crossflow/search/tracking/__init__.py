@@ -26,7 +26,8 @@
   (and drawn a first figure) while the study ran, once the parent run existed.  What is
   left is a fixed cost per launch, mostly imports (MLflow and matplotlib: ~3-4 s of CPU in
   the logging process, which keeps scikit-learn out: the importances are PED-ANOVA's); a
-  new SQLite store is a copy of a cached empty one (:func:`.store.seed_sqlite`) rather than MLflow's ~60 migrations.
+  new SQLite store is a copy of a cached empty one (:func:`.store.seed_sqlite`) rather
+  than MLflow's ~60 migrations.
   ``mode="thread"`` keeps all this in a thread of this process (also the fallback when the
   process cannot start).
 * **Complete.**  ``__exit__`` (also on Ctrl-C or an exception) sends every finished trial not
