@@ -305,18 +305,23 @@ def _plan_points(P, settings):
         return points
 
 
-def test_a_space_with_nothing_continuous_is_screened_then_handed_to_tpe(tmp_path):
-    """gemm-32k-256-strategy of the suite: strategy and order only.  With ``screen_cap:
-    all`` every order class of every memory-feasible strategy is priced once; by default the
-    plan ends after its screen, and TPE samples the rest of the study's trials."""
+def _suite_study(name: str):
+    """A study of the benchmark suite (benchmarks/suite/studies.yaml), loaded."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import suite
 
-    entry = next(e for e in suite.load_table() if e["name"] == "gemm-32k-256-strategy")
-    setup = load_study(entry["spec"])
+    entry = next(e for e in suite.load_table() if e["name"] == name)
+    return load_study(entry["spec"])
+
+
+def test_a_space_with_nothing_continuous_is_screened_then_handed_to_tpe(tmp_path):
+    """gemm-32k-256-strategy of the suite: strategy and order only.  With ``screen_cap:
+    all`` every order class of every memory-feasible strategy is priced once; by default the
+    plan ends after its screen, and TPE samples the rest of the study's trials."""
+    setup = _suite_study("gemm-32k-256-strategy")
     P = Problem(setup)
     classes = sum(len(P.order_classes(c)) for c in P.combos())
     whole = _plan_points(P, Settings(screen_cap="all"))
@@ -899,16 +904,9 @@ def test_a_second_bracket_finds_a_strategy_that_is_best_only_at_its_own_split(mo
     are a quarter of its 11 combinations) is best at a split of its own.  The second
     bracket prices it, races it against the winner's record and hands it the lead; without
     the bracket the plan stays with RC-128-4, 15 % slower."""
-    import sys
-    from pathlib import Path
-
     from crossflow.search.samplers.structured import _plan
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import suite
-
-    entry = next(e for e in suite.load_table() if e["name"] == "gemm-32k-8k-512-n5")
-    setup = load_study(entry["spec"])
+    setup = _suite_study("gemm-32k-8k-512-n5")
     with_bracket, point = _best_of_plan(setup, 800)
     assert point["strategy"].startswith("RC-256-2") and point["mapping_order"].startswith("kp2")
     monkeypatch.setattr(_plan, "TIER", 0)
@@ -974,14 +972,7 @@ def test_the_second_bracket_carries_the_leads_order_to_every_strategy():
     best three that did not race, and the L2-heavy split of RC-32-2-d1-p1's probe takes the
     lead.  Without it the plan ends on RC-16-2-d1-p2, 10 % slower (docs/search-benchmarks.md,
     "An eighteenth round")."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import suite
-
-    entry = next(e for e in suite.load_table() if e["name"] == "lstm-4k-64-n3")
-    setup = load_study(entry["spec"])
+    setup = _suite_study("lstm-4k-64-n3")
     best, point = _best_of_plan(setup, 1500)
     assert point["strategy"] == "RC-32-2-d1-p1"
     assert point["mapping_order"].startswith("kp2-kp1")
