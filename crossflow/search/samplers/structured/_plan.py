@@ -422,15 +422,14 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
                    key=priced.__getitem__)[:TIER_PROBES]
     if not fresh:
         return None
-    chosen = None
+    probed = []  # (value, pair, split): each pair from the better of its start and probe
     for k in fresh:
         i, o = pairs[k]
         d = _with(P, feasible[i], o)
         x, f = (yield from _probe(P, ask, d, x0, priced[k])) or (x0, priced[k])
         raced.add(k)
-        if chosen is None or f < chosen[2]:
-            chosen = (d, x, f)
-    d, x, f = chosen
+        probed.append((f, d, x))
+    f, d, x = min(probed, key=lambda p: p[0])
     run = _Local(P, d, x, f, rng)
     n = S.race * max(1, len(P.coords))
     while not run.done and run.used < lead.used:
