@@ -180,6 +180,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--half", default="tuning", choices=("tuning", "checking", "all"))
     ap.add_argument("--studies", default="")
+    ap.add_argument("--study-table", type=Path, default=suite.TABLE,
+                    help="the table of studies (default: the suite's); another table, such "
+                         "as a set of new studies written the same way, checks whether a "
+                         "rule holds beyond the suite")
     ap.add_argument("--shipped", default="",
                     help="shipped studies (comma-separated names) instead of the suite's")
     ap.add_argument("--budgets", default="300,1000")
@@ -208,7 +212,7 @@ def main() -> None:
         studies = [{"name": n, "half": "shipped", "spec": n} for n in args.shipped.split(",")]
     else:
         names = [s for s in args.studies.split(",") if s] or None
-        studies = suite.select(suite.load_table(), args.half, names)
+        studies = suite.select(suite.load_table(args.study_table), args.half, names)
         if names is None:
             # the plan of a strategy-only study ends with its screen (a study hands it to
             # TPE), so its gaps say nothing of the driver: those run as studies (suite.py)
