@@ -970,10 +970,12 @@ def test_the_second_bracket_carries_the_leads_order_to_every_strategy():
     screen's order and fourth in a kp2-first one; with more order classes than a screen,
     the second bracket prices every strategy in the lead's order (kp2 first), probes the
     best three that did not race, and the L2-heavy split of RC-32-2-d1-p1's probe takes the
-    lead.  Without it the plan ends on RC-16-2-d1-p2, 10 % slower (docs/search-benchmarks.md,
-    "An eighteenth round")."""
+    lead — within 1000 evaluations since the bracket starts once the search has taken as
+    many as the phases before it.  With the bracket at three times those phases (``TIER``
+    = 3) the plan is still on RC-16-2-d1-p2 at 1000, 10 % slower (docs/search-benchmarks.md,
+    "An eighteenth round", "A nineteenth round")."""
     setup = _suite_study("lstm-4k-64-n3")
-    best, point = _best_of_plan(setup, 1500)
+    best, point = _best_of_plan(setup, 1000)
     assert point["strategy"] == "RC-32-2-d1-p1"
     assert point["mapping_order"].startswith("kp2-kp1")
-    assert best < 0.00875419 * 1.01  # the suite's best-known value, benchmarks/results
+    assert best < 0.00875419 * 1.015  # the suite's best-known value, benchmarks/results

@@ -47,6 +47,19 @@ def test_the_table_makes_at_least_24_loadable_studies_split_by_the_written_rule(
     assert suite.select(STUDIES, "checking") == halves["checking"]
 
 
+def test_the_new_studies_load_and_are_none_of_the_suites():
+    """benchmarks/suite/fresh.yaml: twelve studies written after the rules were chosen, the
+    generalisation check of docs/search-benchmarks.md; each loads, and none is a suite study."""
+    from crossflow.search.study import load_study
+
+    fresh = suite.load_table(REPO / "benchmarks" / "suite" / "fresh.yaml")
+    assert len(fresh) == 12
+    assert not {s["name"] for s in fresh} & {s["name"] for s in STUDIES}
+    assert {s["kind"] for s in fresh} == {"budgets", "budgets+strategy+order"}
+    for s in fresh:
+        load_study(s["spec"])
+
+
 def test_a_small_suite_end_to_end(tmp_path):
     """Three tiny studies (both halves), two samplers, budgets 12 and 24 in two worker
     processes: gaps >= 0 against reference = min(best-known, every run), medians and worst

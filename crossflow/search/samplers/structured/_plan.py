@@ -186,16 +186,19 @@ PATIENCE = 10
 AXIAL = (0.5, 0.8)
 #: The second bracket (:func:`_tier`) starts once the search after the race (the winner's
 #: first local search and its restarts) has taken this many times the evaluations of the
-#: screen, order classes, probes and race (phases 2-5).  So it comes after the first few
-#: hundred evaluations, which it leaves as they were, and takes its evaluations from a long
-#: local search: on the suite (3 runs per study) 3 left every study at 300 evaluations as it
-#: was, took the tuning half's median gap at 1000 from 1.50 to 1.37 %, its mean from 3.66 to
-#: 2.18 % and its worst from 16.3 to 10.0 % (`gemm-32k-8k-512-n5` 16.3 -> 0.04 %: RC-256-2
-#: in a kp2-first order, never priced before, at its own split), and left the checking
-#: half's as they were; 2 did the same at 1000 and a little worse at 300; 0 turns it
-#: off.  The same rules before the race cost the checking half's median at 300 a third
-#: (docs/search-benchmarks.md, "A fifteenth round").
-TIER = 3
+#: screen, order classes, probes and race (phases 2-5).  The bracket is where a strategy the
+#: template's split misranks gets its own split (in the lead's mapping order, with its axial
+#: probes); the sooner it comes, the shorter the record it has to keep up with.  On the suite
+#: (3 runs per study) 1 took the tuning half's worst study at 1000 evaluations,
+#: `lstm-4k-64-n3`, from 10.0 to 1.0 % and its mean from 2.16 to 1.36 %, the checking half's
+#: `lstm-paper-1024-n5-400w` from 4.35 to 1.92 % (3.54 to 0.86 % at 3000), and on twelve
+#: studies written afterwards the worst at 1000 from 27.8 to 5.6 %; it costs the studies
+#: whose first phases are short (a few technology combinations) ~60 evaluations of probes
+#: before 300, which moved both halves' medians at 300 (2.90 to 4.04 % on the checking
+#: half).  3 left every study at 300 as it was; 0.5 did no better than 1 at 1000 and worse
+#: at 300; 0 turns it off (docs/search-benchmarks.md, "A fifteenth round", "A nineteenth
+#: round").
+TIER = 1
 #: The second bracket probes (:func:`_probe`) this many of the best pairs that did not race,
 #: and races the one whose probe is best: the template's split ranks strategies by how they
 #: do there, and a strategy whose basin is far from it shows only in its probes.  With the
