@@ -22,7 +22,8 @@ So the driver (:mod:`._plan`) is built from standard parts:
    the best probe;
 4. the winner's local search, restarted from its best point while it gains (a restart that
    finds nothing within five evaluations per coordinate ends), with a second, wider bracket
-   of the race once it has taken as many evaluations as came before (every strategy in the
+   of the race once it has taken as many evaluations as came before, where the space
+   searches mapping orders (every strategy in the
    winner's mapping order, the best few that did not race probed, the best raced against
    the winner's record), then the race's losers
    resumed the same way; once no local search gains any more, variable

@@ -40,7 +40,8 @@ Phases (every point yielded is one model evaluation, one trial):
 6. **Search**: the winner's local search runs to its end, and runs again from its best
    point with its first steps (a restart of the pattern search) for as long as a run
    gains (a restart that has not gained after ``RESTART_TRIAL`` evaluations per coordinate
-   ends).  Once this search has taken ``TIER`` times the evaluations of phases 2-5, a
+   ends).  Once this search has taken ``TIER`` times the evaluations of phases 2-5 (in a
+   space that searches mapping orders), a
    second bracket of the race (:func:`_tier`, as Hyperband runs brackets of successive
    halving, the later one wider): every order class of every combination (when they
    number no more than a screen; else every combination in the lead's mapping order, a
@@ -186,18 +187,17 @@ PATIENCE = 10
 AXIAL = (0.5, 0.8)
 #: The second bracket (:func:`_tier`) starts once the search after the race (the winner's
 #: first local search and its restarts) has taken this many times the evaluations of the
-#: screen, order classes, probes and race (phases 2-5).  The bracket is where a strategy the
-#: template's split misranks gets its own split (in the lead's mapping order, with its axial
-#: probes); the sooner it comes, the shorter the record it has to keep up with.  On the suite
-#: (3 runs per study) 1 took the tuning half's worst study at 1000 evaluations,
-#: `lstm-4k-64-n3`, from 10.0 to 1.0 % and its mean from 2.16 to 1.36 %, the checking half's
-#: `lstm-paper-1024-n5-400w` from 4.35 to 1.92 % (3.54 to 0.86 % at 3000), and on twelve
-#: studies written afterwards the worst at 1000 from 27.8 to 5.6 %; it costs the studies
-#: whose first phases are short (a few technology combinations) ~60 evaluations of probes
-#: before 300, which moved both halves' medians at 300 (2.90 to 4.04 % on the checking
-#: half).  3 left every study at 300 as it was; 0.5 did no better than 1 at 1000 and worse
-#: at 300; 0 turns it off (docs/search-benchmarks.md, "A fifteenth round", "A nineteenth
-#: round").
+#: screen, order classes, probes and race (phases 2-5), in a space that searches mapping
+#: orders.  The bracket is where a strategy the template's split misranks gets its own split
+#: (in the lead's mapping order, with its axial probes); the sooner it comes, the shorter the
+#: record it has to keep up with.  On the suite (3 runs per study) 1 took the tuning half's
+#: worst study at 1000 evaluations, `lstm-4k-64-n3`, from 10.0 to 1.0 % and its mean from
+#: 2.16 to 1.36 %, the checking half's `lstm-paper-1024-n5-400w` from 4.35 to 1.92 % (3.54 to
+#: 0.86 % at 3000), and on twelve studies written afterwards the worst at 1000 from 27.8 to
+#: 6.9 %; 3 reached those strategies only after ~1100 evaluations, 0.5 did no better than 1
+#: at 1000 and worse at 300; 0 turns it off.  Without mapping orders (the technology studies)
+#: the bracket only probed other combinations, never won, and cost ~70 evaluations before 300
+#: (docs/search-benchmarks.md, "A fifteenth round", "A nineteenth round").
 TIER = 1
 #: The second bracket probes (:func:`_probe`) this many of the best pairs that did not race,
 #: and races the one whose probe is best: the template's split ranks strategies by how they
@@ -343,7 +343,10 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     # again from the best point found
     popsize = None
     ended: list[_Local] = []
-    before, tiered = ask.total, not TIER
+    # the bracket is for (strategy, mapping order) pairs the template's split misranks; in a
+    # space without mapping orders it would only probe other combinations (technologies, on
+    # the suite), which never won there and cost the best design at 300 and 3000
+    before, tiered = ask.total, not (TIER and P.has_order)
     raced = {_pair_key(r.discrete) for r in runs}
     while True:
         while not lead.done:
@@ -404,11 +407,11 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
     until it has had as many as the lead, it is returned (it leads), else None."""
     pairs = {}
     for i, c in enumerate(feasible):
-        for o in P.order_classes(c) if P.has_order else [order[i]]:
+        for o in P.order_classes(c):
             pairs[_pair_key(_with(P, c, o))] = (i, o)
-    if P.has_order and len(pairs) <= (cap or SCREEN_CAP):
+    if len(pairs) <= (cap or SCREEN_CAP):
         more = list(pairs.values())
-    elif P.has_order and lead.discrete.get(MAPPING_ORDER) is not None:
+    elif lead.discrete.get(MAPPING_ORDER) is not None:
         # too many to price every class: every combination in the lead's order (the class
         # with the same dimensions of size > 1 in the same sequence)
         more = [(i, P.same_class(c, lead.discrete[MAPPING_ORDER])) for i, c in enumerate(feasible)]
