@@ -12,8 +12,8 @@ both alike.  Reported: medians over N rounds and the ratios within each round (m
 
 Each tree is byte-compiled first (``compileall``), as ``pip install`` does: where
 ``PYTHONDONTWRITEBYTECODE`` is set (some sandboxes and containers set it) every process
-would otherwise compile each CrossFlow module again, ~20 ms of a prediction that a user's
-installed copy never pays.
+would otherwise compile each CrossFlow module again (~17 ms for those of ``import
+crossflow``, under cProfile), which a user's installed copy never pays.
 """
 
 from __future__ import annotations

@@ -83,12 +83,21 @@ def _system(name: str, block: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_table(path: str | Path = TABLE) -> list[dict[str, Any]]:
     """The suite's studies, in row order: ``name``, ``row``, ``half``, ``kind`` and ``spec``
-    (a ``kind: study`` mapping for :func:`crossflow.search.study.load_study`)."""
+    (a ``kind: study`` mapping for :func:`crossflow.search.study.load_study`).  A table
+    with ``blocks_from: FILE`` (relative to it) uses that table's systems, workloads and
+    spaces too, its own added or replacing them by name."""
     doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    systems = {k: _system(k, v) for k, v in (doc.get("systems") or {}).items()}
-    workloads = {k: {"name": k, **v} for k, v in (doc.get("workloads") or {}).items()}
-    spaces = {k: {"kind": "search_space", "name": k, **v}
-              for k, v in (doc.get("spaces") or {}).items()}
+    blocks: dict[str, dict[str, Any]] = {"systems": {}, "workloads": {}, "spaces": {}}
+    if doc.get("blocks_from"):
+        base = yaml.safe_load((Path(path).parent / doc["blocks_from"]).read_text(
+            encoding="utf-8"))
+        for key in blocks:
+            blocks[key].update(base.get(key) or {})
+    for key in blocks:
+        blocks[key].update(doc.get(key) or {})
+    systems = {k: _system(k, v) for k, v in blocks["systems"].items()}
+    workloads = {k: {"name": k, **v} for k, v in blocks["workloads"].items()}
+    spaces = {k: {"kind": "search_space", "name": k, **v} for k, v in blocks["spaces"].items()}
     out, seen = [], set()
     for i, row in enumerate(doc["studies"], start=1):
         name = row["name"]

@@ -343,10 +343,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     # again from the best point found
     popsize = None
     ended: list[_Local] = []
-    # the bracket is for (strategy, mapping order) pairs the template's split misranks; in a
-    # space without mapping orders it would only probe other combinations (technologies, on
-    # the suite), which never won there and cost the best design at 300 and 3000
-    before, tiered = ask.total, not (TIER and P.has_order)
+    before, tiered = ask.total, not (TIER and P.has_order)  # why orders only: TIER
     raced = {_pair_key(r.discrete) for r in runs}
     while True:
         while not lead.done:
