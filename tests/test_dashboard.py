@@ -23,12 +23,14 @@ TRIALS = 8
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory) -> Path:
-    """A folder where the quickstart study ran TRIALS trials (no MLflow)."""
+    """A folder where the quickstart study ran TRIALS trials (no MLflow) with TPE, whose
+    first trials include infeasible designs (the driver makes no trial of a split that
+    builds no chip), which the dashboard shows as constraints."""
     work = tmp_path_factory.mktemp("dash")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         assert main(["study", "run", "quickstart", "--trials", str(TRIALS), "--no-tracking",
-                     "--quiet"]) == 0
+                     "--sampler", "tpe", "--quiet"]) == 0
     return work
 
 

@@ -118,13 +118,16 @@ def test_interrupted_study_resumes(tmp_path, monkeypatch):
         return real(setup_, design)
 
     monkeypatch.setattr(objective_module, "evaluate", flaky)
-    stopped = _run(setup, tmp_path, 20)
+    # designs another test's driver priced ahead and left untaken are not evaluate() calls
+    monkeypatch.setattr(objective_module, "_PREFETCHED", {})
+    # one trial at a time (the driver evaluates its batches with evaluate_many)
+    stopped = _run(setup, tmp_path, 20, sampler="tpe")
     assert stopped.interrupted and stopped.trials_run == 7
     states = [t.state for t in stopped.study.trials]
     assert states.count(TrialState.COMPLETE) == 7 and states.count(TrialState.FAIL) == 1
     done = {t.number: t.params for t in stopped.study.trials if t.state == TrialState.COMPLETE}
     monkeypatch.setattr(objective_module, "evaluate", real)
-    resumed = _run(setup, tmp_path, 20)
+    resumed = _run(setup, tmp_path, 20, sampler="tpe")
     assert not resumed.interrupted and resumed.trials_run == 13
     complete = [t for t in resumed.study.trials if t.state == TrialState.COMPLETE]
     assert len(complete) == 20
@@ -146,7 +149,9 @@ def test_ctrl_c_stops_after_the_trial_in_progress(tmp_path, monkeypatch):
         return real(setup_, design)
 
     monkeypatch.setattr(objective_module, "evaluate", interrupting)
-    stopped = _run(setup, tmp_path, 20)
+    # designs another test's driver priced ahead and left untaken are not evaluate() calls
+    monkeypatch.setattr(objective_module, "_PREFETCHED", {})
+    stopped = _run(setup, tmp_path, 20, sampler="tpe")  # one evaluate() per trial
     assert stopped.interrupted and stopped.trials_run == 8
     assert [t.state for t in stopped.study.trials] == [TrialState.COMPLETE] * 8
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # restored
@@ -270,7 +275,7 @@ def test_cli_quickstart_show_best_export_and_predict(tmp_path, monkeypatch, cli)
     assert not (tmp_path / "mlruns" / "mlflow.db.lock").exists()  # the launch's, let go
     code, out, err = cli("study", "show", "quickstart")
     assert code == 0, err
-    assert "200 finished of 200" in out and "best" in out and "tpe" in out
+    assert "200 finished of 200" in out and "best" in out and "structured" in out
     code, out, err = cli("study", "best", "quickstart", "--export", "out/design.yaml")
     assert code == 0, err
     design = yaml.safe_load(Path("out/design.yaml").read_text())
@@ -288,7 +293,7 @@ def test_cli_quickstart_show_best_export_and_predict(tmp_path, monkeypatch, cli)
     assert crossflow.predict(**design["predict"]).time_s == json.loads(out)["time_s"]
     code, out, _ = cli("study", "list")
     assert code == 0
-    assert re.search(r"^quickstart +tpe +200  complete  ", out, re.M), out
+    assert re.search(r"^quickstart +structured +200  complete  ", out, re.M), out
     # MLflow holds the study's experiment with one child run per trial
     import mlflow
 

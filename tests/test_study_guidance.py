@@ -62,7 +62,7 @@ def test_show_reads_as_words(tmp_path, monkeypatch, cli):
     assert "worker processes" not in out  # never run with --workers
     assert cli("study", "run", "quickstart", "--trials", "10", "--no-tracking")[0] == 0
     out = cli("study", "show", "quickstart")[1]
-    assert "tpe (2 launches)" in out and "10 finished of 10" in out
+    assert "structured (2 launches)" in out and "10 finished of 10" in out
 
 
 def test_summary_names_workers_only_when_a_launch_started_several():
