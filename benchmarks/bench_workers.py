@@ -2,15 +2,18 @@
 and on PostgreSQL.
 
     python benchmarks/bench_workers.py [--trials N] [--workers 1,2,4] [--study quickstart]
-                                       [--postgres URL] [--no-tracking]
+                                       [--sampler tpe] [--postgres URL] [--no-tracking]
 
 ``--postgres`` (default: ``$CROSSFLOW_TEST_POSTGRES``) is an admin URL of a server on which
 the benchmark creates (and drops) one database per run; without it only the journal file is
 measured.  ``eval "$(bash .ci/postgres.sh start)"`` starts a throwaway server (its settings:
 ``fsync=off``, as a test server; a production server with durable commits is slower per
 write).  Each run is the user's command, ``crossflow study run STUDY --trials N --workers K
-[--storage URL]``, in a fresh directory, every trial logged to MLflow (SQLite in
-``mlruns/``) unless ``--no-tracking``.  Reported per run:
+--sampler SAMPLER [--storage URL]``, in a fresh directory, every trial logged to MLflow (SQLite in
+``mlruns/``) unless ``--no-tracking``.  The sampler is TPE unless named: the figures measure
+the storage and the workers, and the ``structured`` driver's local search proposes one point
+at a time, which a second worker evaluates again rather than wait (docs/studies.md), so its
+workers add duplicates rather than throughput.  Reported per run:
 
 * ``trials_per_s``: N / (last trial's completion − first trial's start), from the storage:
   the workers' steady rate;
@@ -48,14 +51,14 @@ def _database(admin: str, name: str, create: bool) -> str:
 
 
 def run(study: str, trials: int, workers: int, storage: str | None,
-        tracking: bool) -> dict:
+        tracking: bool, sampler: str = "tpe") -> dict:
     import optuna
 
     from crossflow.search.storage import make_storage
 
     with tempfile.TemporaryDirectory(prefix="crossflow-bench-") as cwd:
         cmd = [sys.executable, "-m", "crossflow", "study", "run", study, "--trials",
-               str(trials), "--workers", str(workers), "--quiet"]
+               str(trials), "--workers", str(workers), "--sampler", sampler, "--quiet"]
         if storage:
             cmd += ["--storage", storage]
         if not tracking:
@@ -82,12 +85,13 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=400)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--study", default="quickstart")
+    ap.add_argument("--sampler", default="tpe")
     ap.add_argument("--postgres", default=os.environ.get("CROSSFLOW_TEST_POSTGRES"))
     ap.add_argument("--no-tracking", action="store_true")
     args = ap.parse_args()
     ks = [int(k) for k in args.workers.split(",")]
     result: dict = {"machine": machine(), "cores": os.cpu_count(), "study": args.study,
-                    "trials": args.trials, "mlflow": not args.no_tracking, "runs": {}}
+                    "sampler": args.sampler, "trials": args.trials, "mlflow": not args.no_tracking, "runs": {}}
     storages = [("journal", None)] + ([("postgresql", args.postgres)] if args.postgres
                                       else [])
     for label, admin in storages:
@@ -98,7 +102,8 @@ def main() -> None:
             if admin:
                 url = _database(admin, name, create=True)
             try:
-                rows.append(run(args.study, args.trials, k, url, not args.no_tracking))
+                rows.append(run(args.study, args.trials, k, url, not args.no_tracking,
+                                args.sampler))
             finally:
                 if admin:
                     _database(admin, name, create=False)
