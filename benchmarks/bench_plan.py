@@ -56,7 +56,7 @@ def run(spec, budget: int, seed: int, settings: dict,
     from crossflow.search.objective import evaluate, evaluate_many
     from crossflow.search.samplers.structured import _inner, _plan
     from crossflow.search.samplers.structured._plan import Settings, plan
-    from crossflow.search.samplers.structured._problem import Problem
+    from crossflow.search.samplers.structured._problem import Problem, point_key
     from crossflow.search.study import load_study
 
     # the local search's own rules are constants of the driver, not settings; a variant's
@@ -71,8 +71,15 @@ def run(spec, budget: int, seed: int, settings: dict,
         setattr(_plan, k, v)
     setup = load_study(spec)
     names = {d.name for d in setup.space.dimensions}
-    values = [evaluate(setup, setup.design(p)).values(setup.objectives)[0]
-              if names <= set(p) else math.inf for p in setup.baseline_trials()]
+    def value(e):
+        return e.values(setup.objectives)[0] if e.feasible else math.inf
+
+    values = [value(evaluate(setup, setup.design(p))) if names <= set(p) else math.inf
+              for p in setup.baseline_trials()]
+    # a point of the plan that a baseline trial evaluated is answered from it, as the
+    # sampler does, not evaluated (nor counted) again
+    known = {point_key(p): v for p, v in zip(setup.baseline_trials(), values, strict=True)
+             if names <= set(p)}
     P = Problem(setup)
     start = None
     if jitter and seed:
@@ -94,22 +101,23 @@ def run(spec, budget: int, seed: int, settings: dict,
     gen = plan(P, seed=seed, settings=Settings(**settings), records=[], start=start)
     phase, batch = next(gen)
     while len(values) < budget:
-        batch = batch[:budget - len(values)]
-        if phases is not None:
+        todo = [p for p in batch if point_key(p) not in known][:budget - len(values)]
+        if phases is not None and todo:
             if phases and phases[-1][0] == phase:
-                phases[-1][1] += len(batch)
+                phases[-1][1] += len(todo)
             else:
-                phases.append([phase, len(batch)])
+                phases.append([phase, len(todo)])
         t0 = time.perf_counter()
-        got = [e.values(setup.objectives)[0] if e.feasible else math.inf
-               for e in evaluate_many(setup, [setup.design(p) for p in batch])]
+        got = [value(e) for e in evaluate_many(setup, [setup.design(p) for p in todo])]
         if on_batch is not None:
-            on_batch(batch, got, time.perf_counter() - t0)
+            on_batch(todo, got, time.perf_counter() - t0)
         values += got
         if len(values) >= budget:
             break
+        priced = dict(zip(map(point_key, todo), got, strict=True))
         try:
-            phase, batch = gen.send(got)
+            phase, batch = gen.send([known.get(point_key(p), priced.get(point_key(p)))
+                                     for p in batch])
         except StopIteration:  # the plan has seen the whole (discrete) space
             break
     return values

@@ -284,7 +284,11 @@ def test_two_workers_share_one_plan(tmp_path):
     finished = [t for t in result.study.trials if t.state == TrialState.COMPLETE]
     assert len(finished) == 40
     slots = sorted({t.system_attrs[SLOT] for t in finished if SLOT in t.system_attrs})
-    assert slots == list(range(len(slots)))                    # the plan's points, in order
+    # the plan's points, in order, after its screen: the screen's three points (the
+    # template's split under each logic node) are the baseline trials, answered from them
+    # (a worker that claims while one of those still runs evaluates that point again)
+    assert len(setup.baseline_trials()) == 3
+    assert set(range(3, slots[-1] + 1)) <= set(slots)
     # the local search is sequential (one point a batch): a second worker then evaluates
     # the point in flight again rather than wait, so some points are evaluated twice
     assert len(slots) >= 20

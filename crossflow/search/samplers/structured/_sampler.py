@@ -18,6 +18,10 @@ How trials share the plan (one worker or many, on one machine or several):
   goes on where it stopped, and a resumed study replays exactly.  A plan that ends (a
   space with nothing continuous, screened) hands the study to Optuna's multivariate TPE,
   which learns from the screen's trials.
+* A point of the plan that a trial it did not place has evaluated — the baseline trials
+  (the template's split under each technology, which the screen prices again), or another
+  sampler's — is answered from that trial (the model is deterministic), not made a trial
+  again.
 * Switched to from another sampler, the plan starts from the study's best trial (its point
   is stored as the study attribute ``structured.start`` so that every later replay starts
   from the same point).
@@ -96,10 +100,12 @@ class StructuredSampler(BaseSampler):
         self._study_key: tuple[int, int] | None = None
         self._points: dict[tuple[int, int], dict[str, Any]] = {}
         self._handed: set[tuple[int, int]] = set()   # trials TPE samples (the plan ended)
+        self._known: dict[str, float] = {}   # point key -> value of trials not the plan's
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_gen", "_batch", "_points", "_handed", "_canon_of", "_canon"):
+        for key in ("_lock", "_gen", "_batch", "_points", "_handed", "_canon_of", "_canon",
+                    "_known"):
             del state[key]
         return state
 
@@ -168,19 +174,26 @@ class StructuredSampler(BaseSampler):
         """The slot, point and phase of a new trial (see the module docstring); None when
         the plan has ended (a space without continuous dimensions, screened)."""
         holders: dict[int, list[FrozenTrial]] = {}
+        known: dict[str, float] = {}
         for t in all_trials(study):
             slot = t.system_attrs.get(SLOT)
             if slot is not None and t.number != trial.number:
                 holders.setdefault(int(slot), []).append(t)
+            elif slot is None and t.state == TrialState.COMPLETE:
+                # a point the plan did not place (the baseline: the template's split under
+                # each technology, which the screen prices again; another sampler's
+                # trials): the model is deterministic, so its value answers the plan's
+                known.setdefault(point_key(t.params), _value([t]))
+        self._known = known
         self._advance(study, holders)
         if not self._batch:
             return None
         batch = range(self._base, self._base + len(self._batch))
         held = {j: self._holding(holders, j) for j in batch}
-        free = [j for j in batch if not held[j]]
+        free = [j for j in batch if not held[j] and self._answer(j) is None]
         # every point held: the oldest unanswered one again (its worker may be gone)
         slot = free[0] if free else min(
-            (j for j in batch if _value(held[j]) is None),
+            (j for j in batch if _value(held[j]) is None and self._answer(j) is None),
             key=lambda j: min(t.number for t in held[j]))
         self._prefetch(slot)
         return slot, self._batch[slot - self._base], self._phase
@@ -192,6 +205,8 @@ class StructuredSampler(BaseSampler):
         while self._batch:
             values = [_value(self._holding(holders, self._base + j))
                       for j in range(len(self._batch))]
+            values = [self._answer(self._base + j) if v is None else v
+                      for j, v in enumerate(values)]
             if any(v is None for v in values):
                 return
             self._base += len(self._batch)
@@ -201,14 +216,23 @@ class StructuredSampler(BaseSampler):
                 self._phase, self._batch = DONE, []
             self._prefetch()
 
+    def _answer(self, slot: int) -> float | None:
+        """The value of the point at ``slot`` (of the current batch) from a trial the plan
+        did not place there (``self._known``), None when no such trial evaluated it."""
+        self._canonical()
+        return self._known.get(self._canon[slot - self._base])
+
+    def _canonical(self) -> None:
+        if self._canon_of is not self._batch:   # once per batch, not per claim
+            self._canon_of, self._canon = self._batch, [point_key(p) for p in self._batch]
+
     def _holding(self, holders: dict[int, list[FrozenTrial]], slot: int
                  ) -> list[FrozenTrial]:
         """The trials at ``slot`` (of the current batch) that evaluated this plan's point
         there.  A trial of another plan (a study begun with other ``sampler_options``, or
         by another version of the driver) holds the slot but not the point: it is neither
         waited for nor replayed, so the plan is never fed the value of another point."""
-        if self._canon_of is not self._batch:   # once per batch, not per claim
-            self._canon_of, self._canon = self._batch, [point_key(p) for p in self._batch]
+        self._canonical()
         point = self._canon[slot - self._base]
         return [t for t in holders.get(slot, []) if point_key(t.system_attrs.get(POINT)) == point]
 
@@ -249,8 +273,8 @@ class StructuredSampler(BaseSampler):
 def _incumbent(study: Study) -> dict[str, Any] | None:
     """The parameters of the study's best feasible trial that the driver did not plan (of
     another sampler); None when there is none, or when the best is an enqueued point (the
-    baseline: the template's split under each technology, which the plan's own start
-    screens again), so that the driver never starts from a point worse than the study's
+    baseline: the template's split under each technology, which the plan's own screen
+    covers), so that the driver never starts from a point worse than the study's
     incumbent."""
     done = [t for t in all_trials(study) if t.state == TrialState.COMPLETE and t.values
             and keys.is_feasible(t) and SLOT not in t.system_attrs]
