@@ -74,11 +74,12 @@ def run(spec, budget: int, seed: int, settings: dict,
     def value(e):
         return e.values(setup.objectives)[0] if e.feasible else math.inf
 
+    baseline = setup.baseline_trials()
     values = [value(evaluate(setup, setup.design(p))) if names <= set(p) else math.inf
-              for p in setup.baseline_trials()]
+              for p in baseline]
     # a point of the plan that a baseline trial evaluated is answered from it, as the
     # sampler does, not evaluated (nor counted) again
-    known = {point_key(p): v for p, v in zip(setup.baseline_trials(), values, strict=True)
+    known = {point_key(p): v for p, v in zip(baseline, values, strict=True)
              if names <= set(p)}
     P = Problem(setup)
     start = None
@@ -101,7 +102,9 @@ def run(spec, budget: int, seed: int, settings: dict,
     gen = plan(P, seed=seed, settings=Settings(**settings), records=[], start=start)
     phase, batch = next(gen)
     while len(values) < budget:
-        todo = [p for p in batch if point_key(p) not in known][:budget - len(values)]
+        keys = [point_key(p) for p in batch]
+        fresh = [i for i, k in enumerate(keys) if k not in known][:budget - len(values)]
+        todo = [batch[i] for i in fresh]
         if phases is not None and todo:
             if phases and phases[-1][0] == phase:
                 phases[-1][1] += len(todo)
@@ -114,10 +117,9 @@ def run(spec, budget: int, seed: int, settings: dict,
         values += got
         if len(values) >= budget:
             break
-        priced = dict(zip(map(point_key, todo), got, strict=True))
+        priced = {keys[i]: v for i, v in zip(fresh, got, strict=True)}
         try:
-            phase, batch = gen.send([known.get(point_key(p), priced.get(point_key(p)))
-                                     for p in batch])
+            phase, batch = gen.send([known.get(k, priced.get(k)) for k in keys])
         except StopIteration:  # the plan has seen the whole (discrete) space
             break
     return values

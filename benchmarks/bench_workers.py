@@ -9,8 +9,8 @@ the benchmark creates (and drops) one database per run; without it only the jour
 measured.  ``eval "$(bash .ci/postgres.sh start)"`` starts a throwaway server (its settings:
 ``fsync=off``, as a test server; a production server with durable commits is slower per
 write).  Each run is the user's command, ``crossflow study run STUDY --trials N --workers K
---sampler SAMPLER [--storage URL]``, in a fresh directory, every trial logged to MLflow (SQLite in
-``mlruns/``) unless ``--no-tracking``.  The sampler is TPE unless named: the figures measure
+--sampler SAMPLER [--storage URL]``, in a fresh directory, every trial logged to MLflow
+(SQLite in ``mlruns/``) unless ``--no-tracking``.  The sampler is TPE unless named: the figures measure
 the storage and the workers, and the ``structured`` driver's local search proposes one point
 at a time, which a second worker evaluates again rather than wait (docs/studies.md), so its
 workers add duplicates rather than throughput.  Reported per run:
@@ -91,7 +91,8 @@ def main() -> None:
     args = ap.parse_args()
     ks = [int(k) for k in args.workers.split(",")]
     result: dict = {"machine": machine(), "cores": os.cpu_count(), "study": args.study,
-                    "sampler": args.sampler, "trials": args.trials, "mlflow": not args.no_tracking, "runs": {}}
+                    "sampler": args.sampler, "trials": args.trials,
+                    "mlflow": not args.no_tracking, "runs": {}}
     storages = [("journal", None)] + ([("postgresql", args.postgres)] if args.postgres
                                       else [])
     for label, admin in storages:

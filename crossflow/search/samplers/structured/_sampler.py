@@ -100,12 +100,10 @@ class StructuredSampler(BaseSampler):
         self._study_key: tuple[int, int] | None = None
         self._points: dict[tuple[int, int], dict[str, Any]] = {}
         self._handed: set[tuple[int, int]] = set()   # trials TPE samples (the plan ended)
-        self._known: dict[str, float] = {}   # point key -> value of trials not the plan's
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_gen", "_batch", "_points", "_handed", "_canon_of", "_canon",
-                    "_known"):
+        for key in ("_lock", "_gen", "_batch", "_points", "_handed", "_canon_of", "_canon"):
             del state[key]
         return state
 
@@ -174,7 +172,7 @@ class StructuredSampler(BaseSampler):
         """The slot, point and phase of a new trial (see the module docstring); None when
         the plan has ended (a space without continuous dimensions, screened)."""
         holders: dict[int, list[FrozenTrial]] = {}
-        known: dict[str, float] = {}
+        known: dict[str, float] = {}   # point key -> value, of the trials not the plan's
         for t in all_trials(study):
             slot = t.system_attrs.get(SLOT)
             if slot is not None and t.number != trial.number:
@@ -184,28 +182,28 @@ class StructuredSampler(BaseSampler):
                 # each technology, which the screen prices again; another sampler's
                 # trials): the model is deterministic, so its value answers the plan's
                 known.setdefault(point_key(t.params), _value([t]))
-        self._known = known
-        self._advance(study, holders)
+        self._advance(study, holders, known)
         if not self._batch:
             return None
         batch = range(self._base, self._base + len(self._batch))
         held = {j: self._holding(holders, j) for j in batch}
-        free = [j for j in batch if not held[j] and self._answer(j) is None]
+        free = [j for j in batch if not held[j] and self._answer(known, j) is None]
         # every point held: the oldest unanswered one again (its worker may be gone)
         slot = free[0] if free else min(
-            (j for j in batch if _value(held[j]) is None and self._answer(j) is None),
+            (j for j in batch if _value(held[j]) is None and self._answer(known, j) is None),
             key=lambda j: min(t.number for t in held[j]))
         self._prefetch(slot)
         return slot, self._batch[slot - self._base], self._phase
 
-    def _advance(self, study: Study, holders: dict[int, list[FrozenTrial]]) -> None:
+    def _advance(self, study: Study, holders: dict[int, list[FrozenTrial]],
+                 known: dict[str, float]) -> None:
         """Feed every answered batch to the plan (from its start after a restart)."""
         if self._gen is None or self._study_key != study_key(study):
             self._start(study)
         while self._batch:
             values = [_value(self._holding(holders, self._base + j))
                       for j in range(len(self._batch))]
-            values = [self._answer(self._base + j) if v is None else v
+            values = [self._answer(known, self._base + j) if v is None else v
                       for j, v in enumerate(values)]
             if any(v is None for v in values):
                 return
@@ -216,11 +214,11 @@ class StructuredSampler(BaseSampler):
                 self._phase, self._batch = DONE, []
             self._prefetch()
 
-    def _answer(self, slot: int) -> float | None:
+    def _answer(self, known: dict[str, float], slot: int) -> float | None:
         """The value of the point at ``slot`` (of the current batch) from a trial the plan
-        did not place there (``self._known``), None when no such trial evaluated it."""
+        did not place (``known``: point key -> value), None when no such trial evaluated it."""
         self._canonical()
-        return self._known.get(self._canon[slot - self._base])
+        return known.get(self._canon[slot - self._base])
 
     def _canonical(self) -> None:
         if self._canon_of is not self._batch:   # once per batch, not per claim
