@@ -197,7 +197,8 @@ class MemoryCheck:
     breakdown: Mapping[str, float] = field(default_factory=dict)
 
 
-def memory_check(workload: Any, arch: Any, parallelism: Any = None) -> MemoryCheck:
+def memory_check(workload: Any, arch: Any, parallelism: Any = None,
+                 system: Any = None) -> MemoryCheck:
     """Whether ``workload`` under ``parallelism`` fits the memory of devices like ``arch``.
 
     The bytes per device depend on the workload and the strategy only (not on the chip's
@@ -213,12 +214,17 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None) -> MemoryChe
         arch: a MicroArch, or a hardware preset / template (as ``crossflow.predict`` takes).
         parallelism: a strategy name (``"RC-32-16-d1-p1"``), a parallelism spec, preset,
             file or dict; None: one device.
+        system: the system the design runs in (a spec or preset name), as
+            :func:`predict_many` takes it: its software stack sets the attention kernel
+            (FlashAttention keeps no score matrix) and the gradients' precision, so the
+            verdict is the prediction's; None: the device alone, no software stack.
     """
     spec = workload if hasattr(workload, "kind") and hasattr(workload, "name") else load_spec(
         workload, "workloads")
-    arch = load_hardware(arch)
-    spec, strategy, par = _strategy(spec, parallelism)
-    return _memory_check(spec, strategy, par, arch)
+    batch = _Batch(spec, load_hardware(arch), system)
+    spec, strategy, par = _strategy(batch.spec, parallelism)
+    software = batch.sys_spec.software if batch.sys_spec is not None else None
+    return _memory_check(spec, strategy, par, batch.run_arch, software)
 
 
 def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:

@@ -188,3 +188,33 @@ def test_evaluate_many_generates_each_chip_once(monkeypatch):
     assert len(calls) == len({r["chip"] for r in rows})
     for ev, row in zip(evs, rows, strict=True):
         _check(ev, row)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b-h100-cp", "qwen3-30b-a3b-h100"])
+def test_the_screens_memory_verdict_is_the_predictions_on_a_software_stack(name):
+    """On a system with a software stack (FlashAttention keeps no score matrix, gradients in
+    the stack's precision) the memory-only verdict a search screens with is the one the
+    prediction gives: every combination of the study at its start, feasible or not alike
+    (without the system the check counted the attention scores, and the driver dropped
+    e.g. Llama-3 70B's best strategy as 523 GB over an 80 GB device)."""
+    from crossflow.search.objective import memory_verdicts
+    from crossflow.search.samplers.structured._problem import Problem
+
+    setup = load_study(name)
+    P = Problem(setup)
+    x0, _ = P.start()
+    combos = P.combos()[::7]
+    designs = [setup.design(P.params(x0, {**c, "mapping_order": P.canonical_order(c)}))
+               for c in combos]
+    verdicts = memory_verdicts(setup, designs)
+    evaluations = evaluate_many(setup, designs)
+    agree = 0
+    for verdict, ev in zip(verdicts, evaluations, strict=True):
+        if verdict is None or not hasattr(verdict, "need_bytes"):  # refused whatever the chip
+            assert not ev.feasible
+            continue
+        assert verdict.feasible == (ev.feasible or not ev.memory_only), ev.reason
+        if ev.prediction is not None and ev.prediction.memory_per_device_bytes:
+            assert verdict.need_bytes == pytest.approx(ev.prediction.memory_per_device_bytes)
+        agree += 1
+    assert agree > 50

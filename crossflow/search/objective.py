@@ -223,7 +223,8 @@ def memory_verdicts(setup, designs: Sequence[Design]) -> list:
             continue
         for i in members:
             try:
-                out[i] = memory_check(setup.workload, arch, setup.parallelism(designs[i]))
+                out[i] = memory_check(setup.workload, arch, setup.parallelism(designs[i]),
+                                      setup.system)
             except ConfigError as exc:
                 out[i] = Invalid(f"invalid combination: {exc}")
     return out
