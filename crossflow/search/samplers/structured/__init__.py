@@ -30,6 +30,11 @@ So the driver (:mod:`._plan`) is built from standard parts:
    neighbourhood search (each budget share of the incumbent halved and doubled in turn, a
    local search from each), and IPOP-CMA-ES from the incumbent when no shake wins.
 
+In a space with nothing continuous (a parallelism study on a fixed machine) steps 2-4 are
+a variable neighbourhood descent over the combinations instead, from the screen's best
+(neighbours: one or two choices changed, a strategy's degrees read from its name; then
+three), after which Optuna's multivariate TPE goes on from every trial.
+
 Every point it evaluates is an Optuna trial (logged to MLflow like any other), and it
 evaluates each design once: a point whose chip (the AGE's whole units, generated in ~0.2 ms
 against 1-5 ms for a whole evaluation) and discrete choices it has already priced is
