@@ -222,9 +222,7 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None,
     spec = workload if hasattr(workload, "kind") and hasattr(workload, "name") else load_spec(
         workload, "workloads")
     batch = _Batch(spec, load_hardware(arch), system)
-    spec, strategy, par = _strategy(batch.spec, parallelism)
-    software = batch.sys_spec.software if batch.sys_spec is not None else None
-    return _memory_check(spec, strategy, par, batch.run_arch, software)
+    return batch.memory(*_strategy(batch.spec, parallelism))
 
 
 def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
@@ -278,16 +276,22 @@ class _Batch:
     def __init__(self, spec, arch: MicroArch, system: Any) -> None:
         self.spec, self.arch = spec, arch
         self.sys_spec = None
+        self.software = None   # the system's software stack, if it has one
         self.run_arch = arch
         self._systems: dict[int, Any] = {}
         if system is not None:
             self.sys_spec = system if hasattr(system, "devices_per_node") else load_spec(
                 system, "systems")
-            software = self.sys_spec.software
+            software = self.software = self.sys_spec.software
             self.run_arch = with_software(arch, software)
             if (software is not None and spec.kind == "transformer"
                     and spec.attention_backend is None):
                 self.spec = _with_attention(spec, software.attention)
+
+    def memory(self, spec, strategy, par) -> MemoryCheck:
+        """The memory verdict of one candidate (``spec, strategy, par`` as
+        :func:`_strategy` gives them from this batch's spec) on this batch's device."""
+        return _memory_check(spec, strategy, par, self.run_arch, self.software)
 
     def _system(self, nodes: int, strategy) -> Any:
         """The system cut down to the ``nodes`` the strategy needs.  A system whose network
@@ -354,8 +358,7 @@ class _Batch:
                         for o in orders]
         run_arch = self.run_arch
         # Memory first: a design over capacity is rejected without pricing a kernel.
-        check = _memory_check(spec, strategy, par, run_arch,
-                              sys_spec.software if sys_spec is not None else None)
+        check = self.memory(spec, strategy, par)
         if not check.feasible:
             p = infeasible(spec, arch.name, check.reason, check.need_bytes)
             return replace(p, details={"strategy": str(strategy), "devices": devices,
@@ -365,8 +368,7 @@ class _Batch:
         best: Prediction | None = None
         for order, network in networks:
             try:
-                p = _run(spec, strategy, par, run_arch, network, devices,
-                         sys_spec.software if sys_spec is not None else None)
+                p = _run(spec, strategy, par, run_arch, network, devices, self.software)
             except InfeasibleDesignError as exc:
                 return infeasible(spec, arch.name, str(exc), exc.memory_bytes)
             p.details["mapping_order"] = order
