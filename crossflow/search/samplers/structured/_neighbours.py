@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 _DEGREE = re.compile(r"^([A-Za-z]+)(\d+)$")
+_MISSING = object()
 
 
 def parts(combo: Mapping[str, Any]) -> dict[tuple, Any]:
@@ -37,6 +38,3 @@ def parts(combo: Mapping[str, Any]) -> dict[tuple, Any]:
 def distance(a: Mapping[tuple, Any], b: Mapping[tuple, Any]) -> int:
     """How many parts differ (one present in only one of them counts as differing)."""
     return sum(1 for k in a.keys() | b.keys() if a.get(k, _MISSING) != b.get(k, _MISSING))
-
-
-_MISSING = object()

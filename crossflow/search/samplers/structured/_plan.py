@@ -423,12 +423,14 @@ def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
     (fbest,) = yield from ask(DESCENT, x, [best])
     near = 0
     while near < len(DESCENT_REACH):
-        order = best.get(MAPPING_ORDER)
-        here = neighbours.parts({k: v for k, v in best.items() if k != MAPPING_ORDER})
+        if not near:  # a new incumbent: every combination's distance from it, once
+            order = best.get(MAPPING_ORDER)
+            here = neighbours.parts({k: v for k, v in best.items() if k != MAPPING_ORDER})
+            away = [neighbours.distance(here, q) for q in parts]
         low = DESCENT_REACH[near - 1] if near else 0
         batch = [_with(P, c, (P.same_class(c, order) or P.canonical_order(c)) if order
-                       else None) for c, q in zip(pool, parts, strict=True)
-                 if low < neighbours.distance(here, q) <= DESCENT_REACH[near]]
+                       else None) for c, d in zip(pool, away, strict=True)
+                 if low < d <= DESCENT_REACH[near]]
         if not near:
             batch += [{**best, MAPPING_ORDER: o} for o in P.order_classes(best)
                       if order is not None and o != P.same_class(best, order)]
