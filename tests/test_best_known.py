@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -181,3 +182,46 @@ def test_same_class_carries_an_order_to_another_strategy(tiny):
     combo = {STRATEGY: "RC-32-2-d1-p1"}
     assert orders.same_class(discrete, combo, "kp2-dp-lp-kp1") == \
         order_representative("RC-32-2-d1-p1", "kp2-kp1-dp-lp")
+
+
+#: A strategy-only study (nothing continuous): GPT-3 20B on 32 A100s of 40 GB, where most
+#: strategies do not fit in memory.
+STRATEGY_ONLY = {
+    "kind": "study", "name": "gpt3-20b-a100-40gb-32", "workload": "gpt3-20b",
+    "hardware": "a100-sxm4-40gb", "system": "dgx-a100", "devices": 32,
+    "search_space": {"kind": "search_space", "name": "small-megatron", "mapping_order": True,
+                     "strategy": {"kernel_types": ["TP"], "max_tp": 8,
+                                  "virtual_stages": "all", "sequence_parallel": [False, True]},
+                     "params": {"micro_batch_size": [1, 2],
+                                "recompute_granularity": ["none", "full"]}},
+    "objectives": ["iteration_time_s"], "n_trials": 10}
+
+
+def test_a_strategy_only_space_is_searched_whole_past_its_memory_verdicts(tmp_path):
+    """With nothing continuous the chip is fixed, so the best-known search drops what does
+    not fit and prices every other class — the exhaustive optimum, even where the classes
+    outnumber ``max_discrete`` (which would otherwise draw a random subset of them)."""
+    from crossflow.search.objective import evaluate_many
+    from crossflow.search.orders import order_classes
+
+    setup = load_study(STRATEGY_ONLY)
+    discrete = [d for d in setup.space.dimensions if d.kind != "float"]
+    names = [d.name for d in discrete if d.name != "mapping_order"]
+    every = [{**dict(zip(names, c, strict=True)), "mapping_order": o}
+             for c in itertools.product(*(d.values() for d in discrete
+                                          if d.name != "mapping_order"))
+             for o in order_classes(discrete, dict(zip(names, c, strict=True)))]
+    evs = evaluate_many(setup, [setup.design(p) for p in every])
+    fits = [ev for ev in evs if ev.feasible]
+    optimum = min(ev.values(setup.objectives)[0] for ev in fits)
+
+    r = bk.best_known(setup, root=tmp_path, max_discrete=len(every) // 4)
+    oc = r["order_classes"]
+    assert oc["classes"] == len(every)
+    assert oc["memory_dropped"] == len(every) - len(fits) > len(every) // 2
+    assert r["discrete_screened"] == len(fits) > len(every) // 4
+    assert r["value"] == pytest.approx(optimum, rel=1e-12)
+    from crossflow.search.compare import how_known
+
+    assert (f"every one of the {len(fits)} order classes that fit in memory screened "
+            f"({len(every) - len(fits)} do not fit") in how_known(r)

@@ -415,7 +415,11 @@ def how_known(known: Mapping[str, Any]) -> str:
                         if enum.get("improved") and gain is not None
                         else "nothing better than the refined split"))
     oc = known.get("order_classes") or {}
-    if oc.get("equivalent_dropped"):
+    if oc.get("memory_dropped"):
+        parts.append(f"every one of the {oc['classes'] - oc['memory_dropped']} order classes "
+                     f"that fit in memory screened ({oc['memory_dropped']} do not fit; "
+                     f"{oc['combinations']} combinations)")
+    elif oc.get("equivalent_dropped"):
         parts.append(f"{oc['classes']} order classes screened of {oc['combinations']} "
                      "combinations")
     con = known.get("contenders") or {}
