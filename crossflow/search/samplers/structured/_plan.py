@@ -265,6 +265,10 @@ REFUSED_IN_A_ROW = 1000
 #: off, and descents from the screen's best two or four did worse at 300
 #: (docs/search-benchmarks.md, "A twenty-first round").
 DESCENT_REACH: tuple[int, ...] = (2, 3)
+#: In the descent a mapping order outside the incumbent's class counts as this many
+#: choices: the first neighbourhood (reach 2) holds the incumbent's own other order
+#: classes, the second (reach 3) every one-choice change in another class as well.
+ORDER_STEP = 2
 #: The local search's evaluations after a shake, per searched coordinate, before the next
 #: shake is tried (the search from a shake that beats the incumbent goes on to its end).
 KICK_EVALS = 20
@@ -410,11 +414,11 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
 def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
              start: dict[str, Any]):
     """Variable neighbourhood descent over the combinations (a space with nothing
-    continuous) from ``start``.  The first neighbourhood of the incumbent: every
-    combination of ``pool`` at distance 1 or 2 (:func:`._neighbours.distance`: one choice
-    changed, or two, as a strategy keeps its device count by moving a factor from one
-    degree to another) in the incumbent's class of mapping orders, and the incumbent's
-    other order classes; when none of it is better, the next neighbourhood
+    continuous) from ``start``.  The first neighbourhood of the incumbent: every point of
+    ``pool`` at distance 1 or 2 (:func:`_away`: the choices a combination differs in, one
+    more for a mapping order outside the incumbent's class — so one choice changed in
+    another order class, or two, as a strategy keeps its device count by moving a factor
+    from one degree to another); when none of it is better, the next neighbourhood
     (:data:`DESCENT_REACH`).  Each is one batch; its best point, when it beats the
     incumbent, is the next incumbent, and the descent goes on from the first neighbourhood
     (Hansen and Mladenovic's variable neighbourhood descent)."""
@@ -423,23 +427,39 @@ def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
     (fbest,) = yield from ask(DESCENT, x, [best])
     near = 0
     while near < len(DESCENT_REACH):
-        if not near:  # a new incumbent: every combination's distance from it, once
-            order = best.get(MAPPING_ORDER)
-            here = neighbours.parts({k: v for k, v in best.items() if k != MAPPING_ORDER})
-            away = [neighbours.distance(here, q) for q in parts]
+        if not near:  # a new incumbent: every neighbour's distance from it, once
+            away = _away(P, pool, parts, best, DESCENT_REACH[-1])
         low = DESCENT_REACH[near - 1] if near else 0
-        batch = [_with(P, c, (P.same_class(c, order) or P.canonical_order(c)) if order
-                       else None) for c, d in zip(pool, away, strict=True)
-                 if low < d <= DESCENT_REACH[near]]
-        if not near:
-            batch += [{**best, MAPPING_ORDER: o} for o in P.order_classes(best)
-                      if order is not None and o != P.same_class(best, order)]
+        batch = [point for point, d in away if low < d <= DESCENT_REACH[near]]
         got = yield from ask(DESCENT, x, batch)
         j = int(np.argmin(got)) if got else -1
         if j >= 0 and better(got[j], fbest):
             best, fbest, near = batch[j], got[j], 0
         else:
             near += 1
+
+
+def _away(P: Problem, pool: list[dict[str, Any]], parts: list[dict], best: dict[str, Any],
+          reach: int) -> list[tuple[dict[str, Any], int]]:
+    """Every point of ``pool`` within ``reach`` of ``best``, with its distance: the choices
+    its combination differs in (:func:`._neighbours.distance`), and :data:`ORDER_STEP` more
+    for a mapping order outside the class of ``best``'s order — so that a strategy that is
+    better only in another order class (virtual stages added, whose interleaving wants the
+    pipeline degree laid out before the data degree) is further away, not out of reach."""
+    order = best.get(MAPPING_ORDER)
+    here = neighbours.parts({k: v for k, v in best.items() if k != MAPPING_ORDER})
+    out = []
+    for c, q in zip(pool, parts, strict=True):
+        d = neighbours.distance(here, q)
+        if d > reach:
+            continue
+        if order is None:
+            out.append((_with(P, c, None), d))
+            continue
+        own = P.same_class(c, order) or P.canonical_order(c)
+        out += [(_with(P, c, o), d + ORDER_STEP * (o != own)) for o in P.order_classes(c)
+                if d + ORDER_STEP * (o != own) <= reach]
+    return out
 
 
 def _pair_key(discrete: Mapping[str, Any]) -> str:
