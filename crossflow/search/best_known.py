@@ -487,8 +487,8 @@ def _fitting(setup, combos: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     In a space with nothing continuous every design runs on the same chip, so the verdict
     (no kernel priced) is the prediction's own: a combination it refuses is infeasible, and
     dropping it first lets the screen price every remaining class instead of a random
-    subset of them (Llama-2 70B on 256 H100s: 5,328 fit of 14,304 classes; a subset of
-    10,000 of all of them missed the optimum by 0.5 %)."""
+    subset of them (Llama-2 70B on 256 H100s: 5,328 of 17,760 classes fit; 10,000 drawn
+    from all of them missed the optimum by 0.5 %)."""
     verdicts = memory_verdicts(setup, [setup.design(c) for c in combos])
     kept = [c for c, v in zip(combos, verdicts, strict=True) if v is None or v.feasible]
     if not kept:  # nothing fits: screen them all, so the study says why each fails
