@@ -1011,7 +1011,7 @@ def test_combinations_are_next_to_each_other_by_the_choices_they_differ_in():
     assert distance(b, parts({"strategy": "RC-16-32-d1-p1"})) == 2
 
 
-def _drive(P, f):
+def _plan_with(P, f):
     """Run the plan on ``P`` with ``f`` as the objective; (phases, best value, evaluations)."""
     gen = plan(P, seed=0, settings=Settings(), records=[])
     phases, best, n = [], math.inf, 0
@@ -1055,7 +1055,7 @@ def test_the_descent_reaches_a_strategy_that_is_better_only_in_another_order_cla
             return 1.0 if in_class else 100.0
         return 1.5 + d if not in_class else 10.0 + d
 
-    phases, best, n = _drive(P, f)
+    phases, best, n = _plan_with(P, f)
     assert phases[-1] == "descent"
     assert best == 1.0
 
@@ -1078,7 +1078,7 @@ def test_a_space_with_nothing_continuous_ends_with_a_descent_to_a_local_optimum(
                                      if k in target_names}), target)
 
     target_names = {k[0] for k in target}
-    phases, best, n = _drive(P, f)
+    phases, best, n = _plan_with(P, f)
     assert phases[0] == "screen" and phases[-1] == "descent"
     assert best == 1.0
     assert n < len(pool)            # a descent, not the whole space
