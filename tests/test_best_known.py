@@ -221,6 +221,7 @@ def test_a_strategy_only_space_is_searched_whole_past_its_memory_verdicts(tmp_pa
     assert oc["memory_dropped"] == len(every) - len(fits) > len(every) // 2
     assert r["discrete_screened"] == len(fits) > len(every) // 4
     assert r["value"] == pytest.approx(optimum, rel=1e-12)
+    assert r["enumeration"] is None  # no budget split: no whole units to enumerate
     from crossflow.search.compare import how_known
 
     assert (f"every one of the {len(fits)} order classes that fit in memory screened "

@@ -310,8 +310,9 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     ranked = [min(a, b) for a, b in zip(at_template, at_equal or at_template, strict=True)]
     screen = sorted(zip(ranked, range(len(combos)), strict=True))
     phases = [_phase("screen", f, t0)]
-    _say(progress, f"screened {len(combos)} order classes of {len(raw)} combinations "
-                   f"({total} in the space): best {screen[0][0]:.6g}")
+    unfit_note = f", {unfit} more that do not fit in memory" if unfit else ""
+    _say(progress, f"screened {len(combos)} order classes{unfit_note}, of {len(raw)} "
+                   f"combinations ({total} in the space): best {screen[0][0]:.6g}")
 
     def split_of(i: int) -> dict[str, Any]:  # the screened split a combination did best at
         return equal if at_equal is not None and at_equal[i] < at_template[i] else start
@@ -389,7 +390,7 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     phases.append(_phase("perturbation", f, t0))
     # 6. exhaustive enumeration of the integer area designs around the best point
     enumeration = None
-    if opts["enumerate"] and f.best[1] is not None:
+    if opts["enumerate"] and f.best[1] is not None and cont_names:
         _say(progress, f"refined: best {f.best[0]:.6g} after {f.n} evaluations")
         v_refined, rounds = f.best[0], []
         for _ in range(max(1, int(opts["enum_rounds"]))):
