@@ -1005,7 +1005,7 @@ def test_combinations_are_next_to_each_other_by_the_choices_they_differ_in():
     assert distance(c, parts({"strategy": "t2-d8-p16-v5-sp"})) == 1
     assert distance(c, parts({"strategy": "t2-d8-p16"})) == 1
     assert distance(c, parts({"strategy": "t4-d8-p8-v5"})) == 4
-    # kernel types and bare degrees by their place
+    # kernel types and bare degrees by their rank among words and numbers
     b = parts({"strategy": "RC-32-16-d1-p1"})
     assert distance(b, parts({"strategy": "CR-32-16-d1-p1"})) == 1
     assert distance(b, parts({"strategy": "RC-16-32-d1-p1"})) == 2
