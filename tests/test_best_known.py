@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -201,16 +200,13 @@ def test_a_strategy_only_space_is_searched_whole_past_its_memory_verdicts(tmp_pa
     """With nothing continuous the chip is fixed, so the best-known search drops what does
     not fit and prices every other class — the exhaustive optimum, even where the classes
     outnumber ``max_discrete`` (which would otherwise draw a random subset of them)."""
+    from crossflow.search.compare import how_known
     from crossflow.search.objective import evaluate_many
-    from crossflow.search.orders import order_classes
+    from crossflow.search.samplers.structured._problem import Problem
 
     setup = load_study(STRATEGY_ONLY)
-    discrete = [d for d in setup.space.dimensions if d.kind != "float"]
-    names = [d.name for d in discrete if d.name != "mapping_order"]
-    every = [{**dict(zip(names, c, strict=True)), "mapping_order": o}
-             for c in itertools.product(*(d.values() for d in discrete
-                                          if d.name != "mapping_order"))
-             for o in order_classes(discrete, dict(zip(names, c, strict=True)))]
+    P = Problem(setup)  # every combination in one order of each of its classes
+    every = [{**c, "mapping_order": o} for c in P.combos() for o in P.order_classes(c)]
     evs = evaluate_many(setup, [setup.design(p) for p in every])
     fits = [ev for ev in evs if ev.feasible]
     optimum = min(ev.values(setup.objectives)[0] for ev in fits)
@@ -222,7 +218,5 @@ def test_a_strategy_only_space_is_searched_whole_past_its_memory_verdicts(tmp_pa
     assert r["discrete_screened"] == len(fits) > len(every) // 4
     assert r["value"] == pytest.approx(optimum, rel=1e-12)
     assert r["enumeration"] is None  # no budget split: no whole units to enumerate
-    from crossflow.search.compare import how_known
-
     assert (f"every one of the {len(fits)} order classes that fit in memory screened "
             f"({len(every) - len(fits)} do not fit") in how_known(r)

@@ -27,7 +27,8 @@ Phases (every point yielded is one model evaluation, one trial):
    every combination when ``screen_cap`` is ``all``, and otherwise after a variable
    neighbourhood descent over the combinations (:func:`_descend`) from the best of the
    screen: the combinations one or two choices away from the incumbent (a strategy's
-   degrees read from its name: ``t8-d48-p4`` is two from ``t4-d48-p8``), then three; the
+   degrees read from its name: ``t8-d48-p4`` is two from ``t4-d48-p8``; a mapping order in
+   another class counts as two), then three; the
    sampler goes on with TPE, which learns from every trial of the plan.  TPE sees a
    strategy as one categorical of hundreds of names and cannot tell that ``t4-p8`` is next
    to ``t8-p4``; the descent can.
@@ -82,7 +83,7 @@ design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its ch
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
 
-One module of ~750 lines, the schedule with the run objects it drives (:class:`_Local`,
+One module of ~770 lines, the schedule with the run objects it drives (:class:`_Local`,
 :class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a variant by setting
 this module's constants and its ``exchange`` for one run, and the run objects read them
 from here; split, each variant would have to be set in two modules.
@@ -267,7 +268,11 @@ REFUSED_IN_A_ROW = 1000
 DESCENT_REACH: tuple[int, ...] = (2, 3)
 #: In the descent a mapping order outside the incumbent's class counts as this many
 #: choices: the first neighbourhood (reach 2) holds the incumbent's own other order
-#: classes, the second (reach 3) every one-choice change in another class as well.
+#: classes, the second (reach 3) every one-choice change in another class as well.  Without
+#: it gpt-145b-h100-256 (a fresh strategy-only study) stayed 1.6 % off on two seeds of three;
+#: counted as one, the neighbourhoods were 2.5x larger and gpt3-175b-a100-1536 took 508
+#: evaluations to its optimum, as two 352, before it 261 (docs/search-benchmarks.md, "A
+#: twenty-second round").
 ORDER_STEP = 2
 #: The local search's evaluations after a shake, per searched coordinate, before the next
 #: shake is tried (the search from a shake that beats the incumbent goes on to its end).
@@ -457,8 +462,10 @@ def _away(P: Problem, pool: list[dict[str, Any]], parts: list[dict], best: dict[
             out.append((_with(P, c, None), d))
             continue
         own = P.same_class(c, order) or P.canonical_order(c)
-        out += [(_with(P, c, o), d + ORDER_STEP * (o != own)) for o in P.order_classes(c)
-                if d + ORDER_STEP * (o != own) <= reach]
+        for o in P.order_classes(c):
+            step = d if o == own else d + ORDER_STEP
+            if step <= reach:
+                out.append((_with(P, c, o), step))
     return out
 
 
