@@ -203,6 +203,27 @@ def test_trials_of_another_plan_are_not_replayed_into_this_one(tmp_path):
     assert other <= {t.system_attrs[SLOT] for t in new}   # evaluated again, not replayed
 
 
+def test_a_retry_of_a_trial_killed_between_the_drivers_two_writes_is_planned_afresh(tmp_path):
+    """The driver writes a trial's point, then its slot (the slot marks the pair complete).
+    A worker killed between the two leaves a point without a slot; Optuna's retry copies
+    the system attributes, so the retry arrives with that point and no slot.  It is
+    planned like a new trial: it gets a slot, and its parameters are the point of that
+    slot, never a half-written claim."""
+    import optuna
+
+    setup = load_study("paper-lstm-512")
+    study = _run(setup, tmp_path, 12).study
+    dead = next(t for t in study.trials if SLOT in t.system_attrs)
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.WAITING,
+        system_attrs={"failed_trial": dead.number, POINT: dead.system_attrs[POINT]}))
+    study = _run(setup, tmp_path, 14).study
+    retry = next(t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number)
+    assert retry.state.name == "COMPLETE"
+    assert SLOT in retry.system_attrs and retry.system_attrs[SLOT] != dead.system_attrs[SLOT]
+    assert retry.params == retry.system_attrs[POINT]
+
+
 def test_a_resumed_launch_replays_the_plan_of_the_first_launchs_seed(tmp_path, monkeypatch):
     """Launch k of a study is seeded seed + k, and a user may give another --seed: the plan
     keeps the seed its first launch stored, or a resume past the plan's first random choice
