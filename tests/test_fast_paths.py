@@ -218,3 +218,18 @@ def test_the_screens_memory_verdict_is_the_predictions_on_a_software_stack(name)
             assert verdict.need_bytes == pytest.approx(ev.prediction.memory_per_device_bytes)
         agree += 1
     assert agree > 50
+
+
+def test_fitting_drops_what_memory_refuses_and_keeps_all_when_it_refuses_everything():
+    """One rule for the driver's screen and the best-known search: a combination without a
+    verdict (its chip cannot be built) stays; when every one is refused, all stay, so the
+    search prices them and each infeasible result says why."""
+    from types import SimpleNamespace
+
+    from crossflow.search.objective import fitting
+
+    fits, over = SimpleNamespace(feasible=True), SimpleNamespace(feasible=False)
+    kept, refused = fitting(["a", "b", "c"], [fits, over, None])
+    assert kept == ["a", "c"] and refused == [("b", over)]
+    kept, refused = fitting(["a", "b"], [over, over])
+    assert kept == ["a", "b"] and [item for item, _ in refused] == ["a", "b"]

@@ -150,7 +150,7 @@ from crossflow.search.best_known_phases import (  # noqa: F401 - _enumerate: the
     _say,
 )
 from crossflow.search.locations import MLRUNS
-from crossflow.search.objective import evaluate, evaluate_many, memory_verdicts
+from crossflow.search.objective import evaluate, evaluate_many, fitting, memory_verdicts
 from crossflow.search.orders import dedupe, without_order
 
 SETTINGS: dict[str, Any] = {"max_discrete": 10000, "top_k": 6, "samples": 300,
@@ -490,10 +490,7 @@ def _fitting(setup, combos: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     dropping it first lets the screen price every remaining class instead of a random
     subset of them (Llama-2 70B on 256 H100s: 5,328 of 17,760 classes fit; 10,000 drawn
     from all of them missed the optimum by 0.5 %)."""
-    verdicts = memory_verdicts(setup, [setup.design(c) for c in combos])
-    kept = [c for c, v in zip(combos, verdicts, strict=True) if v is None or v.feasible]
-    if not kept:  # nothing fits: screen them all, so the study says why each fails
-        return combos, 0
+    kept, _ = fitting(combos, memory_verdicts(setup, [setup.design(c) for c in combos]))
     return kept, len(combos) - len(kept)
 
 

@@ -230,6 +230,19 @@ def memory_verdicts(setup, designs: Sequence[Design]) -> list:
     return out
 
 
+def fitting(items: Sequence, verdicts: Sequence) -> tuple[list, list]:
+    """``items`` split by their :func:`memory_verdicts`: those no verdict refuses, and the
+    (item, verdict) pairs it does.  When it refuses every one, all are kept: a search then
+    prices them anyway, so that each infeasible result says why."""
+    kept, refused = [], []
+    for item, verdict in zip(items, verdicts, strict=True):
+        if verdict is None or verdict.feasible:
+            kept.append(item)
+        else:
+            refused.append((item, verdict))
+    return (kept or list(items)), refused
+
+
 def record(trial, design: Design, ev: Evaluation) -> None:
     """Store a trial's decoded design and outcome as user attributes and its constraint."""
     trial.set_user_attr(FEASIBLE, ev.feasible)

@@ -100,7 +100,7 @@ from typing import Any, Literal
 import numpy as np
 
 from crossflow.search import encoding
-from crossflow.search.objective import Invalid
+from crossflow.search.objective import Invalid, fitting
 from crossflow.search.samplers.structured import _neighbours as neighbours
 from crossflow.search.samplers.structured._inner import exchange
 from crossflow.search.samplers.structured._problem import (
@@ -293,17 +293,13 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     # 1. memory screen
     combos = P.combos()
     own = {k: v for k, v in d0.items() if k != MAPPING_ORDER}
-    feasible: list[dict[str, Any]] = []
-    for combo, verdict in zip(combos, P.memory_checks(x0, combos), strict=True):
-        if verdict is not None and not verdict.feasible:
-            if records is not None:  # refused by the configuration, or over memory
-                records.append({**combo, **(
-                    {"reason": verdict.reason} if isinstance(verdict, Invalid) else
-                    {"need_bytes": verdict.need_bytes, "capacity_bytes": verdict.capacity_bytes})})
-            continue
-        feasible.append(combo)
-    if not feasible:
-        feasible = combos  # nothing fits: evaluate anyway (infeasible trials say why)
+    feasible, refused = fitting(combos, P.memory_checks(x0, combos))
+    if records is not None:
+        for combo, verdict in refused:  # refused by the configuration, or over memory
+            why = ({"reason": verdict.reason} if isinstance(verdict, Invalid) else
+                   {"need_bytes": verdict.need_bytes,
+                    "capacity_bytes": verdict.capacity_bytes})
+            records.append({**combo, **why})
     every = feasible
     cap = S.cap(bool(P.coords))
     if cap is not None and len(feasible) > cap:
