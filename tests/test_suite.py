@@ -60,17 +60,20 @@ def test_the_new_studies_load_and_are_none_of_the_suites():
         load_study(s["spec"])
 
 
-def test_the_new_strategy_only_studies_load_and_search_nothing_continuous():
-    """benchmarks/suite/fresh-strategy.yaml: twelve strategy-only studies written after the
-    descent's rules were chosen; each loads, none is another set's, and none has a
-    continuous dimension (so its best-known reference is the exhaustive optimum)."""
+@pytest.mark.parametrize("table", ["fresh-strategy.yaml", "fresh-strategy-2.yaml"])
+def test_the_new_strategy_only_studies_load_and_search_nothing_continuous(table):
+    """benchmarks/suite/fresh-strategy*.yaml: twelve strategy-only studies each, written
+    after the descent's rules were chosen; each loads, none is another set's, and none has
+    a continuous dimension (so its best-known reference is the exhaustive optimum)."""
     from crossflow.search.study import load_study
 
-    fresh = suite.load_table(REPO / "benchmarks" / "suite" / "fresh.yaml")
-    strategy = suite.load_table(REPO / "benchmarks" / "suite" / "fresh-strategy.yaml")
+    others = {s["name"] for s in STUDIES}
+    for name in ("fresh.yaml", "fresh-strategy.yaml", "fresh-strategy-2.yaml"):
+        if name != table:
+            others |= {s["name"] for s in suite.load_table(REPO / "benchmarks" / "suite" / name)}
+    strategy = suite.load_table(REPO / "benchmarks" / "suite" / table)
     assert len(strategy) == 12 and {s["kind"] for s in strategy} == {"strategy"}
-    names = {s["name"] for s in strategy}
-    assert not names & ({s["name"] for s in STUDIES} | {s["name"] for s in fresh})
+    assert not {s["name"] for s in strategy} & others
     for s in strategy:
         space = load_study(s["spec"]).space
         assert not space.simplexes and all(d.kind != "float" for d in space.dimensions)
