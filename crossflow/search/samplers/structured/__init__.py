@@ -33,7 +33,8 @@ So the driver (:mod:`._plan`) is built from standard parts:
 In a space with nothing continuous (a parallelism study on a fixed machine) steps 2-4 are
 a variable neighbourhood descent over the combinations instead, from the screen's best
 (neighbours: one or two choices changed, a strategy's degrees read from its name, a
-mapping order in another class counting as two; then three), after which Optuna's
+mapping order in another class counting as two; then three), and again from each next
+screened point out of reach of where the descents ended, after which Optuna's
 multivariate TPE goes on from every trial.
 
 Every point it evaluates is an Optuna trial (logged to MLflow like any other), and it

@@ -24,11 +24,12 @@ Phases (every point yielded is one model evaluation, one trial):
    and more combinations, best first, until those orders number a quarter of the screen
    (``ORDERS_SHARE``).
    A space with nothing continuous ends the plan there, after every other order class of
-   every combination when ``screen_cap`` is ``all``, and otherwise after a variable
-   neighbourhood descent over the combinations (:func:`_descend`) from the best of the
+   every combination when ``screen_cap`` is ``all``, and otherwise after variable
+   neighbourhood descents over the combinations (:func:`_descend`) from the best of the
    screen: the combinations one or two choices away from the incumbent (a strategy's
    degrees read from its name: ``t8-d48-p4`` is two from ``t4-d48-p8``; a mapping order in
-   another class counts as two), then three; the
+   another class counts as two), then three; then again from each next screened point
+   out of reach of where the descents so far ended; the
    sampler goes on with TPE, which learns from every trial of the plan.  TPE sees a
    strategy as one categorical of hundreds of names and cannot tell that ``t4-p8`` is next
    to ``t8-p4``; the descent can.
@@ -83,7 +84,7 @@ design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its ch
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
 
-One module of ~770 lines, the schedule with the run objects it drives (:class:`_Local`,
+One module of ~810 lines, the schedule with the run objects it drives (:class:`_Local`,
 :class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a variant by setting
 this module's constants and its ``exchange`` for one run, and the run objects read them
 from here; split, each variant would have to be set in two modules.
@@ -333,8 +334,8 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         if cap is None:
             yield from _exhaust(P, ask, x0, [feasible[i] for i in ranking], len(feasible))
         elif math.isfinite(value[ranking[0]]):
-            yield from _descend(P, ask, x0, every, _with(P, feasible[ranking[0]],
-                                                         order[ranking[0]]))
+            yield from _descend(P, ask, x0, every, [
+                _with(P, feasible[i], order[i]) for i in ranking if math.isfinite(value[i])])
         return
 
     def combo(i: int) -> dict[str, Any]:
@@ -413,17 +414,34 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
 
 
 def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
-             start: dict[str, Any]):
-    """Variable neighbourhood descent over the combinations (a space with nothing
-    continuous) from ``start``.  The first neighbourhood of the incumbent: every point of
-    ``pool`` at distance 1 or 2 (:func:`_away`: the choices a combination differs in, one
-    more for a mapping order outside the incumbent's class — so one choice changed in
-    another order class, or two, as a strategy keeps its device count by moving a factor
-    from one degree to another); when none of it is better, the next neighbourhood
-    (:data:`DESCENT_REACH`).  Each is one batch; its best point, when it beats the
-    incumbent, is the next incumbent, and the descent goes on from the first neighbourhood
-    (Hansen and Mladenovic's variable neighbourhood descent)."""
+             starts: list[dict[str, Any]]):
+    """Multi-start variable neighbourhood descent over the combinations (a space with
+    nothing continuous): from the best of ``starts`` (the screened points, best first),
+    then from each next one further than the last neighbourhood from where every descent
+    so far ended — a point nearer would be in that descent's reach, and the descent from
+    it would likely end in the same place — until the starts run out.  One descent ends
+    where the best of its neighbours is no better; the optimum of a Megatron space can sit
+    four choices from that place with nothing feasible between (Llama-2 13B on 64 H100s: a
+    tensor degree halved, the data degree doubled, sequence parallelism dropped and the
+    micro-batch from 4 to 1 — each step alone over memory or refused by the interleaved
+    schedule), where a descent from another screened point reaches it."""
     parts = [neighbours.parts(c) for c in pool]
+    ends: list[dict[str, Any]] = []
+    for start in starts:
+        if not any(_distance(P, end, start) <= DESCENT_REACH[-1] for end in ends):
+            ends.append((yield from _vnd(P, ask, x, pool, parts, start)))
+
+
+def _vnd(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]], parts: list[dict],
+         start: dict[str, Any]):
+    """A variable neighbourhood descent from ``start`` (Hansen and Mladenovic); returns
+    where it ends.  The first neighbourhood of the incumbent: every point of ``pool`` at
+    distance 1 or 2 (:func:`_distance`: the choices a combination differs in, one more for a
+    mapping order outside the incumbent's class — so one choice changed in another order
+    class, or two, as a strategy keeps its device count by moving a factor from one degree
+    to another); when none of it is better, the next neighbourhood (:data:`DESCENT_REACH`).
+    Each is one batch; its best point, when it beats the incumbent, is the next incumbent,
+    and the descent goes on from the first neighbourhood."""
     best = dict(start)
     (fbest,) = yield from ask(DESCENT, x, [best])
     near = 0
@@ -438,31 +456,51 @@ def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
             best, fbest, near = batch[j], got[j], 0
         else:
             near += 1
+    return best
 
 
 def _away(P: Problem, pool: list[dict[str, Any]], parts: list[dict], best: dict[str, Any],
           reach: int) -> list[tuple[dict[str, Any], int]]:
-    """Every point of ``pool`` within ``reach`` of ``best``, with its distance: the choices
-    its combination differs in (:func:`._neighbours.distance`), and :data:`ORDER_STEP` more
-    for a mapping order outside the class of ``best``'s order — so that a strategy that is
-    better only in another order class (virtual stages added, whose interleaving wants the
-    pipeline degree laid out before the data degree) is further away, not out of reach."""
+    """Every point of ``pool`` (each combination in each of its order classes) within
+    ``reach`` of ``best``, with its :func:`_distance`."""
     order = best.get(MAPPING_ORDER)
-    here = neighbours.parts({k: v for k, v in best.items() if k != MAPPING_ORDER})
+    here = neighbours.parts(_combo(best))
     out = []
     for c, q in zip(pool, parts, strict=True):
         d = neighbours.distance(here, q)
         if d > reach:
             continue
-        if order is None:
-            out.append((_with(P, c, None), d))
-            continue
-        own = P.same_class(c, order) or P.canonical_order(c)
         for o in P.order_classes(c):
-            step = d if o == own else d + ORDER_STEP
+            step = d + _order_step(P, c, order, o)
             if step <= reach:
                 out.append((_with(P, c, o), step))
     return out
+
+
+def _distance(P: Problem, a: dict[str, Any], b: dict[str, Any]) -> int:
+    """How far point ``b`` is from ``a``: the choices its combination differs in
+    (:func:`._neighbours.distance`), and :data:`ORDER_STEP` more for a mapping order
+    outside the class of ``a``'s — so that a strategy that is better only in another order
+    class (virtual stages added, whose interleaving wants the pipeline degree laid out
+    before the data degree) is further away, not out of reach."""
+    combo = _combo(b)
+    return (neighbours.distance(neighbours.parts(_combo(a)), neighbours.parts(combo))
+            + _order_step(P, combo, a.get(MAPPING_ORDER), b.get(MAPPING_ORDER)))
+
+
+def _order_step(P: Problem, combo: dict[str, Any], order: str | None, other: str | None
+                ) -> int:
+    """:data:`ORDER_STEP` when ``other`` (a mapping order of ``combo``) is outside the class
+    of ``order`` (another point's), else 0; 0 in a study that does not search orders."""
+    if order is None:
+        return 0
+    return 0 if other == (P.same_class(combo, order) or P.canonical_order(combo)) \
+        else ORDER_STEP
+
+
+def _combo(point: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's discrete choices without its mapping order."""
+    return {k: v for k, v in point.items() if k != MAPPING_ORDER}
 
 
 def _pair_key(discrete: Mapping[str, Any]) -> str:
