@@ -84,7 +84,7 @@ design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its ch
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
 
-One module of ~810 lines, the schedule with the run objects it drives (:class:`_Local`,
+One module of ~760 lines, the schedule with the run objects it drives (:class:`_Local`,
 :class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a variant by setting
 this module's constants and its ``exchange`` for one run, and the run objects read them
 from here; split, each variant would have to be set in two modules.
@@ -267,14 +267,6 @@ REFUSED_IN_A_ROW = 1000
 #: off, and descents from the screen's best two or four did worse at 300
 #: (docs/search-benchmarks.md, "A twenty-first round").
 DESCENT_REACH: tuple[int, ...] = (2, 3)
-#: In the descent a mapping order outside the incumbent's class counts as this many
-#: choices: the first neighbourhood (reach 2) holds the incumbent's own other order
-#: classes, the second (reach 3) every one-choice change in another class as well.  Without
-#: it gpt-145b-h100-256 (a fresh strategy-only study) stayed 1.6 % off on two seeds of three;
-#: counted as one, the neighbourhoods were 2.5x larger and gpt3-175b-a100-1536 took 508
-#: evaluations to its optimum, as two 352, before it 261 (docs/search-benchmarks.md, "A
-#: twenty-second round").
-ORDER_STEP = 2
 #: The local search's evaluations after a shake, per searched coordinate, before the next
 #: shake is tried (the search from a shake that beats the incumbent goes on to its end).
 KICK_EVALS = 20
@@ -428,7 +420,7 @@ def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
     parts = [neighbours.parts(c) for c in pool]
     ends: list[dict[str, Any]] = []
     for start in starts:
-        if not any(_distance(P, end, start) <= DESCENT_REACH[-1] for end in ends):
+        if not any(neighbours.between(P, end, start) <= DESCENT_REACH[-1] for end in ends):
             ends.append((yield from _vnd(P, ask, x, pool, parts, start)))
 
 
@@ -436,7 +428,7 @@ def _vnd(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]], parts: li
          start: dict[str, Any]):
     """A variable neighbourhood descent from ``start`` (Hansen and Mladenovic); returns
     where it ends.  The first neighbourhood of the incumbent: every point of ``pool`` at
-    distance 1 or 2 (:func:`_distance`: the choices a combination differs in, one more for a
+    distance 1 or 2 (:func:`._neighbours.between`: the choices a combination differs in, one more for a
     mapping order outside the incumbent's class — so one choice changed in another order
     class, or two, as a strategy keeps its device count by moving a factor from one degree
     to another); when none of it is better, the next neighbourhood (:data:`DESCENT_REACH`).
@@ -447,7 +439,7 @@ def _vnd(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]], parts: li
     near = 0
     while near < len(DESCENT_REACH):
         if not near:  # a new incumbent: every neighbour's distance from it, once
-            away = _away(P, pool, parts, best, DESCENT_REACH[-1])
+            away = neighbours.away(P, pool, parts, best, DESCENT_REACH[-1])
         low = DESCENT_REACH[near - 1] if near else 0
         batch = [point for point, d in away if low < d <= DESCENT_REACH[near]]
         got = yield from ask(DESCENT, x, batch)
@@ -457,50 +449,6 @@ def _vnd(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]], parts: li
         else:
             near += 1
     return best
-
-
-def _away(P: Problem, pool: list[dict[str, Any]], parts: list[dict], best: dict[str, Any],
-          reach: int) -> list[tuple[dict[str, Any], int]]:
-    """Every point of ``pool`` (each combination in each of its order classes) within
-    ``reach`` of ``best``, with its :func:`_distance`."""
-    order = best.get(MAPPING_ORDER)
-    here = neighbours.parts(_combo(best))
-    out = []
-    for c, q in zip(pool, parts, strict=True):
-        d = neighbours.distance(here, q)
-        if d > reach:
-            continue
-        for o in P.order_classes(c):
-            step = d + _order_step(P, c, order, o)
-            if step <= reach:
-                out.append((_with(P, c, o), step))
-    return out
-
-
-def _distance(P: Problem, a: dict[str, Any], b: dict[str, Any]) -> int:
-    """How far point ``b`` is from ``a``: the choices its combination differs in
-    (:func:`._neighbours.distance`), and :data:`ORDER_STEP` more for a mapping order
-    outside the class of ``a``'s — so that a strategy that is better only in another order
-    class (virtual stages added, whose interleaving wants the pipeline degree laid out
-    before the data degree) is further away, not out of reach."""
-    combo = _combo(b)
-    return (neighbours.distance(neighbours.parts(_combo(a)), neighbours.parts(combo))
-            + _order_step(P, combo, a.get(MAPPING_ORDER), b.get(MAPPING_ORDER)))
-
-
-def _order_step(P: Problem, combo: dict[str, Any], order: str | None, other: str | None
-                ) -> int:
-    """:data:`ORDER_STEP` when ``other`` (a mapping order of ``combo``) is outside the class
-    of ``order`` (another point's), else 0; 0 in a study that does not search orders."""
-    if order is None:
-        return 0
-    return 0 if other == (P.same_class(combo, order) or P.canonical_order(combo)) \
-        else ORDER_STEP
-
-
-def _combo(point: Mapping[str, Any]) -> dict[str, Any]:
-    """A point's discrete choices without its mapping order."""
-    return {k: v for k, v in point.items() if k != MAPPING_ORDER}
 
 
 def _pair_key(discrete: Mapping[str, Any]) -> str:
