@@ -22,6 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from crossflow.search.orders import without_order
 from crossflow.search.space import MAPPING_ORDER
 
 _DEGREE = re.compile(r"^([A-Za-z]+)(\d+)$")
@@ -68,7 +69,7 @@ def away(P, pool: list[dict[str, Any]], pool_parts: list[dict], best: Mapping[st
     each of its order classes under ``P``) within ``reach`` of ``best``, with its
     :func:`between` distance."""
     order = best.get(MAPPING_ORDER)
-    here = parts(_combo(best))
+    here = parts(dict(without_order(best)))
     out = []
     for c, q in zip(pool, pool_parts, strict=True):
         d = distance(here, q)
@@ -77,7 +78,7 @@ def away(P, pool: list[dict[str, Any]], pool_parts: list[dict], best: Mapping[st
         for o in P.order_classes(c):
             step = d + _order_step(P, c, order, o)
             if step <= reach:
-                out.append(({**c, MAPPING_ORDER: o} if o is not None else dict(c), step))
+                out.append((P.with_order(c, o), step))
     return out
 
 
@@ -87,8 +88,8 @@ def between(P, a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
     of ``a``'s — so that a strategy that is better only in another order class (virtual
     stages added, whose interleaving wants the pipeline degree laid out before the data
     degree) is further away, not out of reach."""
-    combo = _combo(b)
-    return (distance(parts(_combo(a)), parts(combo))
+    combo = dict(without_order(b))
+    return (distance(parts(dict(without_order(a))), parts(combo))
             + _order_step(P, combo, a.get(MAPPING_ORDER), b.get(MAPPING_ORDER)))
 
 
@@ -99,8 +100,3 @@ def _order_step(P, combo: Mapping[str, Any], order: str | None, other: str | Non
         return 0
     return 0 if other == (P.same_class(combo, order) or P.canonical_order(combo)) \
         else ORDER_STEP
-
-
-def _combo(point: Mapping[str, Any]) -> dict[str, Any]:
-    """A point's discrete choices without its mapping order."""
-    return {k: v for k, v in point.items() if k != MAPPING_ORDER}

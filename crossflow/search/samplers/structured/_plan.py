@@ -102,6 +102,7 @@ import numpy as np
 
 from crossflow.search import encoding
 from crossflow.search.objective import Invalid, fitting
+from crossflow.search.orders import without_order
 from crossflow.search.samplers.structured import _neighbours as neighbours
 from crossflow.search.samplers.structured._inner import exchange
 from crossflow.search.samplers.structured._problem import (
@@ -285,7 +286,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
 
     # 1. memory screen
     combos = P.combos()
-    own = {k: v for k, v in d0.items() if k != MAPPING_ORDER}
+    own = dict(without_order(d0))
     feasible, refused = fitting(combos, P.memory_checks(x0, combos))
     if records is not None:
         for combo, verdict in refused:  # refused by the configuration, or over memory
@@ -305,7 +306,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     # its own combination)
     order = {i: (d0.get(MAPPING_ORDER) if c == own and d0.get(MAPPING_ORDER) is not None
                  else P.canonical_order(c)) for i, c in enumerate(feasible)}
-    value = dict(enumerate((yield from ask(SCREEN, x0, [_with(P, c, order[i])
+    value = dict(enumerate((yield from ask(SCREEN, x0, [P.with_order(c, order[i])
                                                        for i, c in enumerate(feasible)]))))
     ranking = sorted(value, key=value.__getitem__)
 
@@ -314,7 +315,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         k = _ordered(P, feasible, value, ranking, S.top_k)
         pairs = [(i, o) for i in ranking[:k] if math.isfinite(value[i])
                  for o in P.order_classes(feasible[i]) if o != order[i]]
-        got = yield from ask(ORDERS, x0, [_with(P, feasible[i], o) for i, o in pairs])
+        got = yield from ask(ORDERS, x0, [P.with_order(feasible[i], o) for i, o in pairs])
         for (i, o), v in zip(pairs, got, strict=True):
             if v < value[i]:
                 value[i], order[i] = v, o
@@ -327,11 +328,11 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
             yield from _exhaust(P, ask, x0, [feasible[i] for i in ranking], len(feasible))
         elif math.isfinite(value[ranking[0]]):
             yield from _descend(P, ask, x0, every, [
-                _with(P, feasible[i], order[i]) for i in ranking if math.isfinite(value[i])])
+                P.with_order(feasible[i], order[i]) for i in ranking if math.isfinite(value[i])])
         return
 
     def combo(i: int) -> dict[str, Any]:
-        return _with(P, feasible[i], order[i])
+        return P.with_order(feasible[i], order[i])
 
     # 4. the axial probes of the best combination, whose best is a start in 5. the race:
     # successive halving of local searches
@@ -428,10 +429,11 @@ def _vnd(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]], parts: li
          start: dict[str, Any]):
     """A variable neighbourhood descent from ``start`` (Hansen and Mladenovic); returns
     where it ends.  The first neighbourhood of the incumbent: every point of ``pool`` at
-    distance 1 or 2 (:func:`._neighbours.between`: the choices a combination differs in, one more for a
-    mapping order outside the incumbent's class — so one choice changed in another order
-    class, or two, as a strategy keeps its device count by moving a factor from one degree
-    to another); when none of it is better, the next neighbourhood (:data:`DESCENT_REACH`).
+    distance 1 or 2 (:func:`._neighbours.between`: the choices a combination differs in,
+    one more for a mapping order outside the incumbent's class — so one choice changed in
+    another order class, or two, as a strategy keeps its device count by moving a factor
+    from one degree to another); when none of it is better, the next neighbourhood
+    (:data:`DESCENT_REACH`).
     Each is one batch; its best point, when it beats the incumbent, is the next incumbent,
     and the descent goes on from the first neighbourhood."""
     best = dict(start)
@@ -469,7 +471,7 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
     pairs = {}
     for i, c in enumerate(feasible):
         for o in P.order_classes(c):
-            pairs[_pair_key(_with(P, c, o))] = (i, o)
+            pairs[_pair_key(P.with_order(c, o))] = (i, o)
     if len(pairs) <= (cap or SCREEN_CAP):
         more = list(pairs.values())
     elif lead.discrete.get(MAPPING_ORDER) is not None:
@@ -480,10 +482,11 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
         more = []
     todo = [(i, o) for i, o in more if o is not None and o != order[i]
             and math.isfinite(value[i])]
-    got = yield from ask(ORDERS, x0, [_with(P, feasible[i], o) for i, o in todo])
-    priced = {_pair_key(_with(P, feasible[i], o)): v for (i, o), v in zip(todo, got, strict=True)}
+    got = yield from ask(ORDERS, x0, [P.with_order(feasible[i], o) for i, o in todo])
+    priced = {_pair_key(P.with_order(feasible[i], o)): v
+              for (i, o), v in zip(todo, got, strict=True)}
     for i in value:  # each combination in its best order so far (the start's own, say)
-        k = _pair_key(_with(P, feasible[i], order[i]))
+        k = _pair_key(P.with_order(feasible[i], order[i]))
         priced[k], pairs[k] = value[i], (i, order[i])
     fresh = sorted((k for k in priced if k not in raced and math.isfinite(priced[k])),
                    key=priced.__getitem__)[:TIER_PROBES]
@@ -492,7 +495,7 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
     probed = []  # (value, pair, split): each pair from the better of its start and probe
     for k in fresh:
         i, o = pairs[k]
-        d = _with(P, feasible[i], o)
+        d = P.with_order(feasible[i], o)
         x, f = (yield from _probe(P, ask, d, x0, priced[k])) or (x0, priced[k])
         raced.add(k)
         probed.append((f, d, x))
@@ -586,17 +589,12 @@ def _axial(P: Problem, x: Cont, shares: tuple[float, ...]) -> list[Cont]:
     return out
 
 
-def _with(P: Problem, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
-    """A combination with its mapping order (when the study searches the order)."""
-    return {**combo, MAPPING_ORDER: order} if P.has_order and order is not None else dict(combo)
-
-
 def _exhaust(P: Problem, ask: _Asker, x: Cont, combos: list[dict[str, Any]], size: int):
     """Every combination at ``x`` in its first order, then every order class of each (the
     points already evaluated are answered from the memo), in batches of ``size``; the plan
     ends with it."""
-    points = [_with(P, c, P.canonical_order(c)) for c in combos]
-    points += [_with(P, c, o) for c in combos for o in P.order_classes(c)]
+    points = [P.with_order(c, P.canonical_order(c)) for c in combos]
+    points += [P.with_order(c, o) for c in combos for o in P.order_classes(c)]
     for k in range(0, len(points), size):
         yield from ask(SCREEN, x, points[k:k + size])
 

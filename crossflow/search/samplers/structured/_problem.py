@@ -184,6 +184,12 @@ class Problem:
     def canonical_order(self, combo: Mapping[str, Any]) -> str | None:
         return self.order_classes(combo)[0]
 
+    def with_order(self, combo: Mapping[str, Any], order: str | None) -> dict[str, Any]:
+        """A combination with its mapping order (when the study searches the order)."""
+        if self.has_order and order is not None:
+            return {**combo, MAPPING_ORDER: order}
+        return dict(combo)
+
     def memory_checks(self, cont: Cont, combos: Sequence[Mapping[str, Any]]) -> list:
         """The memory-only verdict of each combination on the chip of ``cont`` (no kernel
         is priced, each chip built once): objects with ``feasible``, ``need_bytes``,
@@ -195,8 +201,7 @@ class Problem:
 
         designs = []
         for combo in combos:
-            order = self.canonical_order(combo)
-            params = self.params(cont, {**combo, **({MAPPING_ORDER: order} if order else {})})
+            params = self.params(cont, self.with_order(combo, self.canonical_order(combo)))
             designs.append(self.setup.design(params))
         return memory_verdicts(self.setup, designs)
 
