@@ -58,7 +58,8 @@ QUICK = {"studies": ["gemm-mem-64k-1chip-n5", "gemm-mem-128k-1chip-n7-hbm3",
          "budgets": [60], "samplers": ["tpe", "random"],
          "best_known": {"samples": 40, "top_k": 2, "refine": 2, "refine_evals": 150,
                         "hops": 10, "enum_rounds": 1, "enum_power_evals": 60,
-                        "contender_evals": 60, "cma_starts": 2, "cma_evals": 150}}
+                        "contender_evals": 60, "cma_starts": 2, "cma_evals": 150,
+                        "searches": 1}}
 
 
 # --- the table -> study mappings --------------------------------------------------------------

@@ -11,7 +11,7 @@ from crossflow.search.study import load_study
 
 SMALL = {"samples": 20, "top_k": 2, "refine": 1, "refine_evals": 40, "hops": 5,
          "enum_core_radius": 2, "enum_radius": 1, "enum_top": 2, "enum_power_evals": 20,
-         "enum_rounds": 2}
+         "enum_rounds": 2, "searches": 1}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,26 @@ def test_enumeration_recorded_and_never_worse(quickstart, tmp_path):
     assert r["phases"][-1]["evaluations"] == r["evaluations"]
     assert all(a["best"] >= b["best"] for a, b in zip(r["phases"], r["phases"][1:],
                                                        strict=False))
+
+
+def test_the_best_of_independent_searches_is_kept_and_each_one_recorded(quickstart, tmp_path):
+    """``searches`` runs the whole search with the seeds seed, seed + 1, ...: the reference
+    is the best of them, each is the search that seed alone makes, and the record says how
+    far apart they ended."""
+    from crossflow.search.compare import how_known
+
+    r = bk.best_known(quickstart, root=tmp_path, **{**SMALL, "searches": 2})
+    runs = r["searches"]
+    assert [x["seed"] for x in runs] == [0, 1]
+    values = [x["value"] for x in runs]
+    assert r["value"] == min(values)
+    assert r["spread"] == pytest.approx(max(values) / min(values) - 1)
+    assert r["evaluations"] == sum(x["evaluations"] for x in runs)
+    assert "the best of 2 independent searches (seeds 0, 1;" in how_known(r)
+    alone = bk.best_known(quickstart, root=tmp_path / "alone", **{**SMALL, "seed": 1})
+    assert alone["value"] == values[1] and alone["evaluations"] == runs[1]["evaluations"]
+    with pytest.raises(ValueError, match="searches >= 1"):
+        bk.best_known(quickstart, root=tmp_path / "none", **{**SMALL, "searches": 0})
 
 
 def test_enumerated_design_builds_its_units(quickstart):
@@ -218,5 +238,6 @@ def test_a_strategy_only_space_is_searched_whole_past_its_memory_verdicts(tmp_pa
     assert r["discrete_screened"] == len(fits) > len(every) // 4
     assert r["value"] == pytest.approx(optimum, rel=1e-12)
     assert r["enumeration"] is None  # no budget split: no whole units to enumerate
+    assert [x["seed"] for x in r["searches"]] == [0]  # exhaustive: one search, not three
     assert (f"every one of the {len(fits)} order classes that fit in memory screened "
             f"({len(every) - len(fits)} do not fit") in how_known(r)

@@ -17,7 +17,7 @@ from crossflow.search.compare import (
     summarize,
 )
 
-SMALL = {"samples": 20, "top_k": 2, "refine": 1, "refine_evals": 40, "hops": 5}
+SMALL = {"samples": 20, "top_k": 2, "refine": 1, "refine_evals": 40, "hops": 5, "searches": 1}
 
 
 @pytest.fixture(scope="module")

@@ -404,6 +404,11 @@ def how_known(known: Mapping[str, Any]) -> str:
     seconds = known.get("seconds")
     parts = [f"{_fmt(known.get('value'), 6)} after {known.get('evaluations')} evaluations"
              + (f" ({seconds:.1f} s)" if isinstance(seconds, int | float) else "")]
+    searches = [r for r in known.get("searches") or [] if r.get("value") is not None]
+    if len(searches) > 1:
+        parts.append(f"the best of {len(searches)} independent searches (seeds "
+                     f"{', '.join(str(r['seed']) for r in searches)}; the worst ended "
+                     f"{100 * known.get('spread', 0.0):.2f} % above it)")
     enum = known.get("enumeration") or {}
     if enum:
         rounds = enum.get("rounds") or []
