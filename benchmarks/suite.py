@@ -369,7 +369,20 @@ def _bk_record(bk: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "cross_check": None if not cross or "skipped" in cross else
             {"beat_main": cross.get("beat_main"), "gain": cross.get("gain"),
              "main_value": cross.get("main_value"), "value": cross.get("value")},
-            "phases": {ph["phase"]: ph["best"] for ph in bk.get("phases") or []}}
+            "phases": {ph["phase"]: ph["best"] for ph in bk.get("phases") or []},
+            "searches": [(r.get("seed"), r.get("value")) for r in bk.get("searches") or []],
+            "spread": bk.get("spread")}
+
+
+def _searches(b: Mapping[str, Any]) -> str:
+    """The best-known's independent searches: how many, the best one's seed, the spread."""
+    runs = [(seed, v) for seed, v in b.get("searches") or [] if v is not None]
+    if not runs:
+        return "—"
+    if len(runs) == 1:
+        return "1"
+    seed = min(runs, key=lambda sv: sv[1])[0]
+    return f"{len(runs)}: seed {seed} best, worst +{100 * (b.get('spread') or 0.0):.2f} %"
 
 
 def _gap(g: float | None) -> str:
@@ -416,13 +429,16 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
     lines += ["", "Best-known search per study (`crossflow/search/best_known.py`, cached under "
               "`best_known/`): evaluations, seconds, order classes screened / combinations, "
               "strategies within the margin / more of them refined (left out), the CMA-ES "
-              "cross-check against phases 1-6, and where the reference came from.", "",
+              "cross-check against phases 1-6 (of the best search), the independent searches "
+              "(the seed of the best; how far above it the worst ended), and where the "
+              "reference came from.", "",
               "| study | evaluations | s | classes / combinations | within margin / refined "
-              "| cross-check | reference from |", "|---|---|---|---|---|---|---|"]
+              "| cross-check | searches | reference from |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b = r.get("best_known_record")
         if b is None:
-            lines.append(f"| {r['study']} | — | — | — | — | — | {r['reference_source'] or '—'} |")
+            lines.append(f"| {r['study']} | — | — | — | — | — | — | "
+                         f"{r['reference_source'] or '—'} |")
             continue
         cross = b["cross_check"]
         cx = ("—" if cross is None else
@@ -434,7 +450,7 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
                      else ""))
         classes = ("—" if b["classes"] is None else f"{b['classes']} / {b['combinations']}")
         lines.append(f"| {r['study']} | {b['evaluations']} | {b['seconds']} | {classes} | "
-                     f"{within} | {cx} | {r['reference_source'] or '—'} |")
+                     f"{within} | {cx} | {_searches(b)} | {r['reference_source'] or '—'} |")
     return "\n".join(lines) + "\n"
 
 
