@@ -74,11 +74,11 @@ the seeds ``seed``, ``seed`` + 1, …, and the best result is the best-known one
 records each one's value, evaluations and seconds, and ``spread`` how far the worst is
 above the best.  Phases 2 and 7 draw random splits, and on a study with several basins of
 whole units one search's end is partly luck: on 2026-12-02, four seeds of one search ended
-up to 0.4 % apart on single-chip studies of the suite, and 3 %, 4.4 % and 11 % apart on
-three multi-node ones (`lstm-6k-512-n5`, `gemm-32k-64-n7-hbm3`, `gemm-24k-256-n3`: there the
-best seed's design has 308 core bundles, one DRAM device and an 85 MB L2, the others ~512
-bundles and four devices).  The best of the first three seeds was the best of the four on
-each of the nine studies measured (docs/search-benchmarks.md, "A twenty-fourth round").
+up to 1.7 % apart on five studies of one strategy (four single chips, a 256-node LSTM),
+and 3.1 %, 4.4 % and 12.7 % apart on three that search strategies (`lstm-6k-512-n5`,
+`gemm-32k-64-n7-hbm3`, `gemm-24k-256-n3`: there the best seed's design has 308 core
+bundles, one DRAM device and an 85 MB L2, the others ~512 bundles and four devices).  The best of the first three seeds was the best of the four on
+each of the eight studies measured (docs/search-benchmarks.md, "A twenty-fourth round").
 In a space with nothing continuous the screen is exhaustive, so one search is the answer.
 
 What is not covered: a strategy that is more than ``margin`` from the best at all three
