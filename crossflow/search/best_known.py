@@ -77,8 +77,9 @@ whole units one search's end is partly luck: on 2026-12-02, four seeds of one se
 up to 1.7 % apart on five studies of one strategy (four single chips, a 256-node LSTM),
 and 3.1 %, 4.4 % and 12.7 % apart on three that search strategies (`lstm-6k-512-n5`,
 `gemm-32k-64-n7-hbm3`, `gemm-24k-256-n3`: there the best seed's design has 308 core
-bundles, one DRAM device and an 85 MB L2, the others ~512 bundles and four devices).  The best of the first three seeds was the best of the four on
-each of the eight studies measured (docs/search-benchmarks.md, "A twenty-fourth round").
+bundles, one DRAM device and an 85 MB L2, the others ~512 bundles and four devices).  The
+best of the first three seeds was the best of the four on each of the eight studies
+measured (docs/search-benchmarks.md, "A twenty-fourth round").
 In a space with nothing continuous the screen is exhaustive, so one search is the answer.
 
 What is not covered: a strategy that is more than ``margin`` from the best at all three
@@ -257,8 +258,7 @@ def _searches(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     n = int(opts["searches"])
     if n < 1:
         raise ValueError(f"`searches >= 1` must hold, but got searches={n!r}")
-    space = setup.space
-    if not space.simplexes and not any(d.kind == "float" for d in space.dimensions):
+    if not _continuous(setup.space):
         n = 1
     docs = []
     for k in range(n):
@@ -275,6 +275,13 @@ def _searches(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
                          for d in docs],
             "spread": max(values) / min(values) - 1 if values else None,
             "settings": dict(opts)}
+
+
+def _continuous(space) -> list[str]:
+    """The names of the space's continuous parameters: every simplex's encoded shares, then
+    the float ranges."""
+    return ([p for s in space.simplexes for p in s.param_names]
+            + [d.name for d in space.dimensions if d.kind == "float"])
 
 
 class _Counter:
@@ -315,7 +322,7 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     f = _Counter(setup)
     discrete = [d for d in space.dimensions if d.kind != "float"]
     floats = [d for d in space.dimensions if d.kind == "float"]
-    cont_names = [p for s in space.simplexes for p in s.param_names] + [d.name for d in floats]
+    cont_names = _continuous(space)
 
     base = setup.baseline_params()
     start = {p: float(base.get(p, 0.0)) for s in space.simplexes for p in s.param_names}
