@@ -34,6 +34,19 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _argv(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _workers(pid: int) -> list[int]:
+    """Children of ``pid`` that have become workers: a child just forked shows its
+    parent's command line until it executes its own."""
+    return [c for c in _children(pid) if b"worker" in _argv(c)]
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -69,10 +82,11 @@ def test_a_signal_to_the_launcher_takes_its_workers(sig, tmp_path):
         stderr=subprocess.PIPE)
     workers: list[int] = []
     try:
-        workers = _wait(lambda: (w if len(w := _children(launcher.pid)) == 2 else []), 90)
-        assert len(workers) == 2, launcher.poll()
+        workers = _wait(lambda: (w if len(w := _workers(launcher.pid)) == 2 else []), 90)
+        assert len(workers) == 2, (launcher.poll(), [_argv(c) for c in
+                                                     _children(launcher.pid)])
         for pid in workers:  # the storage is not on their command line (issue 13, secrets)
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            argv = _argv(pid)
             assert b"study" in argv and b"worker" in argv
             assert not any(str(journal).encode() in a for a in argv), argv
         assert _wait(lambda: journal.is_file() and _complete(journal) >= 5, 90)
