@@ -735,6 +735,44 @@ def test_the_plan_shakes_a_new_incumbent_as_soon_as_its_local_search_ends():
         if 2 * _plan._FLOOR < x.simplexes["area"][c.index] * f < 0.98}
 
 
+def test_a_shake_searches_from_its_limit_of_best_shakes_only():
+    """_shake with ``limit``: every shake is priced (one batch), the local search runs from
+    the ``limit`` best of them only, best first; without a limit, from every one."""
+    from crossflow.search.samplers.structured import _plan
+
+    P = _ToyProblem(_ToySetup())
+    P.setup.start_params = lambda: {}
+    x0, _ = P.start()
+    for limit, expected in ((2, 2), (None, len(_plan._shakes(P, x0, list(_plan.KICKS))))):
+        made = []
+
+        class Local(_plan._Local):
+            def __init__(self, *args, **kw):
+                super().__init__(*args, **kw)
+                made.append(self)
+
+        lead = _plan._Local(P, {}, x0, 0.0, np.random.default_rng(0))  # unbeatable
+        mp = pytest.MonkeyPatch()
+        mp.setattr(_plan, "_Local", Local)
+        try:
+            gen = _plan._shake(P, _plan._Asker(P), lead, np.random.default_rng(0),
+                               list(_plan.KICKS), limit)
+            values = []
+            try:
+                phase, batch = next(gen)
+                while True:
+                    got = [1.0 + _toy(P.split(p)[0]) for p in batch]
+                    values.append(got)
+                    phase, batch = gen.send(got)
+            except StopIteration as stop:
+                assert stop.value is None  # nothing beat the incumbent
+        finally:
+            mp.undo()
+        assert len(values[0]) == len(_plan._shakes(P, x0, list(_plan.KICKS)))
+        assert len(made) == expected
+        assert [r.start for r in made] == sorted(values[0])[:expected]
+
+
 def test_points_that_are_no_design_are_no_trials_but_the_plan_always_goes_on():
     """After the screen, a point whose chip cannot be built or whose strategy is over
     memory is answered infeasible without a trial; past REFUSED_IN_A_ROW of them in a row
