@@ -743,14 +743,15 @@ def test_a_shake_searches_from_its_limit_of_best_shakes_only():
     P = _ToyProblem(_ToySetup())
     P.setup.start_params = lambda: {}
     x0, _ = P.start()
+    made = []
+
+    class Local(_plan._Local):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
     for limit, expected in ((2, 2), (None, len(_plan._shakes(P, x0, list(_plan.KICKS))))):
-        made = []
-
-        class Local(_plan._Local):
-            def __init__(self, *args, **kw):
-                super().__init__(*args, **kw)
-                made.append(self)
-
+        made.clear()
         lead = _plan._Local(P, {}, x0, 0.0, np.random.default_rng(0))  # unbeatable
         mp = pytest.MonkeyPatch()
         mp.setattr(_plan, "_Local", Local)
