@@ -750,28 +750,25 @@ def test_a_shake_searches_from_its_limit_of_best_shakes_only():
             super().__init__(*args, **kw)
             made.append(self)
 
+    def above(cont: Cont) -> float:  # every point worse than the incumbent's 0
+        return 1.0 + _toy(cont)
+
     for limit, expected in ((2, 2), (None, len(_plan._shakes(P, x0, list(_plan.KICKS))))):
         made.clear()
-        lead = _plan._Local(P, {}, x0, 0.0, np.random.default_rng(0))  # unbeatable
+        lead = _lead(P, x0, 0.0)
         mp = pytest.MonkeyPatch()
         mp.setattr(_plan, "_Local", Local)
         try:
-            gen = _plan._shake(P, _plan._Asker(P), lead, np.random.default_rng(0),
-                               list(_plan.KICKS), limit)
-            values = []
-            try:
-                phase, batch = next(gen)
-                while True:
-                    got = [1.0 + _toy(P.split(p)[0]) for p in batch]
-                    values.append(got)
-                    phase, batch = gen.send(got)
-            except StopIteration as stop:
-                assert stop.value is None  # nothing beat the incumbent
+            found, asked = _drive(_plan._shake(P, _plan._Asker(P), lead,
+                                               np.random.default_rng(0), list(_plan.KICKS),
+                                               limit), above, P)
         finally:
             mp.undo()
-        assert len(values[0]) == len(_plan._shakes(P, x0, list(_plan.KICKS)))
+        assert found is None  # nothing beat the incumbent
+        shakes = [above(P.split(p)[0]) for p in asked[0][1]]
+        assert len(shakes) == len(_plan._shakes(P, x0, list(_plan.KICKS)))
         assert len(made) == expected
-        assert [r.start for r in made] == sorted(values[0])[:expected]
+        assert [r.start for r in made] == sorted(shakes)[:expected]
 
 
 def test_points_that_are_no_design_are_no_trials_but_the_plan_always_goes_on():
