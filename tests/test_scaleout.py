@@ -165,13 +165,17 @@ def test_sigkilled_worker_trial_is_retried(postgres_url, tmp_path):
     try:
         deadline = time.monotonic() + 120
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
+            time.sleep(0.1)
             pids = _worker_pids(proc.pid)
             if len(pids) < 3 or states(load(postgres_url)).get("COMPLETE", 0) < 15:
                 continue
-            killed = _caught_in_a_trial(pids[0], postgres_url)
-            if killed is not None:
-                os.kill(pids[0], signal.SIGKILL)
+            # a quickstart trial takes milliseconds: each worker in turn is a chance to
+            # catch one mid-trial before the study has its trials
+            for pid in pids:
+                killed = _caught_in_a_trial(pid, postgres_url)
+                if killed is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    break
         assert killed is not None, "no worker was caught in a trial"
         out = finish(proc)
     finally:
