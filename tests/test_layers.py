@@ -156,7 +156,7 @@ def test_no_optuna_or_mlflow_below_search():
 #: (its lazy public facade) is above them all.
 SEARCH_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("names", ("keys", "encoding", "knobs", "locations", "children", "trials")),
-    ("problem", ("space", "objective", "lattice", "orders")),
+    ("problem", ("space", "objective", "lattice", "orders", "compass")),
     ("samplers", ("samplers",)),
     ("runtime", ("storage", "storage_check", "journal", "workers", "tracking", "_plots")),
     ("study", ("study",)),

@@ -17,6 +17,7 @@ import numpy as np
 
 from crossflow.arch.cliffs import quantities_at
 from crossflow.search import encoding
+from crossflow.search.compass import compass
 from crossflow.search.lattice import AreaLattice
 from crossflow.search.orders import without_order
 
@@ -36,31 +37,20 @@ def _sample(space, floats, rng, near_full: bool) -> dict[str, float]:
 
 def _compass(f, params: dict[str, Any], value: float, names: list[str], space, floats,
              max_evals: int) -> tuple[float, dict[str, Any]]:
-    """Compass search on the continuous parameters (encoded simplexes in [-SPAN, SPAN],
-    float ranges scaled to the same span)."""
-    bounds = {n: _bounds(space, floats, n) for n in names}
-    scale = {n: (hi - lo) / (2 * encoding.SPAN) for n, (lo, hi) in bounds.items()}
-    best, x = value, dict(params)
-    step, used = 1.0, 0
-    while step >= 1 / 64 and used < max_evals:
-        improved = False
-        for n in names:
-            for sign in (1.0, -1.0):
-                lo, hi = bounds[n]
-                v = min(hi, max(lo, x[n] + sign * step * scale[n]))
-                if v == x[n]:
-                    continue
-                y = {**x, n: v}
-                fy = f(y)
-                used += 1
-                if fy < best:
-                    best, x, improved = fy, y, True
-                    break
-            if used >= max_evals:
-                break
-        if not improved:
-            step /= 2
-    return best, x
+    """Compass search (:func:`crossflow.search.compass.compass`) on the continuous
+    parameters ``names`` (encoded simplexes in [-SPAN, SPAN], float ranges scaled to the
+    same span), at most ``max_evals`` evaluations (checked after each coordinate's turn)."""
+    bounds = [_bounds(space, floats, n) for n in names]
+    low, high = [lo for lo, _ in bounds], [hi for _, hi in bounds]
+    scale = [(hi - lo) / (2 * encoding.SPAN) for lo, hi in bounds]
+    search = compass([params[n] for n in names], value, low, high, scale, budget=max_evals)
+    try:
+        y = next(search)
+        while True:
+            y = search.send(f({**params, **dict(zip(names, map(float, y), strict=True))}))
+    except StopIteration as end:
+        x, best = end.value
+    return best, {**params, **dict(zip(names, map(float, x), strict=True))}
 
 
 def _bounds(space, floats, name: str) -> tuple[float, float]:
