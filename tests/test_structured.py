@@ -4,6 +4,7 @@ workers that never wait, tracking, and its local search on a toy problem with a 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -769,6 +770,93 @@ def test_a_shake_searches_from_its_limit_of_best_shakes_only():
         assert len(shakes) == len(_plan._shakes(P, x0, list(_plan.KICKS)))
         assert len(made) == expected
         assert [r.start for r in made] == sorted(shakes)[:expected]
+
+
+def _phases(P, f, batches):
+    """The plan on ``P`` for ``batches`` batches: [(phase, batch size)]."""
+    out = []
+    gen = plan(P, seed=0, records=[])
+    phase, batch = next(gen)
+    for _ in range(batches):
+        out.append((phase, len(batch)))
+        phase, batch = gen.send([f(P.split(p)[0]) for p in batch])
+    return out
+
+
+def test_where_no_strategy_is_searched_a_compass_search_takes_turns_with_the_local_search():
+    """Phase 6 in a space without mapping orders: a compass search from the race winner's
+    start takes turns with the winner's local search, as many evaluations as the local
+    search's each turn (one point per batch: it polls opportunistically), until its step is
+    spent; with SIDE_COMPASS off there is none."""
+    from crossflow.search.samplers.structured import _plan
+
+    P = _ToyProblem(_ToySetup())
+    P.setup.start_params = lambda: {}
+    assert not P.has_order
+    seen = _phases(P, _toy_far, 1500)
+    at = [i for i, (ph, _) in enumerate(seen) if ph == _plan.COMPASS]
+    assert at and all(seen[i][1] == 1 for i in at)
+    assert _plan.SEARCH in {ph for ph, _ in seen[:at[0]]}     # the local search goes first
+    turns, turn = [], [at[0]]
+    for i, j in itertools.pairwise(at):
+        if j == i + 1:
+            turn.append(j)
+        else:
+            turns.append(turn)
+            turn = [j]
+            assert any(ph != _plan.COMPASS for ph, _ in seen[i + 1:j])   # the other's turn
+    assert len(turns) >= 3 and all(len(t) == len(P.coords) for t in turns)
+    assert at[-1] < len(seen) - 100   # it ended: its step was spent
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_plan, "SIDE_COMPASS", False)
+    try:
+        assert _plan.COMPASS not in {ph for ph, _ in _phases(P, _toy_far, 300)}
+    finally:
+        mp.undo()
+
+
+def test_a_compass_that_ends_better_hands_the_local_search_its_end():
+    """When the compass search ends below the local search it took turns with, the local
+    search goes on from the compass's end (a new run, started there at its value)."""
+    from crossflow.search.samplers.structured import _plan
+
+    def idle(P, discrete, x, fx, budget, rng):
+        """A local search that finds nothing: ever less I/O, moved to the slack."""
+        k = 0
+        while True:
+            k += 1
+            area = x.simplexes["area"].copy()
+            area[2], area[3] = area[2] - 1e-5 * k, area[3] + 1e-5 * k
+            yield [Cont({"area": area})]
+
+    made, compasses = [], []
+
+    class Local(_plan._Local):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
+    class Compass(_plan._Compass):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            compasses.append(self)
+
+    P = _ToyProblem(_ToySetup())
+    P.setup.start_params = lambda: {}
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_plan, "exchange", idle)
+    mp.setattr(_plan, "_Local", Local)
+    mp.setattr(_plan, "_Compass", Compass)
+    try:
+        _phases(P, _toy_far, 1500)
+    finally:
+        mp.undo()
+    (side,) = compasses
+    assert side.done and side.value < side.start
+    handed = [r for r in made if r.origin is side.best]
+    assert len(handed) == 1 and handed[0].value <= side.value
+    assert handed[0].start == side.start   # its gain counts from where the compass began
+    assert made.index(handed[0]) > 0      # the run the compass beat came first
 
 
 def test_points_that_are_no_design_are_no_trials_but_the_plan_always_goes_on():
