@@ -47,14 +47,19 @@ def test_the_table_makes_at_least_24_loadable_studies_split_by_the_written_rule(
     assert suite.select(STUDIES, "checking") == halves["checking"]
 
 
-def test_the_new_studies_load_and_are_none_of_the_suites():
-    """benchmarks/suite/fresh.yaml: twelve studies written after the rules were chosen, the
-    generalisation check of docs/search-benchmarks.md; each loads, and none is a suite study."""
+@pytest.mark.parametrize("table", ["fresh.yaml", "fresh2.yaml"])
+def test_the_new_studies_load_and_are_none_of_the_suites(table):
+    """benchmarks/suite/fresh*.yaml: twelve studies each, written after the rules were
+    chosen, the generalisation checks of docs/search-benchmarks.md; each loads, and none is
+    a suite study or the other set's."""
     from crossflow.search.study import load_study
 
-    fresh = suite.load_table(REPO / "benchmarks" / "suite" / "fresh.yaml")
+    fresh = suite.load_table(REPO / "benchmarks" / "suite" / table)
+    others = {s["name"] for s in STUDIES}
+    for name in {"fresh.yaml", "fresh2.yaml"} - {table}:
+        others |= {s["name"] for s in suite.load_table(REPO / "benchmarks" / "suite" / name)}
     assert len(fresh) == 12
-    assert not {s["name"] for s in fresh} & {s["name"] for s in STUDIES}
+    assert not {s["name"] for s in fresh} & others
     assert {s["kind"] for s in fresh} == {"budgets", "budgets+strategy+order"}
     for s in fresh:
         load_study(s["spec"])
