@@ -783,7 +783,7 @@ def _phases(P, f, batches):
     return out
 
 
-def test_where_no_strategy_is_searched_a_compass_search_takes_turns_with_the_local_search():
+def test_where_no_mapping_order_is_searched_a_compass_search_takes_turns_with_the_local_search():
     """Phase 6 in a space without mapping orders: a compass search from the race winner's
     start takes turns with the winner's local search, as many evaluations as the local
     search's each turn (one point per batch: it polls opportunistically), until its step is

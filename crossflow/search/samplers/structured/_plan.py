@@ -75,7 +75,7 @@ Phases (every point yielded is one model evaluation, one trial):
    way, the others adapting to it by local search, reaches such a basin, where no move of
    the local search's size does (docs/search-benchmarks.md, "An eleventh round" and "A
    twelfth round").
-   Where no strategy is searched, a compass search (:mod:`crossflow.search.compass`) from
+   Where no mapping order is searched, a compass search (:mod:`crossflow.search.compass`) from
    the winner's start runs beside the winner's first local search, evaluation for
    evaluation, until its step is spent, and the local search goes on from the compass's end
    when that is better (:data:`SIDE_COMPASS`): two local searches of different moves from
@@ -217,8 +217,8 @@ AXIAL = (0.5, 0.8)
 #: the bracket only probed other combinations, never won, and cost ~70 evaluations before 300
 #: (docs/search-benchmarks.md, "A fifteenth round", "A nineteenth round").
 TIER = 1
-#: Where no strategy is searched (the chip-only studies: budgets, and technology if any), a
-#: compass search (:mod:`crossflow.search.compass`) from the race winner's start runs beside
+#: Where no mapping order is searched (budgets, and technology if any, on one chip or with a
+#: fixed strategy), a compass search (:mod:`crossflow.search.compass`) from the race winner's start runs beside
 #: its local search, one evaluation for each of the local search's, until the compass's step
 #: is spent; when it ends better than the local search has got by then, the local search goes
 #: on from the compass's end (the run it beat waits with the race's losers).  The compass
@@ -403,7 +403,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     before, tiered = ask.total, not (TIER and P.has_order)  # why orders only: TIER
     raced = {_pair_key(r.discrete) for r in runs}
     shaken = math.inf  # the value of the incumbent last shaken
-    # where no strategy is searched, a compass search from the winner's start runs beside
+    # where no mapping order is searched, a compass search from the winner's start runs beside
     # its local search, evaluation for evaluation, until it converges: see SIDE_COMPASS
     side = (_Compass(P, lead.discrete, lead.origin, lead.start, rng)
             if SIDE_COMPASS and not P.has_order else None)
