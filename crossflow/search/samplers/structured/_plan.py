@@ -217,23 +217,24 @@ AXIAL = (0.5, 0.8)
 #: the bracket only probed other combinations, never won, and cost ~70 evaluations before 300
 #: (docs/search-benchmarks.md, "A fifteenth round", "A nineteenth round").
 TIER = 1
-#: Where no mapping order is searched (budgets, and technology if any, on one chip or with a
-#: fixed strategy), a compass search (:mod:`crossflow.search.compass`) from the race winner's start runs beside
-#: its local search, one evaluation for each of the local search's, until the compass's step
-#: is spent; when it ends better than the local search has got by then, the local search goes
-#: on from the compass's end (the run it beat waits with the race's losers).  The compass
-#: moves one share by a factor e at first and so crosses whole-unit cliffs the local search's
-#: step-edge moves settle before; which of the two ends better differs from study to study.
-#: Three jittered runs per study on the suite and the twelve newer studies (34): median gap
-#: at 1000 evaluations 1.29 -> 1.16 %, mean 2.75 -> 2.45 % (at 300: 4.28 -> 4.16 %, 9.33 ->
-#: 9.20 %); the suite's tuning half alone lost at 1000 (median 1.16 -> 1.37 %), its checking
-#: half gained (1.17 -> 0.85 %).  On twelve studies written after the rule was chosen
-#: (`benchmarks/suite/fresh2.yaml`) the mean at 1000 went 1.29 -> 1.14 %, the median of
-#: per-study medians 0.81 -> 0.92 %, and at 300 the median 3.32 -> 4.38 % (the compass takes
-#: half the evaluations of the first local search).  `quickstart` at 1000: 2.98 -> 1.23 %
-#: (docs/search-benchmarks.md, "A twenty-sixth round").  In a space that searches strategies
-#: the same compass cost the median at 300 and 1000 (the race and the second bracket need
-#: those evaluations); there the second bracket (TIER) is the second opinion instead.
+#: Where no mapping order is searched (budgets, and technology if any, on one chip or with
+#: a fixed strategy), a compass search (:mod:`crossflow.search.compass`) from the race
+#: winner's start runs beside its local search, one evaluation for each of the local
+#: search's, until the compass's step is spent; when it ends better than the local search
+#: has got by then, the local search goes on from the compass's end (the run it beat waits
+#: with the race's losers).  The compass moves one share by a factor e at first and so
+#: crosses whole-unit cliffs the local search's step-edge moves settle before; which of the
+#: two ends better differs from study to study.  Three jittered runs per study on 46
+#: studies (the suite's 22 with a split, fresh.yaml's and fresh2.yaml's 12): median / mean
+#: gap at 1000 evaluations 1.49 / 2.49 -> 1.20 / 2.23 %, at 500 3.29 / 5.05 -> 2.44 /
+#: 4.64 %, at 300 4.19 / 8.81 -> 4.30 / 8.67 %; at 200, the main job's budget, 6.84 /
+#: 17.06 -> 7.54 / 17.31 % (the compass takes half the first local search's evaluations
+#: while it lasts).  Started only once the first local search has ended, it kept 200 and
+#: 300 as they were and gained less from 500 on (1000: 1.32 / 2.35 %).  `quickstart` at
+#: 1000: 3.26 -> 1.16 % (docs/search-benchmarks.md, "A twenty-sixth round" and "A
+#: twenty-eighth round").  In a space that searches strategies the same compass cost the
+#: medians at 300 and 1000 (the race and the second bracket need those evaluations); there
+#: the second bracket (TIER) is the second opinion instead.
 SIDE_COMPASS = True
 #: The second bracket probes (:func:`_probe`) this many of the best pairs that did not race,
 #: and races the one whose probe is best: the template's split ranks strategies by how they
