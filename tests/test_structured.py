@@ -4,7 +4,6 @@ workers that never wait, tracking, and its local search on a toy problem with a 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 
 import numpy as np
@@ -783,11 +782,11 @@ def _phases(P, f, batches):
     return out
 
 
-def test_where_no_mapping_order_is_searched_a_compass_search_takes_turns_with_the_local_search():
-    """Phase 6 in a space without mapping orders: a compass search from the race winner's
-    start takes turns with the winner's local search, as many evaluations as the local
-    search's each turn (one point per batch: it polls opportunistically), until its step is
-    spent; with SIDE_COMPASS off there is none."""
+def test_where_no_mapping_order_is_searched_a_compass_search_follows_the_first_local_search():
+    """Phase 6 in a space without mapping orders: once the race winner's first local search
+    has ended, a compass search from its start runs alone, one point per batch (it polls
+    opportunistically), until its step is spent; nothing before it changes, and with
+    COMPASS_AFTER off there is none."""
     from crossflow.search.samplers.structured import _plan
 
     P = _ToyProblem(_ToySetup())
@@ -796,35 +795,29 @@ def test_where_no_mapping_order_is_searched_a_compass_search_takes_turns_with_th
     seen = _phases(P, _toy_far, 1500)
     at = [i for i, (ph, _) in enumerate(seen) if ph == _plan.COMPASS]
     assert at and all(seen[i][1] == 1 for i in at)
-    assert _plan.SEARCH in {ph for ph, _ in seen[:at[0]]}     # the local search goes first
-    turns, turn = [], [at[0]]
-    for i, j in itertools.pairwise(at):
-        if j == i + 1:
-            turn.append(j)
-        else:
-            turns.append(turn)
-            turn = [j]
-            assert any(ph != _plan.COMPASS for ph, _ in seen[i + 1:j])   # the other's turn
-    assert len(turns) >= 3 and all(len(t) == len(P.coords) for t in turns)
-    assert at[-1] < len(seen) - 100   # it ended: its step was spent
+    assert at == list(range(at[0], at[-1] + 1))              # one run, uninterrupted
+    assert seen[at[0] - 1][0] == _plan.SEARCH                  # right after the local search
+    assert len(at) > 2 * len(P.coords)                         # several sweeps
+    assert at[-1] < len(seen) - 100                            # it ended: its step was spent
     mp = pytest.MonkeyPatch()
-    mp.setattr(_plan, "SIDE_COMPASS", False)
+    mp.setattr(_plan, "COMPASS_AFTER", False)
     try:
-        assert _plan.COMPASS not in {ph for ph, _ in _phases(P, _toy_far, 300)}
+        without = _phases(P, _toy_far, 1500)
     finally:
         mp.undo()
+    assert without[:at[0]] == seen[:at[0]]      # the same plan up to the compass
+    assert _plan.COMPASS not in {ph for ph, _ in without}
 
 
 def test_a_compass_that_ends_better_hands_the_local_search_its_end():
-    """When the compass search ends below the local search it took turns with, the local
-    search goes on from the compass's end (a new run, started there at its value)."""
+    """When the compass search ends below the local search before it, the local search goes
+    on from the compass's end (a new run, started there at its value)."""
     from crossflow.search.samplers.structured import _plan
 
     def idle(P, discrete, x, fx, budget, rng):
-        """A local search that finds nothing: ever less I/O, moved to the slack."""
-        k = 0
-        while True:
-            k += 1
+        """A local search that finds nothing in 40 points (ever less I/O, moved to the
+        slack), then ends."""
+        for k in range(1, 41):
             area = x.simplexes["area"].copy()
             area[2], area[3] = area[2] - 1e-5 * k, area[3] + 1e-5 * k
             yield [Cont({"area": area})]
@@ -853,8 +846,8 @@ def test_a_compass_that_ends_better_hands_the_local_search_its_end():
         mp.undo()
     (side,) = compasses
     assert side.done and side.value < side.start
-    handed = [r for r in made if r.origin is side.best]
-    assert len(handed) == 1 and handed[0].value <= side.value
+    handed = [r for r in made if r.origin is side.best]   # and, later, restarts from it
+    assert handed and handed[0].value <= side.value
     assert handed[0].start == side.start   # its gain counts from where the compass began
     assert made.index(handed[0]) > 0      # the run the compass beat came first
 

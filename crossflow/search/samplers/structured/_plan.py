@@ -1,5 +1,5 @@
 """The driver's plan: screen the discrete choices, probe the split's axes, race local
-searches, a compass search beside them, restart them, variable neighbourhood search,
+searches, a compass search after them, restart them, variable neighbourhood search,
 IPOP-CMA-ES.
 
 :func:`plan` is a generator: it yields batches of points (parameter dicts; the points of a
@@ -75,11 +75,11 @@ Phases (every point yielded is one model evaluation, one trial):
    way, the others adapting to it by local search, reaches such a basin, where no move of
    the local search's size does (docs/search-benchmarks.md, "An eleventh round" and "A
    twelfth round").
-   Where no mapping order is searched, a compass search (:mod:`crossflow.search.compass`) from
-   the winner's start runs beside the winner's first local search, evaluation for
-   evaluation, until its step is spent, and the local search goes on from the compass's end
-   when that is better (:data:`SIDE_COMPASS`): two local searches of different moves from
-   one start end in different basins of the AGE's whole units, either one the better.
+   Where no mapping order is searched, once the winner's first local search has ended, a
+   compass search (:mod:`crossflow.search.compass`) from the winner's start runs until its
+   step is spent, and the local search goes on from the compass's end when that is better
+   (:data:`COMPASS_AFTER`): two local searches of different moves from one start end in
+   different basins of the AGE's whole units, either one the better.
    When no shake wins, CMA-ES (Hansen's, the ``cmaes`` package) from the incumbent, in
    the simplexes' natural coordinates (the softmax logits), until it stalls; then the
    local search again from the best point; and so on, CMA-ES's population doubled at
@@ -218,24 +218,23 @@ AXIAL = (0.5, 0.8)
 #: (docs/search-benchmarks.md, "A fifteenth round", "A nineteenth round").
 TIER = 1
 #: Where no mapping order is searched (budgets, and technology if any, on one chip or with
-#: a fixed strategy), a compass search (:mod:`crossflow.search.compass`) from the race
-#: winner's start runs beside its local search, one evaluation for each of the local
-#: search's, until the compass's step is spent; when it ends better than the local search
-#: has got by then, the local search goes on from the compass's end (the run it beat waits
-#: with the race's losers).  The compass moves one share by a factor e at first and so
-#: crosses whole-unit cliffs the local search's step-edge moves settle before; which of the
-#: two ends better differs from study to study.  Three jittered runs per study on 46
-#: studies (the suite's 22 with a split, fresh.yaml's and fresh2.yaml's 12): median / mean
-#: gap at 1000 evaluations 1.49 / 2.49 -> 1.20 / 2.23 %, at 500 3.29 / 5.05 -> 2.44 /
-#: 4.64 %, at 300 4.19 / 8.81 -> 4.30 / 8.67 %; at 200, the main job's budget, 6.84 /
-#: 17.06 -> 7.54 / 17.31 % (the compass takes half the first local search's evaluations
-#: while it lasts).  Started only once the first local search has ended, it kept 200 and
-#: 300 as they were and gained less from 500 on (1000: 1.32 / 2.35 %).  `quickstart` at
-#: 1000: 3.26 -> 1.16 % (docs/search-benchmarks.md, "A twenty-sixth round" and "A
-#: twenty-eighth round").  In a space that searches strategies the same compass cost the
-#: medians at 300 and 1000 (the race and the second bracket need those evaluations); there
-#: the second bracket (TIER) is the second opinion instead.
-SIDE_COMPASS = True
+#: a fixed strategy), once the race winner's first local search has ended, a compass search
+#: (:mod:`crossflow.search.compass`) from the winner's start runs until its step is spent;
+#: when it ends better than the local search did, the local search goes on from the
+#: compass's end (the run it beat waits with the race's losers).  The compass moves one
+#: share by a factor e at first and so crosses whole-unit cliffs the local search's
+#: step-edge moves settle before; which of the two ends better differs from study to study.
+#: Three jittered runs per study on 46 studies (the suite's 22 with a split, fresh.yaml's
+#: and fresh2.yaml's 12): median / mean gap at 1000 evaluations 1.49 / 2.49 -> 1.32 /
+#: 2.35 %, and nothing changes before the first local search ends (at 200, 6.84 / 17.06 %;
+#: at 300, 4.19 / 8.81 %).  Beside the first local search instead, evaluation for
+#: evaluation, it gained more from 500 on (1000: 1.20 / 2.23 %) but cost 200 (7.54 /
+#: 17.31 %), the shipped studies' budget: the main job (`quickstart`) ended 2.4 % slower and
+#: the Fig. 10 report's searched chips up to 10 % slower (docs/search-benchmarks.md, "A
+#: twenty-sixth round" and "A twenty-eighth round").  In a space that searches strategies
+#: the compass cost the medians (the race and the second bracket need those evaluations);
+#: there the second bracket (TIER) is the second opinion instead.
+COMPASS_AFTER = True
 #: The second bracket probes (:func:`_probe`) this many of the best pairs that did not race,
 #: and races the one whose probe is best: the template's split ranks strategies by how they
 #: do there, and a strategy whose basin is far from it shows only in its probes.  With the
@@ -404,23 +403,10 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     before, tiered = ask.total, not (TIER and P.has_order)  # why orders only: TIER
     raced = {_pair_key(r.discrete) for r in runs}
     shaken = math.inf  # the value of the incumbent last shaken
-    # where no mapping order is searched, a compass search from the winner's start runs beside
-    # its local search, evaluation for evaluation, until it converges: see SIDE_COMPASS
-    side = (_Compass(P, lead.discrete, lead.origin, lead.start, rng)
-            if SIDE_COMPASS and not P.has_order else None)
+    compass_due = COMPASS_AFTER and not P.has_order  # see COMPASS_AFTER
     while True:
         while not lead.done:
             yield from lead.advance(ask, SEARCH, len(P.coords) or 1)
-            if side is not None:
-                yield from side.advance(ask, COMPASS, len(P.coords) or 1)
-                if side.done:
-                    if side.value < lead.value * (1 - GAIN):
-                        # it ended better: the local search goes on from its end, and the
-                        # run it beat waits with the race's losers
-                        dropped.insert(0, lead)
-                        lead = _Local(P, side.discrete, side.best, side.value, rng)
-                        lead.start = side.start
-                    side = None
             if not tiered and ask.total - before >= TIER * before:
                 tiered = True
                 won = yield from _tier(P, ask, S, x0, feasible, value, order, raced, lead,
@@ -428,6 +414,19 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
                 if won is not None:
                     dropped.append(lead)
                     lead = won
+        if compass_due:
+            # the winner's first local search has ended: a compass search from its start
+            compass_due = False
+            second = _Compass(P, lead.discrete, lead.origin, lead.start, rng)
+            while not second.done:
+                yield from second.advance(ask, COMPASS, len(P.coords) or 1)
+            if second.value < lead.value * (1 - GAIN):
+                # it ended better: the local search goes on from its end, and the run it
+                # beat waits with the race's losers
+                dropped.insert(0, lead)
+                lead = _Local(P, second.discrete, second.best, second.value, rng)
+                lead.start = second.start
+                continue
         if KICKS and lead.value < shaken:
             # a new incumbent is shaken once (each share halved and doubled) before it is
             # restarted or the race's losers go on: see KICKS
