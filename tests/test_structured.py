@@ -638,17 +638,18 @@ def _lead(P, x, fx):
     return run
 
 
-def _drive(gen, f, P):
-    """Runs a plan-like generator of (phase, params) batches to its end: (its return value,
-    the batches it asked for)."""
+def _drive(gen, f, P, batches=None):
+    """Runs a plan-like generator of (phase, params) batches to its end, or for ``batches``
+    batches: (its return value, or None when stopped, and the batches it asked for)."""
     asked = []
     try:
         phase, batch = next(gen)
-        while True:
+        while batches is None or len(asked) < batches:
             asked.append((phase, batch))
             phase, batch = gen.send([f(P.split(p)[0]) for p in batch])
     except StopIteration as end:
         return end.value, asked
+    return None, asked
 
 
 def test_a_shake_scales_one_share_at_a_time_and_the_best_ones_search_leads():
@@ -773,13 +774,8 @@ def test_a_shake_searches_from_its_limit_of_best_shakes_only():
 
 def _phases(P, f, batches):
     """The plan on ``P`` for ``batches`` batches: [(phase, batch size)]."""
-    out = []
-    gen = plan(P, seed=0, records=[])
-    phase, batch = next(gen)
-    for _ in range(batches):
-        out.append((phase, len(batch)))
-        phase, batch = gen.send([f(P.split(p)[0]) for p in batch])
-    return out
+    _, asked = _drive(plan(P, seed=0, records=[]), f, P, batches)
+    return [(phase, len(batch)) for phase, batch in asked]
 
 
 def test_where_no_mapping_order_is_searched_a_compass_search_follows_the_first_local_search():

@@ -821,13 +821,10 @@ class _Cma:
                        seed=int(rng.integers(2**31)), population_size=popsize)
         self.idle = 0
 
-    def decode(self, v: np.ndarray) -> Cont:
-        return _point(self.P, v, self.like)
-
     def generation(self, ask: _Asker, phase: str):
         """One generation: its points in one batch, their values told to CMA-ES."""
         xs = [self.cma.ask() for _ in range(self.cma.population_size)]
-        got = yield from ask.points(phase, [(self.discrete, self.decode(x)) for x in xs])
+        got = yield from ask.points(phase, [(self.discrete, _point(self.P, x, self.like)) for x in xs])
         self.tell(xs, got)
 
     def tell(self, xs: list[np.ndarray], values: list[float]) -> None:
@@ -836,7 +833,7 @@ class _Cma:
         improved = False
         for x, v in zip(xs, values, strict=True):
             if v < self.value * (1 - GAIN):
-                self.best, self.value, improved = self.decode(x), v, True
+                self.best, self.value, improved = _point(self.P, x, self.like), v, True
         self.idle = 0 if improved else self.idle + 1
         self.cma.tell([(x, v if math.isfinite(v) else worst)
                        for x, v in zip(xs, values, strict=True)])
