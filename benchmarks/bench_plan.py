@@ -218,6 +218,15 @@ def main() -> None:
     args = ap.parse_args()
     budgets = sorted(int(b) for b in args.budgets.split(","))
     variants = json.loads(args.variants)
+    from crossflow.search.samplers.structured import _plan
+    for name, v in variants.items():
+        # a constant the plan does not have would be set and never read: a variant that
+        # silently measures the default
+        unknown = sorted(k for k in v.get("plan", {}) if not (k.isupper() and hasattr(_plan, k)))
+        if unknown:
+            ap.error(f"--variants: variant {name!r} sets {', '.join(unknown)}, which the plan "
+                     f"(crossflow/search/samplers/structured/_plan.py) has no constant of; "
+                     f"its constants: {', '.join(k for k in dir(_plan) if k.isupper())}")
     if args.shipped:
         studies = [{"name": n, "half": "shipped", "spec": n} for n in args.shipped.split(",")]
     else:

@@ -60,3 +60,17 @@ def test_a_trace_accounts_for_every_local_search_turn_and_changes_nothing():
     assert bench_plan.run("quickstart", 300, 0, {}) == plain
     from crossflow.search.samplers.structured import _plan
     assert _plan._Local.advance is _plan._Local._untraced_advance
+
+
+def test_a_variant_setting_a_constant_the_plan_does_not_have_is_refused(monkeypatch, capsys):
+    """A constant the plan has no longer (or a misspelt one) would be set and never read, so
+    the variant would measure the default under another name: refused before anything
+    runs, naming the variant and the constant."""
+    monkeypatch.setattr(sys, "argv", [
+        "bench_plan.py", "--shipped", "quickstart", "--budgets", "10", "--seeds", "1",
+        "--variants", '{"off": {"plan": {"SIDE_COMPASS": false}}}'])
+    with pytest.raises(SystemExit) as exit_:
+        bench_plan.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "'off'" in err and "SIDE_COMPASS" in err and "COMPASS_AFTER" in err
