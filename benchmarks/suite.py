@@ -17,7 +17,8 @@ seed at equal evaluation budgets, gaps to each study's reference (docs/search-be
   trials a separate run of that budget makes: same seed, one worker) and its file says
   ``prefix_of``.
 * Reference per study = min(best-known value (:func:`crossflow.search.best_known.best_known`,
-  cached under ``<out>/best_known/``), every run's best at every budget).  Gap = best / reference
+  cached under ``<out>/best_known/``), every run's best at every budget, and with
+  ``--references CSV`` the study's reference in an earlier table).  Gap = best / reference
   − 1, in %; a run with no feasible design has no gap ("no feasible design").
 * The table (``<out>/suite.md`` and ``<out>/suite.csv``, long form): gap per study × sampler
   at each budget, then per half and sampler the median and worst gap over studies.
@@ -295,11 +296,13 @@ def _line(k: int, n: int, rec: Mapping[str, Any], t0: float) -> str:
 NO_FEASIBLE = "no feasible design"
 
 
-def collect(studies, samplers, seeds, budgets, out: Path) -> dict[str, Any]:
+def collect(studies, samplers, seeds, budgets, out: Path,
+            carried: Mapping[str, tuple[float, str]] | None = None) -> dict[str, Any]:
     """Read every run file and best-known cache: per study the reference and per sampler ×
     budget the gap (median over seeds, in %), then per half × sampler × budget the median
     and worst gap over the studies.  ``None`` gap = no feasible design; a missing run is
-    left out (``missing`` counts them)."""
+    left out (``missing`` counts them).  ``carried`` (study -> (value, where from), see
+    :func:`carried_references`) joins each study's candidates for the reference."""
     from crossflow.search.best_known import cache_path
 
     rows, missing = [], 0
@@ -317,6 +320,8 @@ def collect(studies, samplers, seeds, budgets, out: Path) -> dict[str, Any]:
         found = [(r["best"], f"{r['sampler']} s{r['seed']} @{r['budget']}")
                  for rs in runs.values() for r in rs if r["best"] is not None]
         candidates = ([(known, "best-known")] if known is not None else []) + found
+        if carried and entry["name"] in carried:
+            candidates.append(carried[entry["name"]])
         reference, source = min(candidates, key=lambda t: t[0]) if candidates else (None, None)
         row: dict[str, Any] = {"study": entry["name"], "row": entry["row"],
                                "half": entry["half"], "kind": entry["kind"],
@@ -353,7 +358,23 @@ def collect(studies, samplers, seeds, budgets, out: Path) -> dict[str, Any]:
                                 "worst_study": max(zip(gaps, (r["study"] for r in mine
                                                               if (sampler, budget) in r["gaps"]),
                                                        strict=True))[1]})
-    return {"rows": rows, "summary": summary, "missing": missing}
+    return {"rows": rows, "summary": summary, "missing": missing, "carried": bool(carried)}
+
+
+def carried_references(path: Path) -> dict[str, tuple[float, str]]:
+    """study -> (reference, source) from an earlier table's CSV (``suite.csv``'s columns
+    ``study`` and ``reference``; the lowest where a study has several rows).  A reference is
+    a design's predicted time, so it stays valid while the model does not change: a best-known
+    search is partly luck (its seeds end apart), and a lower value an earlier table found is
+    still the best design known."""
+    found: dict[str, tuple[float, str]] = {}
+    with Path(path).open(encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                value = float(row["reference"])
+                if math.isfinite(value) and value < found.get(row["study"], (math.inf,))[0]:
+                    found[row["study"]] = (value, f"earlier table ({Path(path).name})")
+    return found
 
 
 def _bk_record(bk: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -397,7 +418,9 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
     rows, summary = result["rows"], result["summary"]
     lines = [f"Command: `{command}`", "",
              f"Gap = best / reference − 1, in % ({'median over ' + str(len(seeds)) + ' seeds' if len(seeds) > 1 else 'seed ' + str(seeds[0])}); "
-             "reference = min(best-known, every run's best). "
+             "reference = min(best-known, every run's best"
+             + (", an earlier table's" if result.get("carried") else "")
+             + "). "
              f"Runs missing: {result['missing']}.", "",
              "| half | sampler | " + " | ".join(f"median @{b} | worst @{b}" for b in budgets)
              + " | studies |",
@@ -508,6 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-best-known", action="store_true",
                     help="run the samplers only (the reference is then the runs' best, or a "
                     "best-known value already cached there)")
+    ap.add_argument("--references", type=Path, default=None, metavar="CSV",
+                    help="an earlier table's CSV (e.g. benchmarks/results/suite.csv): a study's "
+                    "reference there joins the candidates (only while the model is unchanged)")
     ap.add_argument("--report-only", action="store_true",
                     help="write the tables from the files there are; run nothing")
     ap.add_argument("--list", action="store_true", help="print the studies and halves, run nothing")
@@ -539,7 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with_best_known=not args.no_best_known)
     command = "python benchmarks/suite.py " + " ".join(argv if argv is not None
                                                         else sys.argv[1:])
-    result = collect(chosen, samplers, seeds, budgets, out)
+    carried = carried_references(args.references) if args.references else None
+    result = collect(chosen, samplers, seeds, budgets, out, carried)
     files = write_tables(result, out, samplers, seeds, budgets, command)
     print(files["md"].read_text(encoding="utf-8"))
     print(f"files: {', '.join(str(p) for p in files.values())}")

@@ -155,3 +155,30 @@ def test_a_sampler_with_no_feasible_design_reads_so_in_the_table(tmp_path):
     assert bad[0]["no_feasible"] == 1 and math.isinf(bad[0]["worst_gap_pct"])
     md = suite.markdown(result, ["good", "bad"], [0], [2], "test")
     assert suite.NO_FEASIBLE in md and "0.00" in md
+
+
+def test_an_earlier_tables_lower_reference_is_carried(tmp_path):
+    """``--references``: a study's reference in an earlier table's CSV joins the candidates
+    (the lowest row of the study wins), named as its source; a higher one changes nothing,
+    and a study the CSV does not list keeps its own reference."""
+    first, second = STUDIES[0], STUDIES[1]
+    for entry in (first, second):
+        path = suite.run_path(tmp_path, entry["name"], "good", 0, 2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"values": [2.0, 1.5], "best": 1.5, "sampler": "good",
+                                    "seed": 0, "budget": 2}))
+    earlier = tmp_path / "earlier.csv"
+    earlier.write_text("study,reference\n"
+                       f"{first['name']},1.4\n{first['name']},1.2\n{second['name']},1.6\n"
+                       f"{first['name']},\n")
+    carried = suite.carried_references(earlier)
+    assert carried[first["name"]] == (1.2, "earlier table (earlier.csv)")
+    result = suite.collect([first, second], ["good"], [0], [2], tmp_path, carried)
+    one, two = result["rows"]
+    assert one["reference"] == 1.2 and one["reference_source"] == "earlier table (earlier.csv)"
+    assert one["gaps"]["good", 2] == pytest.approx(100 * (1.5 / 1.2 - 1))
+    assert two["reference"] == 1.5 and two["reference_source"] == "good s0 @2"
+    md = suite.markdown(result, ["good"], [0], [2], "test")
+    assert "an earlier table's" in md and "earlier table (earlier.csv)" in md
+    assert "an earlier table's" not in suite.markdown(
+        suite.collect([second], ["good"], [0], [2], tmp_path), ["good"], [0], [2], "test")
