@@ -778,36 +778,41 @@ def _phases(P, f, batches):
     return [(phase, len(batch)) for phase, batch in asked]
 
 
-def test_where_no_mapping_order_is_searched_a_compass_search_follows_the_first_local_search():
-    """Phase 6 in a space without mapping orders: once the race winner's first local search
-    has ended, a compass search from its start runs alone, one point per batch (it polls
-    opportunistically), until its step is spent; nothing before it changes, and with
-    COMPASS_AFTER off there is none."""
+def test_without_mapping_orders_a_compass_races_and_follows_the_first_local_search():
+    """Phases 5 and 6 in a space without mapping orders: a compass search from the best start
+    races beside the local searches, one point per batch (it polls opportunistically); having
+    lost, it goes on alone once the winner's first local search has ended, until its step is
+    spent; nothing before the race changes, and with COMPASS_RACE off there is none."""
     from crossflow.search.samplers.structured import _plan
 
     P = _ToyProblem(_ToySetup())
     P.setup.start_params = lambda: {}
     assert not P.has_order
     seen = _phases(P, _toy_far, 1500)
+    race = [i for i, (ph, _) in enumerate(seen) if ph == _plan.RACE]
+    polls = [i for i in race if seen[i][1] == 1]
+    assert polls and polls[0] > race[0]                        # after the first installment
     at = [i for i, (ph, _) in enumerate(seen) if ph == _plan.COMPASS]
     assert at and all(seen[i][1] == 1 for i in at)
     assert at == list(range(at[0], at[-1] + 1))              # one run, uninterrupted
     assert seen[at[0] - 1][0] == _plan.SEARCH                  # right after the local search
-    assert len(at) > 2 * len(P.coords)                         # several sweeps
+    assert len(polls) + len(at) > 2 * len(P.coords)            # several sweeps
     assert at[-1] < len(seen) - 100                            # it ended: its step was spent
     mp = pytest.MonkeyPatch()
-    mp.setattr(_plan, "COMPASS_AFTER", False)
+    mp.setattr(_plan, "COMPASS_RACE", False)
     try:
         without = _phases(P, _toy_far, 1500)
     finally:
         mp.undo()
-    assert without[:at[0]] == seen[:at[0]]      # the same plan up to the compass
+    assert without[:race[0]] == seen[:race[0]]  # the same plan up to the race
     assert _plan.COMPASS not in {ph for ph, _ in without}
+    assert without != seen
 
 
-def test_a_compass_that_ends_better_hands_the_local_search_its_end():
-    """When the compass search ends below the local search before it, the local search goes
-    on from the compass's end (a new run, started there at its value)."""
+def test_a_compass_that_wins_the_race_hands_the_local_search_its_end():
+    """A compass search that wins the race (here against a local search that finds nothing)
+    runs to its end right after the race, and the local search goes on from its end (a new
+    run, started there, its gain counted from where the compass began)."""
     from crossflow.search.samplers.structured import _plan
 
     def idle(P, discrete, x, fx, budget, rng):
@@ -837,9 +842,11 @@ def test_a_compass_that_ends_better_hands_the_local_search_its_end():
     mp.setattr(_plan, "_Local", Local)
     mp.setattr(_plan, "_Compass", Compass)
     try:
-        _phases(P, _toy_far, 1500)
+        seen = _phases(P, _toy_far, 1500)
     finally:
         mp.undo()
+    at = [i for i, (ph, _) in enumerate(seen) if ph == _plan.COMPASS]
+    assert at and seen[at[0] - 1][0] == _plan.RACE   # it won the race
     (side,) = compasses
     assert side.done and side.value < side.start
     handed = [r for r in made if r.origin is side.best]   # and, later, restarts from it
