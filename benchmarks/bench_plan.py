@@ -177,12 +177,10 @@ def _task(task):
 
 def references(path: Path) -> dict[str, float]:
     """Study -> reference value from a JSON object or a CSV with ``study`` and
-    ``reference`` columns (``suite.csv`` repeats a study's reference on each of its rows)."""
+    ``reference`` columns (``suite.csv`` repeats a study's reference on each of its rows; read
+    as the suite reads an earlier table, :func:`suite.carried_references`)."""
     if path.suffix == ".csv":
-        import csv
-
-        with path.open(newline="") as f:
-            return {row["study"]: float(row["reference"]) for row in csv.DictReader(f)}
+        return {study: value for study, (value, _) in suite.carried_references(path).items()}
     return {k: float(v) for k, v in json.loads(path.read_text()).items()}
 
 

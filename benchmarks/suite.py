@@ -368,12 +368,13 @@ def carried_references(path: Path) -> dict[str, tuple[float, str]]:
     search is partly luck (its seeds end apart), and a lower value an earlier table found is
     still the best design known."""
     found: dict[str, tuple[float, str]] = {}
+    source = f"earlier table ({Path(path).name})"
     with Path(path).open(encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 value = float(row["reference"])
                 if math.isfinite(value) and value < found.get(row["study"], (math.inf,))[0]:
-                    found[row["study"]] = (value, f"earlier table ({Path(path).name})")
+                    found[row["study"]] = (value, source)
     return found
 
 

@@ -238,9 +238,9 @@ TIER = 1
 #: search, the compass left every budget up to that point as it was and took the median at
 #: 1000 from 1.49 to 1.32 % ("A twenty-eighth round"); beside it or before it for every study,
 #: it cost the shipped studies' 200 trials up to 17 points ("A twenty-sixth round", "A
-#: twenty-ninth round").  In a space that searches strategies
-#: the compass cost the medians (the race and the second bracket need those evaluations);
-#: there the second bracket (TIER) is the second opinion instead.
+#: twenty-ninth round").  In a space that searches strategies the compass cost the medians
+#: (the race and the second bracket need those evaluations); there the second bracket
+#: (TIER) is the second opinion instead.
 COMPASS_RACE = True
 #: The second bracket probes (:func:`_probe`) this many of the best pairs that did not race,
 #: and races the one whose probe is best: the template's split ranks strategies by how they
@@ -430,22 +430,18 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
                     lead = won
         if compass_due:
             compass_due = False
-            if lead is compass:
-                # the compass won the race and its step is spent: the local search goes on
-                # from its end, its gain counted from where the compass began
+            if lead is not compass:
+                # the winner's first local search has ended: the compass goes on to its end
+                while not compass.done:
+                    yield from compass.advance(ask, COMPASS, len(P.coords) or 1)
+            if lead is compass or compass.value < lead.value * (1 - GAIN):
+                # the compass won the race, or ended better than the local search that did:
+                # the local search goes on from its end, its gain counted from where the
+                # compass began (the run it beat waits with the race's losers)
+                if lead is not compass:
+                    dropped.insert(0, lead)
                 lead = _Local(P, compass.discrete, compass.best, compass.value, rng)
                 lead.start = compass.start
-                continue
-            # the winner's first local search has ended: the compass goes on to its end
-            second = compass
-            while not second.done:
-                yield from second.advance(ask, COMPASS, len(P.coords) or 1)
-            if second.value < lead.value * (1 - GAIN):
-                # it ended better: the local search goes on from its end, and the run it
-                # beat waits with the race's losers
-                dropped.insert(0, lead)
-                lead = _Local(P, second.discrete, second.best, second.value, rng)
-                lead.start = second.start
                 continue
         if KICKS and lead.value < shaken:
             # a new incumbent is shaken once (each share halved and doubled) before it is
@@ -844,7 +840,8 @@ class _Cma:
     def generation(self, ask: _Asker, phase: str):
         """One generation: its points in one batch, their values told to CMA-ES."""
         xs = [self.cma.ask() for _ in range(self.cma.population_size)]
-        got = yield from ask.points(phase, [(self.discrete, _point(self.P, x, self.like)) for x in xs])
+        got = yield from ask.points(phase, [(self.discrete, _point(self.P, x, self.like))
+                                            for x in xs])
         self.tell(xs, got)
 
     def tell(self, xs: list[np.ndarray], values: list[float]) -> None:
