@@ -1,8 +1,10 @@
 """Optuna's own storage contract (``optuna.testing.pytest_storages.StorageTestCase``) run on
 the storages CrossFlow builds (:func:`crossflow.search.storage.make_storage`): the resilient
 RDB storage on SQLite (and on PostgreSQL where ``CROSSFLOW_TEST_POSTGRES`` is set, see
-tests/conftest.py), and the journal file.  The resilient storage holds a trial's user
-attributes back until the trial finishes; the contract checks that no caller can tell."""
+tests/conftest.py), and the journal file.  The resilient storage holds a running trial's
+parameters and user attributes back, serves the trials this process runs from its own copies
+and shares close reads of a study; the contract checks that no caller in the process can
+tell."""
 
 from __future__ import annotations
 
@@ -75,3 +77,65 @@ def test_held_back_user_attributes_are_seen_and_written_on_finish(tmp_path):
     storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [1.0])
     assert other.get_trial(trial_id).user_attrs == {"a": 1}
     assert storage._user_attrs == {}
+
+
+def test_held_back_parameters_are_seen_and_written_with_the_next_write(tmp_path):
+    """A running trial's parameters wait in the process (the first of each name is written
+    at once: the database checks its distribution) until the trial's next write of another
+    kind, which carries them in the same transaction; this process sees them throughout."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    url = f"sqlite:///{tmp_path}/params.db"
+    storage = make_storage(url)
+    other = make_storage(url)
+    study_id = storage.create_new_study([StudyDirection.MINIMIZE], study_name="params")
+    x = FloatDistribution(0, 1)
+    first = storage.create_new_trial(study_id)
+    storage._set_trial_param(first, "x", 0.5, x, None)  # a name new to this process
+    assert other.get_trial(first).params == {"x": 0.5}
+    storage.set_trial_state_values(first, TrialState.COMPLETE, [1.0])
+    trial_id = storage.create_new_trial(study_id)
+    storage._set_trial_param(trial_id, "x", 0.25, x, x)  # as Optuna's cache calls it
+    assert trial_id in storage._params
+    assert other.get_trial(trial_id).params == {}
+    assert storage.get_trial(trial_id).params == {"x": 0.25}
+    assert storage.get_trial_params(trial_id) == {"x": 0.25}
+    assert storage.get_trial_param(trial_id, "x") == 0.25
+    assert [t.params for t in storage.get_all_trials(study_id)] == [{"x": 0.5}, {"x": 0.25}]
+    storage.set_trial_system_attr(trial_id, "constraints", [0.0])
+    assert other.get_trial(trial_id).params == {"x": 0.25}
+    assert other.get_trial(trial_id).system_attrs == {"constraints": [0.0]}
+    assert storage._params == {}
+    with pytest.raises(ValueError):  # an incompatible distribution still raises at once
+        storage._set_trial_param(trial_id, "y", 1, IntDistribution(0, 2), x)
+
+
+def test_close_reads_share_one_query_until_this_process_writes(tmp_path, monkeypatch):
+    """Reads of a study within SHARED_READ_S of one another share a query; a write of this
+    process to another trial, a trial it starts or ends, and the budget's census
+    (``fresh_reads``) make the next read ask the database."""
+    import optuna
+
+    from crossflow.search import storage as storage_module
+    from crossflow.search.workers import census
+
+    monkeypatch.setattr(storage_module, "SHARED_READ_S", 3600.0)
+    url = f"sqlite:///{tmp_path}/reads.db"
+    storage = make_storage(url)
+    other = make_storage(url)
+    study_id = storage.create_new_study([StudyDirection.MINIMIZE], study_name="reads")
+    assert storage.get_all_trials(study_id) == []
+    elsewhere = other.create_new_trial(study_id)
+    assert storage.get_all_trials(study_id) == []  # the shared read
+    mine = storage.create_new_trial(study_id)  # a trial this process starts
+    assert [t._trial_id for t in storage.get_all_trials(study_id)] == [elsewhere, mine]
+    other.set_trial_state_values(elsewhere, TrialState.COMPLETE, [1.0])
+    assert storage.get_trial(elsewhere).state == TrialState.COMPLETE  # get_trial: no sharing
+    assert storage.get_all_trials(study_id)[0].state == TrialState.RUNNING
+    third = other.create_new_trial(study_id)
+    storage.set_trial_user_attr(third, "seen", True)  # a write to another trial
+    assert storage.get_all_trials(study_id)[0].state == TrialState.COMPLETE
+    fourth = other.create_new_trial(study_id)
+    study = optuna.load_study(study_name="reads", storage=storage)
+    assert len(census(study, 10, heartbeats=True).live) == 4
+    assert fourth in [t._trial_id for t in storage.get_all_trials(study_id)]

@@ -184,6 +184,9 @@ def census(study, total: int, *, heartbeats: bool) -> Census:
     trials itself, so every RUNNING trial is live; else stale ones are not)."""
     from optuna.trial import TrialState
 
+    from crossflow.search.storage import fresh_reads
+
+    fresh_reads(study)
     now = datetime.now()
     live, done = [], 0
     for t in study.get_trials(deepcopy=False, states=(
