@@ -139,3 +139,41 @@ def test_close_reads_share_one_query_until_this_process_writes(tmp_path, monkeyp
     study = optuna.load_study(study_name="reads", storage=storage)
     assert len(census(study, 10, heartbeats=True).live) == 4
     assert fourth in [t._trial_id for t in storage.get_all_trials(study_id)]
+
+
+def test_a_reader_thread_and_the_trials_thread_do_not_collide(tmp_path):
+    """The MLflow logger's thread reads the study while the trial's thread records into the
+    process's copies of its running trials: neither sees a copy half-changed."""
+    import threading
+
+    from optuna.distributions import FloatDistribution
+
+    storage = make_storage(f"sqlite:///{tmp_path}/threads.db")
+    study_id = storage.create_new_study([StudyDirection.MINIMIZE], study_name="threads")
+    x = FloatDistribution(0, 1)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                for trial in storage.get_all_trials(study_id):
+                    storage.get_trial(trial._trial_id)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for n in range(30):
+            trial_id = storage.create_new_trial(study_id)
+            for k in range(20):
+                storage._set_trial_param(trial_id, f"p{k}", 0.5, x, x if n else None)
+                storage.set_trial_user_attr(trial_id, f"u{k}", k)
+            storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [float(n)])
+    finally:
+        done.set()
+        reader.join()
+    assert not errors, errors
+    assert len(storage.get_all_trials(study_id)) == 30
+    assert all(len(t.params) == 20 for t in storage.get_all_trials(study_id))

@@ -324,12 +324,17 @@ def _resilient_class():
             #: the last read of each study's trials (see _get_trials): (when, the trial ids
             #: asked for, the id after which every trial was asked for, the trials)
             self._reads: dict[int, tuple] = {}
+            #: counts the times ``_reads`` was forgotten: a read that began before is not kept
+            self._epoch = 0
             #: when this process last asked the database for a study's stale trials
             self._stale_asked: dict[int, float] = {}
             #: the RUNNING trials this process runs, as it knows them: only theirs are held
             #: back (another trial's write goes at once, so a missing or finished trial
             #: raises as Optuna's contract says)
             self._running: dict[int, Any] = {}
+            #: guards the above and the copies in ``_running``: the MLflow logger's thread
+            #: reads the study while the trial's thread records
+            self._held = threading.RLock()
             # the first connection too (a worker started while the database restarts)
             retrying(lambda: _first_open(lambda: RDBStorage.__init__(self, url, **kwargs)),
                      reconnect_s)
@@ -343,10 +348,11 @@ def _resilient_class():
             if key in self.immediate_user_attrs or own is None:
                 super().set_trial_user_attr(trial_id, key, value)
                 self._wrote(own)
-            else:
-                self._user_attrs.setdefault(trial_id, {})[key] = value
-            if own is not None:
-                own.user_attrs[key] = value
+            with self._held:
+                if own is not None:
+                    own.user_attrs[key] = value
+                    if key not in self.immediate_user_attrs:
+                        self._user_attrs.setdefault(trial_id, {})[key] = value
 
         def _set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
                              distribution, previous_distribution) -> None:
@@ -362,28 +368,35 @@ def _resilient_class():
                 self._wrote(own)
             else:
                 check_distribution_compatibility(previous_distribution, distribution)
-                self._params.setdefault(trial_id, []).append(
-                    (param_name, param_value_internal, distribution))
+                with self._held:
+                    self._params.setdefault(trial_id, []).append(
+                        (param_name, param_value_internal, distribution))
             if own is not None:
-                own.params[param_name] = distribution.to_external_repr(param_value_internal)
-                own.distributions[param_name] = distribution
+                with self._held:
+                    own.params[param_name] = distribution.to_external_repr(
+                        param_value_internal)
+                    own.distributions[param_name] = distribution
 
         def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
             if trial_id in self._params:  # one transaction with the parameters waiting
                 self._flush(trial_id, user_attrs=False, system=(key, value))
             else:
                 super().set_trial_system_attr(trial_id, key, value)
-            self._wrote(self._running.get(trial_id))
-            if trial_id in self._running:
-                self._running[trial_id].system_attrs[key] = value
+            own = self._running.get(trial_id)
+            self._wrote(own)
+            if own is not None:
+                with self._held:
+                    own.system_attrs[key] = value
 
         def set_trial_intermediate_value(self, trial_id: int, step: int,
                                          intermediate_value: float) -> None:
             self._flush(trial_id, user_attrs=False)
             super().set_trial_intermediate_value(trial_id, step, intermediate_value)
-            self._wrote(self._running.get(trial_id))
-            if trial_id in self._running:
-                self._running[trial_id].intermediate_values[step] = intermediate_value
+            own = self._running.get(trial_id)
+            self._wrote(own)
+            if own is not None:
+                with self._held:
+                    own.intermediate_values[step] = intermediate_value
 
         def _create_new_trial(self, study_id: int, template_trial=None):
             import copy
@@ -392,25 +405,33 @@ def _resilient_class():
 
             trial = super()._create_new_trial(study_id, template_trial)
             if trial.state == TrialState.RUNNING:
-                self._running[trial._trial_id] = copy.deepcopy(trial)
-                self._study_of[trial._trial_id] = study_id
+                with self._held:
+                    self._running[trial._trial_id] = copy.deepcopy(trial)
+                    self._study_of[trial._trial_id] = study_id
             # the next read sees every trial created before this one (and an enqueued one)
-            self._reads.clear()
+            self.forget_reads()
             return trial
 
         def _wrote(self, own) -> None:
             """This process wrote to a trial that is not one of its own running ones
             (``own`` None), which its next read of the study must see."""
             if own is None:
+                self.forget_reads()
+
+        def forget_reads(self) -> None:
+            """The next read of any study asks the database (see :meth:`_get_trials`)."""
+            with self._held:
                 self._reads.clear()
+                self._epoch += 1
 
         def _flush(self, trial_id: int, *, user_attrs: bool = True,
                    system: tuple[str, Any] | None = None) -> None:
             """Write what waits of ``trial_id`` (its parameters; with ``user_attrs``, its user
             attributes too), and the ``system`` attribute (key, value) if given, in one
             transaction."""
-            params = self._params.pop(trial_id, None)
-            attrs = self._user_attrs.pop(trial_id, None) if user_attrs else None
+            with self._held:
+                params = self._params.pop(trial_id, None)
+                attrs = self._user_attrs.pop(trial_id, None) if user_attrs else None
             if not params and not attrs and system is None:
                 return
 
@@ -447,7 +468,7 @@ def _resilient_class():
             try:
                 return self._set_state(trial_id, state, values)
             finally:
-                self._reads.clear()  # a trial started or ended: the next read sees it
+                self.forget_reads()  # a trial started or ended: the next read sees it
 
         def _set_state(self, trial_id: int, state, values) -> bool:
             from optuna.trial import TrialState
@@ -457,20 +478,24 @@ def _resilient_class():
                 if not taken:  # Optuna's answer: False, or the error its contract says
                     taken = super().set_trial_state_values(trial_id, state, values)
                 if taken:
-                    self._running[trial_id] = super().get_trial(trial_id)
-                    self._study_of[trial_id] = self._study_id_of(trial_id)
+                    trial, study_id = super().get_trial(trial_id), self._study_id_of(trial_id)
+                    with self._held:
+                        self._running[trial_id], self._study_of[trial_id] = trial, study_id
                 return taken
             self._flush(trial_id)
-            self._running.pop(trial_id, None)
-            self._study_of.pop(trial_id, None)
+            with self._held:
+                self._running.pop(trial_id, None)
+                self._study_of.pop(trial_id, None)
             return super().set_trial_state_values(trial_id, state, values)
 
         def delete_study(self, study_id: int) -> None:
             super().delete_study(study_id)
-            self._reads.clear()
-            for trial_id in [i for i, s in self._study_of.items() if s == study_id]:
-                for held in (self._running, self._study_of, self._params, self._user_attrs):
-                    held.pop(trial_id, None)
+            with self._held:
+                self.forget_reads()
+                for trial_id in [i for i, s in self._study_of.items() if s == study_id]:
+                    for held in (self._running, self._study_of, self._params,
+                                 self._user_attrs):
+                        held.pop(trial_id, None)
 
         def _study_id_of(self, trial_id: int) -> int:
             def read() -> int:
@@ -519,23 +544,34 @@ def _resilient_class():
             trials three times a trial) unless this process has written since."""
             import copy
 
-            own = sorted(i for i, s in self._study_of.items() if s == study_id)
             wanted = {i for i in included_trial_ids if i <= trial_id_greater_than}
-            now = time.monotonic()
-            memo = self._reads.get(study_id)
-            if memo is None or not (now - memo[0] <= SHARED_READ_S
-                                    and trial_id_greater_than >= memo[2]
-                                    and all(i in memo[1] or i > memo[2] for i in wanted)):
-                rows = _or_unreachable(
-                    self, lambda: self._read_trials(study_id, wanted, trial_id_greater_than, own))
-                memo = self._reads[study_id] = (now, wanted, trial_id_greater_than, rows)
 
             def pick(trial) -> bool:
                 return ((trial._trial_id in wanted or trial._trial_id > trial_id_greater_than)
                         and (states is None or trial.state in states))
 
-            trials = [copy.deepcopy(t) for t in memo[3] if t._trial_id not in own and pick(t)]
-            trials += [copy.deepcopy(self._running[i]) for i in own if pick(self._running[i])]
+            while True:
+                with self._held:
+                    own = sorted(i for i, s in self._study_of.items() if s == study_id)
+                    memo, epoch = self._reads.get(study_id), self._epoch
+                now = time.monotonic()
+                if memo is None or not (now - memo[0] <= SHARED_READ_S
+                                        and trial_id_greater_than >= memo[2]
+                                        and all(i in memo[1] or i > memo[2] for i in wanted)):
+                    rows = _or_unreachable(self, functools.partial(
+                        self._read_trials, study_id, wanted, trial_id_greater_than, own))
+                    memo = (now, wanted, trial_id_greater_than, rows)
+                    with self._held:
+                        if epoch == self._epoch:  # (else a trial started or ended meanwhile)
+                            self._reads[study_id] = memo
+                with self._held:
+                    if all(i in self._running for i in own):
+                        trials = [copy.deepcopy(t) for t in map(self._running.get, own)
+                                  if pick(t)]
+                        break
+                # one of this process's trials ended while the database was read (another
+                # thread): the read left it out as running here, so read again
+            trials += [copy.deepcopy(t) for t in memo[3] if t._trial_id not in own and pick(t)]
             return sorted(trials, key=lambda trial: trial._trial_id)
 
         def _read_trials(self, study_id: int, wanted: set[int], after: int,
@@ -562,23 +598,33 @@ def _resilient_class():
         def get_trial(self, trial_id: int):
             import copy
 
-            own = self._running.get(trial_id)
-            return copy.deepcopy(own) if own is not None else super().get_trial(trial_id)
+            with self._held:
+                own = self._running.get(trial_id)
+                if own is not None:
+                    return copy.deepcopy(own)
+            return super().get_trial(trial_id)
 
         def get_trial_params(self, trial_id: int) -> dict[str, Any]:
-            own = self._running.get(trial_id)
-            return dict(own.params) if own is not None else super().get_trial_params(trial_id)
+            with self._held:
+                own = self._running.get(trial_id)
+                if own is not None:
+                    return dict(own.params)
+            return super().get_trial_params(trial_id)
 
         def get_trial_param(self, trial_id: int, param_name: str) -> float:
-            own = self._running.get(trial_id)
-            if own is None or param_name not in own.params:
-                return super().get_trial_param(trial_id, param_name)
-            return own.distributions[param_name].to_internal_repr(own.params[param_name])
+            with self._held:
+                own = self._running.get(trial_id)
+                if own is not None and param_name in own.params:
+                    return own.distributions[param_name].to_internal_repr(
+                        own.params[param_name])
+            return super().get_trial_param(trial_id, param_name)
 
         def get_trial_user_attrs(self, trial_id: int) -> dict[str, Any]:
-            own = self._running.get(trial_id)
-            return (dict(own.user_attrs) if own is not None
-                    else super().get_trial_user_attrs(trial_id))
+            with self._held:
+                own = self._running.get(trial_id)
+                if own is not None:
+                    return dict(own.user_attrs)
+            return super().get_trial_user_attrs(trial_id)
 
         def _get_stale_trial_ids(self, study_id: int) -> list[int]:
             """Optuna's stale trials (no heartbeat for the grace period), and RUNNING trials
@@ -639,7 +685,12 @@ def _resilient_class():
             state["_reads"] = {}
             state["_stale_asked"] = {}
             state["_running"] = {}
+            del state["_held"]
             return state
+
+        def __setstate__(self, state):
+            super().__setstate__(state)
+            self._held = threading.RLock()
 
     # pickled by name (crossflow.search.storage.ResilientRDBStorage, see __getattr__ below)
     ResilientRDBStorage.__module__ = __name__
@@ -738,9 +789,9 @@ def fresh_reads(study) -> None:
     shares reads within :data:`SHARED_READ_S`): for the budget's census, which must count
     every trial another worker has started or ended."""
     backend = getattr(study._storage, "_backend", study._storage)
-    reads = getattr(backend, "_reads", None)
-    if reads is not None:
-        reads.clear()
+    forget = getattr(backend, "forget_reads", None)
+    if forget is not None:
+        forget()
 
 
 def live_below(study, total: int) -> bool:
