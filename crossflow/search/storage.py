@@ -31,7 +31,9 @@ backend is :mod:`crossflow.search.journal`, and whether a storage can hold studi
 (:func:`check_storage`, made before anything is opened or created) is
 :mod:`crossflow.search.storage_check`.
 ``tests/test_storage_contract.py`` runs Optuna's own storage contract on the storages made
-here.  Nothing here imports optuna at module import time.
+here.  Nothing here imports optuna at module import time.  One module of ~800 lines:
+what reaches into Optuna's RDB internals stays in one place, and the resilient class is
+pickled by this module's name (workers unpickle it).
 """
 
 from __future__ import annotations
@@ -344,11 +346,9 @@ def _resilient_class():
         immediate_user_attrs = frozenset({WORKER})
 
         def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-            own = self._running.get(trial_id)
-            if key in self.immediate_user_attrs or own is None:
+            if key in self.immediate_user_attrs or trial_id not in self._running:
                 super().set_trial_user_attr(trial_id, key, value)
-                self._wrote(own)
-            with self._held:
+            with self._recorded(trial_id) as own:
                 if own is not None:
                     own.user_attrs[key] = value
                     if key not in self.immediate_user_attrs:
@@ -359,20 +359,20 @@ def _resilient_class():
             from optuna.distributions import check_distribution_compatibility
 
             own = self._running.get(trial_id)
-            if own is None or previous_distribution is None or param_name in own.params:
+            at_once = own is None or previous_distribution is None or param_name in own.params
+            if at_once:
                 # not ours, a name new to this process (the database has the study's
                 # distribution), or a repeat: written at once, after what waits
                 self._flush(trial_id, user_attrs=False)
                 super()._set_trial_param(trial_id, param_name, param_value_internal,
                                          distribution, previous_distribution)
-                self._wrote(own)
             else:
                 check_distribution_compatibility(previous_distribution, distribution)
-                with self._held:
-                    self._params.setdefault(trial_id, []).append(
-                        (param_name, param_value_internal, distribution))
-            if own is not None:
-                with self._held:
+            with self._recorded(trial_id) as own:
+                if own is not None:
+                    if not at_once:
+                        self._params.setdefault(trial_id, []).append(
+                            (param_name, param_value_internal, distribution))
                     own.params[param_name] = distribution.to_external_repr(
                         param_value_internal)
                     own.distributions[param_name] = distribution
@@ -382,20 +382,16 @@ def _resilient_class():
                 self._flush(trial_id, user_attrs=False, system=(key, value))
             else:
                 super().set_trial_system_attr(trial_id, key, value)
-            own = self._running.get(trial_id)
-            self._wrote(own)
-            if own is not None:
-                with self._held:
+            with self._recorded(trial_id) as own:
+                if own is not None:
                     own.system_attrs[key] = value
 
         def set_trial_intermediate_value(self, trial_id: int, step: int,
                                          intermediate_value: float) -> None:
             self._flush(trial_id, user_attrs=False)
             super().set_trial_intermediate_value(trial_id, step, intermediate_value)
-            own = self._running.get(trial_id)
-            self._wrote(own)
-            if own is not None:
-                with self._held:
+            with self._recorded(trial_id) as own:
+                if own is not None:
                     own.intermediate_values[step] = intermediate_value
 
         def _create_new_trial(self, study_id: int, template_trial=None):
@@ -412,11 +408,16 @@ def _resilient_class():
             self.forget_reads()
             return trial
 
-        def _wrote(self, own) -> None:
-            """This process wrote to a trial that is not one of its own running ones
-            (``own`` None), which its next read of the study must see."""
-            if own is None:
-                self.forget_reads()
+        @contextlib.contextmanager
+        def _recorded(self, trial_id: int):
+            """After a write to ``trial_id``: this process's copy of it, held for updating,
+            or None when the process does not run it (then the shared reads are forgotten:
+            the next read must see the write)."""
+            with self._held:
+                own = self._running.get(trial_id)
+                if own is None:
+                    self.forget_reads()
+                yield own
 
         def forget_reads(self) -> None:
             """The next read of any study asks the database (see :meth:`_get_trials`)."""
