@@ -18,7 +18,8 @@ from optuna.study import StudyDirection
 from optuna.testing.pytest_storages import StorageTestCase
 from optuna.trial import TrialState
 
-from crossflow.search.storage import make_storage, resilient_rdb_storage_class
+from crossflow.search.rdb import resilient_rdb_storage_class
+from crossflow.search.storage import make_storage
 
 
 @pytest.fixture
@@ -116,10 +117,10 @@ def test_close_reads_share_one_query_until_this_process_writes(tmp_path, monkeyp
     (``fresh_reads``) make the next read ask the database."""
     import optuna
 
-    from crossflow.search import storage as storage_module
+    from crossflow.search import rdb
     from crossflow.search.workers import census
 
-    monkeypatch.setattr(storage_module, "SHARED_READ_S", 3600.0)
+    monkeypatch.setattr(rdb, "SHARED_READ_S", 3600.0)
     url = f"sqlite:///{tmp_path}/reads.db"
     storage = make_storage(url)
     other = make_storage(url)

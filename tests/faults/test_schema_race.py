@@ -49,7 +49,7 @@ def test_workers_opening_a_fresh_sqlite_database_together_all_open_it(tmp_path):
 def test_only_a_lost_schema_race_is_retried():
     import sqlalchemy.exc as sa
 
-    from crossflow.search.storage import _first_open
+    from crossflow.search.rdb import _first_open
 
     calls = []
 

@@ -44,7 +44,7 @@ EXIT_GRACE_S = 30
 #: that never answers thus ends within about 10 × 3 + 1 + 2 s.
 HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-#: A lost database connection is retried (:func:`crossflow.search.storage.retrying`) for up
+#: A lost database connection is retried (:func:`crossflow.search.reconnect.retrying`) for up
 #: to this many seconds, once per launch; after that the store is taken as gone.
 RECONNECT_S = 60.0
 #: Most trial runs written in one transaction (one batch); a batch is also written when no
@@ -175,7 +175,7 @@ class _Logger:
         """``fn()``, retried while the database connection is lost, for up to
         :attr:`reconnect_s` (:data:`RECONNECT_S`; 0 once a retry has run out: the store is
         gone, and each later call fails at once rather than waiting again)."""
-        from crossflow.search.storage import retrying
+        from crossflow.search.reconnect import retrying
 
         t0 = time.monotonic()
         try:
