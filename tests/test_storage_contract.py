@@ -178,3 +178,104 @@ def test_a_reader_thread_and_the_trials_thread_do_not_collide(tmp_path):
     assert not errors, errors
     assert len(storage.get_all_trials(study_id)) == 30
     assert all(len(t.params) == 20 for t in storage.get_all_trials(study_id))
+
+
+def _fill(storage, study_id: int) -> list[int]:
+    """Trials of every kind of record, and values Optuna stores specially (±inf, NaN)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    ids = []
+    for n, (state, values) in enumerate([(TrialState.COMPLETE, [0.5, float("inf")]),
+                                         (TrialState.FAIL, None),
+                                         (TrialState.COMPLETE, [float("-inf"), 2.0])]):
+        trial_id = storage.create_new_trial(study_id)
+        storage.set_trial_param(trial_id, "x", n / 4, FloatDistribution(0, 1))
+        storage.set_trial_param(trial_id, "kind", n % 2, CategoricalDistribution(["a", "b"]))
+        storage.set_trial_user_attr(trial_id, "worker", f"w{n}")
+        storage.set_trial_user_attr(trial_id, "design", {"n": n, "units": [1, 2]})
+        storage.set_trial_system_attr(trial_id, "constraints", [float(n) - 1])
+        storage.set_trial_intermediate_value(trial_id, 0, float("nan"))
+        storage.set_trial_intermediate_value(trial_id, 1, float(n))
+        storage.set_trial_state_values(trial_id, state, values)
+        ids.append(trial_id)
+    ids.append(storage.create_new_trial(study_id))  # one still running
+    return ids
+
+
+def _same(a, b) -> bool:
+    """Two FrozenTrials equal field by field (NaN equal to NaN)."""
+    import math
+
+    def norm(trial):
+        return {k: v for k, v in vars(trial).items() if k != "intermediate_values"} | {
+            "steps": {k: "nan" if math.isnan(v) else v
+                      for k, v in trial.intermediate_values.items()}}
+
+    return norm(a) == norm(b)
+
+
+def test_what_this_process_reads_and_keeps_is_what_optuna_reads(fast_dir, request):
+    """The resilient storage reads trials with its own SQL (and keeps a copy of each trial it
+    finishes for Optuna's read right after): every field of every trial is what Optuna's own
+    RDBStorage reads from the same database, on SQLite and PostgreSQL, local time included."""
+    from optuna.storages import RDBStorage
+
+    urls = [f"sqlite:///{fast_dir}/same.db"]
+    if os.environ.get("CROSSFLOW_TEST_POSTGRES"):
+        urls.append(request.getfixturevalue("postgres_url"))
+    for url in urls:
+        storage = make_storage(url)
+        study_id = storage.create_new_study([StudyDirection.MINIMIZE] * 2, study_name="same")
+        ids = _fill(storage, study_id)
+        kept = [storage.get_trial(i) for i in ids]  # this process's copies of the last ones
+        optuna_s = RDBStorage(url)
+        theirs = optuna_s.get_all_trials(study_id)
+        assert len(theirs) == 4
+        assert all(_same(a, b) for a, b in zip(kept, theirs, strict=True))
+        fresh = make_storage(url)  # a storage that did not write them: reads it all
+        assert all(_same(a, b) for a, b in
+                   zip(fresh.get_all_trials(study_id), theirs, strict=True))
+        assert theirs[0].values == [0.5, float("inf")] and theirs[1].values is None
+        storage.delete_study(study_id)
+        optuna_s.engine.dispose()
+
+
+def test_a_taken_trial_starts_at_the_local_time(tmp_path, monkeypatch):
+    """An enqueued trial a worker takes up records its start as Optuna does (naive UTC in
+    the database, local time when read), also where local time is not UTC."""
+    import time
+    from datetime import datetime
+
+    from optuna.storages import RDBStorage
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        url = f"sqlite:///{tmp_path}/tz.db"
+        storage = make_storage(url)
+        study_id = storage.create_new_study([StudyDirection.MINIMIZE], study_name="tz")
+        from optuna.trial import create_trial
+
+        trial_id = storage.create_new_trial(study_id, create_trial(state=TrialState.WAITING))
+        assert storage.set_trial_state_values(trial_id, TrialState.RUNNING)
+        start = RDBStorage(url).get_trial(trial_id).datetime_start
+        assert abs((datetime.now() - start).total_seconds()) < 60
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_heartbeats_are_one_row_per_trial(tmp_path):
+    """A heartbeat is one statement that inserts the trial's row or moves its time on."""
+    import sqlalchemy
+    from optuna.storages._rdb import models
+
+    storage = make_storage(f"sqlite:///{tmp_path}/beat.db", heartbeat_s=1)
+    study_id = storage.create_new_study([StudyDirection.MINIMIZE], study_name="beat")
+    trial_id = storage.create_new_trial(study_id)
+    beats = models.TrialHeartbeatModel.__table__
+    for _ in range(3):
+        storage.record_heartbeat(trial_id)
+    with storage.engine.connect() as conn:
+        rows = conn.execute(sqlalchemy.select(beats.c.trial_id, beats.c.heartbeat)).all()
+    assert [r[0] for r in rows] == [trial_id] and rows[0][1] is not None

@@ -84,10 +84,29 @@ UNBEATEN_S = 30.0
 #: trial (for a waiting trial, then twice in TPE); what another worker wrote in the meantime
 #: is seen by the next read after the window, as if the read had been that much earlier.
 SHARED_READ_S = 0.2
+#: Trials this process finished that it keeps a copy of: Optuna reads a trial back once
+#: right after it ends (its callbacks and log line).
+FINISHED_KEPT = 8
 
 
 #: Attempts at opening a fresh database whose schema other workers create at the same time.
 SCHEMA_RACE_ATTEMPTS = 5
+
+
+@functools.lru_cache(maxsize=1024)
+def _distribution(text: str):
+    """Optuna's distribution of its JSON text (a study's trials share a few)."""
+    from optuna.distributions import json_to_distribution
+
+    return json_to_distribution(text)
+
+
+def _local(stored):
+    """The naive local datetime Optuna's trial model gives for a naive UTC one it stored."""
+    from datetime import UTC
+
+    return None if stored is None else stored.replace(tzinfo=UTC).astimezone().replace(
+        tzinfo=None)
 
 
 def _first_open(open_storage) -> None:
@@ -116,6 +135,7 @@ def _resilient_class():
     from optuna.storages import RDBStorage
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
+    from sqlalchemy.orm import Session as orm_session
 
     class _Retrying(RDBStorage):
         reconnect_s: float = RECONNECT_S
@@ -139,7 +159,14 @@ def _resilient_class():
         * its **system attributes**, which samplers share across workers (the ``gd``
           sampler's claims, the driver's points), are written at once;
         * reading it back (``get_trial``, and the running trials among ``get_all_trials``)
-          gives this process's copy, with everything it has recorded, without a query.
+          gives this process's copy, with everything it has recorded, without a query; so
+          does Optuna's read of it right after it ends (the last :data:`FINISHED_KEPT`);
+        * its end goes in one transaction with whatever still waits.
+
+        The writes of a trial this process runs, the reads of a study's trials and the
+        heartbeats are plain SQL statements (SQLAlchemy Core) instead of Optuna's ORM
+        objects, which were most of the CPU time a trial's storage calls cost: with four
+        workers on two cores that time is what limits the trials per second.
 
         Another storage on the same database sees the parameters once the trial has
         evaluated and everything once it has finished.  A worker killed before then leaves
@@ -165,6 +192,8 @@ def _resilient_class():
             #: back (another trial's write goes at once, so a missing or finished trial
             #: raises as Optuna's contract says)
             self._running: dict[int, Any] = {}
+            #: the last FINISHED_KEPT trials this process finished, as it wrote them
+            self._finished: dict[int, Any] = {}
             #: guards the above and the copies in ``_running``: the MLflow logger's thread
             #: reads the study while the trial's thread records
             self._held = threading.RLock()
@@ -177,8 +206,10 @@ def _resilient_class():
         immediate_user_attrs = frozenset({WORKER})
 
         def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-            if key in self.immediate_user_attrs or trial_id not in self._running:
+            if trial_id not in self._running:
                 super().set_trial_user_attr(trial_id, key, value)
+            elif key in self.immediate_user_attrs:
+                self._flush(trial_id, user_attrs=False, user=(key, value))
             with self._recorded(trial_id) as own:
                 if own is not None:
                     own.user_attrs[key] = value
@@ -209,7 +240,7 @@ def _resilient_class():
                     own.distributions[param_name] = distribution
 
         def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-            if trial_id in self._params:  # one transaction with the parameters waiting
+            if trial_id in self._running:  # with the parameters waiting, if any
                 self._flush(trial_id, user_attrs=False, system=(key, value))
             else:
                 super().set_trial_system_attr(trial_id, key, value)
@@ -257,44 +288,81 @@ def _resilient_class():
                 self._epoch += 1
 
         def _flush(self, trial_id: int, *, user_attrs: bool = True,
-                   system: tuple[str, Any] | None = None) -> None:
+                   system: tuple[str, Any] | None = None, user: tuple[str, Any] | None = None,
+                   finish: tuple[Any, Any, Any] | None = None) -> bool:
             """Write what waits of ``trial_id`` (its parameters; with ``user_attrs``, its user
-            attributes too), and the ``system`` attribute (key, value) if given, in one
-            transaction."""
+            attributes too), the ``system`` or ``user`` attribute (key, value) if given, and
+            with ``finish`` = (state, values, naive UTC time) its end, in one transaction of
+            SQLAlchemy Core statements (the ORM objects Optuna builds for the same writes
+            were most of the CPU time they cost).  False, with nothing written, when
+            ``finish`` is given and the trial is no longer running; a trial that cannot be
+            updated otherwise raises as Optuna's contract says."""
+            import sqlalchemy
+            from optuna.trial import TrialState
+
             with self._held:
                 params = self._params.pop(trial_id, None)
-                attrs = self._user_attrs.pop(trial_id, None) if user_attrs else None
-            if not params and not attrs and system is None:
-                return
+                attrs = dict(self._user_attrs.pop(trial_id, None) or {}) if user_attrs else {}
+            if user is not None:
+                attrs[user[0]] = user[1]
+            if not params and not attrs and system is None and finish is None:
+                return True
+            t = models.TrialModel.__table__
 
-            def write() -> None:
-                with _create_scoped_session(self.scoped_session, True) as session:
-                    trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-                    self.check_trial_is_updatable(trial_id, trial.state)
-                    session.add_all([models.TrialParamModel(
-                        trial_id=trial_id, param_name=name, param_value=value,
-                        distribution_json=distribution_to_json(distribution))
-                        for name, value, distribution in params or ()])
+            def write() -> bool:
+                with self.engine.begin() as conn:
+                    if finish is None:
+                        state = conn.execute(sqlalchemy.select(t.c.state).where(
+                            t.c.trial_id == trial_id)).scalar_one_or_none()
+                        if state is None:
+                            raise KeyError(f"No trial with trial_id {trial_id} exists.")
+                        self.check_trial_is_updatable(trial_id, state)
+                    else:
+                        state, values, when = finish
+                        ended = conn.execute(
+                            sqlalchemy.update(t)
+                            .where(t.c.trial_id == trial_id, t.c.state == TrialState.RUNNING)
+                            .values(state=state, datetime_complete=when)).rowcount
+                        if ended != 1:  # (rolled back: nothing of this is written)
+                            return conn.execute(sqlalchemy.select(t.c.state).where(
+                                t.c.trial_id == trial_id)).scalar_one_or_none() == state
+                        stored = [models.TrialValueModel.value_to_stored_repr(v)
+                                  for v in values or ()]
+                        if stored:
+                            conn.execute(sqlalchemy.insert(models.TrialValueModel.__table__), [
+                                {"trial_id": trial_id, "objective": k, "value": value,
+                                 "value_type": kind} for k, (value, kind) in enumerate(stored)])
+                    if params:
+                        conn.execute(sqlalchemy.insert(models.TrialParamModel.__table__), [
+                            {"trial_id": trial_id, "param_name": name, "param_value": value,
+                             "distribution_json": distribution_to_json(distribution)}
+                            for name, value, distribution in params])
                     if system is not None:
-                        self._set_trial_attr_without_commit(
-                            session, models.TrialSystemAttributeModel, trial_id, *system)
-                    if not attrs:
-                        return
-                    if self.engine.name not in ("postgresql", "sqlite"):
-                        for key, value in attrs.items():
-                            self._set_trial_attr_without_commit(
-                                session, models.TrialUserAttributeModel, trial_id, key, value)
-                        return
-                    dialect = import_module(f"sqlalchemy.dialects.{self.engine.name}")
-                    model = models.TrialUserAttributeModel
-                    insert = dialect.insert(model).values(
-                        [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
-                         for k, v in attrs.items()])
-                    session.execute(insert.on_conflict_do_update(
-                        index_elements=[model.trial_id, model.key],
-                        set_={"value_json": insert.excluded.value_json}))
+                        self._upsert(conn, models.TrialSystemAttributeModel, trial_id,
+                                     dict([system]))
+                    if attrs:
+                        self._upsert(conn, models.TrialUserAttributeModel, trial_id, attrs)
+                    return True
 
-            _or_unreachable(self, write)
+            return _or_unreachable(self, write)
+
+        def _upsert(self, conn, model, trial_id: int, attrs: dict[str, Any]) -> None:
+            """Set the attributes ``attrs`` of ``trial_id`` in ``model``'s table: one INSERT
+            ... ON CONFLICT on PostgreSQL and SQLite, a DELETE and an INSERT elsewhere."""
+            import sqlalchemy
+
+            table = model.__table__
+            rows = [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
+                    for k, v in attrs.items()]
+            if self.engine.name in ("postgresql", "sqlite"):
+                insert = import_module(f"sqlalchemy.dialects.{self.engine.name}").insert(table)
+                conn.execute(insert.on_conflict_do_update(
+                    index_elements=[table.c.trial_id, table.c.key],
+                    set_={"value_json": insert.excluded.value_json}), rows)
+                return
+            conn.execute(sqlalchemy.delete(table).where(table.c.trial_id == trial_id,
+                                                        table.c.key.in_(list(attrs))))
+            conn.execute(sqlalchemy.insert(table), rows)
 
         def set_trial_state_values(self, trial_id: int, state, values=None) -> bool:
             try:
@@ -303,6 +371,8 @@ def _resilient_class():
                 self.forget_reads()  # a trial started or ended: the next read sees it
 
         def _set_state(self, trial_id: int, state, values) -> bool:
+            from datetime import UTC, datetime
+
             from optuna.trial import TrialState
 
             if state == TrialState.RUNNING:  # a WAITING trial this process takes up
@@ -314,6 +384,23 @@ def _resilient_class():
                     with self._held:
                         self._running[trial_id], self._study_of[trial_id] = trial, study_id
                 return taken
+            if state.is_finished() and trial_id in self._running:
+                # the end and everything that waits in one transaction, and this process's
+                # copy of the finished trial kept for Optuna's read of it right after
+                stored = datetime.now(UTC).replace(tzinfo=None)
+                if self._flush(trial_id, finish=(state, values, stored)):
+                    with self._held:
+                        own = self._running.pop(trial_id, None)
+                        self._study_of.pop(trial_id, None)
+                        if own is not None:
+                            own.state, own.values = state, list(values) if values else None
+                            # the datetime Optuna's model gives back for the stored value
+                            own.datetime_complete = stored.replace(
+                                tzinfo=UTC).astimezone().replace(tzinfo=None)
+                            self._finished[trial_id] = own
+                            while len(self._finished) > FINISHED_KEPT:
+                                del self._finished[next(iter(self._finished))]
+                    return True
             self._flush(trial_id)
             with self._held:
                 self._running.pop(trial_id, None)
@@ -324,6 +411,7 @@ def _resilient_class():
             super().delete_study(study_id)
             with self._held:
                 self.forget_reads()
+                self._finished.clear()
                 for trial_id in [i for i, s in self._study_of.items() if s == study_id]:
                     for held in (self._running, self._study_of, self._params,
                                  self._user_attrs):
@@ -342,7 +430,7 @@ def _resilient_class():
             it, under SELECT ... FOR UPDATE, which SQLite ignores: two workers popping one
             enqueued trial together both got it, both ran it, and the second to finish
             raised "Cannot tell a COMPLETE trial".)"""
-            from datetime import datetime
+            from datetime import UTC, datetime
 
             import sqlalchemy
             from optuna.trial import TrialState
@@ -353,7 +441,8 @@ def _resilient_class():
                         sqlalchemy.update(models.TrialModel)
                         .where(models.TrialModel.trial_id == trial_id,
                                models.TrialModel.state == TrialState.WAITING)
-                        .values(state=TrialState.RUNNING, datetime_start=datetime.now())
+                        .values(state=TrialState.RUNNING,
+                                datetime_start=datetime.now(UTC).replace(tzinfo=None))
                         .execution_options(synchronize_session=False))
                     return done.rowcount == 1
 
@@ -364,7 +453,21 @@ def _resilient_class():
             the window is skipped, not raised in that thread as a traceback; the trial's
             own next storage call ends the launch with :class:`StorageUnreachable`."""
             with contextlib.suppress(StorageUnreachable):
-                super().record_heartbeat(trial_id)
+                if self.engine.name not in ("postgresql", "sqlite"):
+                    super().record_heartbeat(trial_id)
+                    return
+                import sqlalchemy
+
+                def beat() -> None:  # one INSERT ... ON CONFLICT (Optuna's: three statements)
+                    table = models.TrialHeartbeatModel.__table__
+                    insert = import_module(f"sqlalchemy.dialects.{self.engine.name}").insert(
+                        table).values(trial_id=trial_id, heartbeat=sqlalchemy.func.now())
+                    with self.engine.begin() as conn:
+                        conn.execute(insert.on_conflict_do_update(
+                            index_elements=[table.c.trial_id],
+                            set_={"heartbeat": sqlalchemy.func.now()}))
+
+                _or_unreachable(self, beat)
 
         def _get_trials(self, study_id: int, states, included_trial_ids: set[int],
                         trial_id_greater_than: int) -> list:
@@ -408,30 +511,69 @@ def _resilient_class():
 
         def _read_trials(self, study_id: int, wanted: set[int], after: int,
                          own: list[int]) -> list:
+            """Optuna's read of a study's trials (those of ``wanted`` and every one after
+            ``after``, but ``own``), in SQLAlchemy Core: one query for the trials and one for
+            each kind of record they hold, made into FrozenTrials as Optuna's model makes
+            them (building the ORM objects was most of the CPU time of Optuna's own read)."""
             import sqlalchemy
-            from sqlalchemy import orm
+            from optuna.trial import FrozenTrial
 
-            t = models.TrialModel
-            with _create_scoped_session(self.scoped_session) as session:
-                models.StudyModel.find_or_raise_by_id(study_id, session)
-                query = session.query(t).options(*(orm.selectinload(r) for r in (
-                    t.params, t.values, t.user_attributes, t.system_attributes,
-                    t.intermediate_values))).filter(t.study_id == study_id)
-                if own:
-                    query = query.filter(t.trial_id.notin_(own))
-                if wanted:
-                    query = query.filter(sqlalchemy.or_(t.trial_id.in_(wanted),
-                                                        t.trial_id > after))
-                else:
-                    query = query.filter(t.trial_id > after)
-                return [self._build_frozen_trial_from_trial_model(m)
-                        for m in query.order_by(t.trial_id).all()]
+            t = models.TrialModel.__table__
+            where = [t.c.study_id == study_id]
+            if own:
+                where.append(t.c.trial_id.notin_(own))
+            where.append(sqlalchemy.or_(t.c.trial_id.in_(wanted), t.c.trial_id > after)
+                         if wanted else t.c.trial_id > after)
+            chosen = sqlalchemy.select(t.c.trial_id).where(*where)
+
+            def records(model, order: str, *columns: str) -> dict[int, list]:
+                c = model.__table__.c
+                out: dict[int, list] = {}
+                for row in conn.execute(sqlalchemy.select(c.trial_id, *(c[k] for k in columns))
+                                        .where(c.trial_id.in_(chosen)).order_by(c[order])):
+                    out.setdefault(row[0], []).append(row[1:])
+                return out
+
+            with self.engine.connect() as conn:
+                rows = conn.execute(sqlalchemy.select(
+                    t.c.trial_id, t.c.number, t.c.state, t.c.datetime_start,
+                    t.c.datetime_complete).where(*where).order_by(t.c.trial_id)).all()
+                if not rows:
+                    models.StudyModel.find_or_raise_by_id(
+                        study_id, orm_session(bind=conn))  # Optuna's KeyError for no study
+                    return []
+                params = records(models.TrialParamModel, "param_id", "param_name",
+                                 "param_value", "distribution_json")
+                values = records(models.TrialValueModel, "objective", "value", "value_type")
+                users = records(models.TrialUserAttributeModel, "key", "key", "value_json")
+                systems = records(models.TrialSystemAttributeModel, "key", "key", "value_json")
+                steps = records(models.TrialIntermediateValueModel, "step", "step",
+                                "intermediate_value", "intermediate_value_type")
+            value = models.TrialValueModel.stored_repr_to_value
+            step_value = models.TrialIntermediateValueModel.stored_repr_to_intermediate_value
+            trials = []
+            for trial_id, number, state, start, complete in rows:
+                dists = {name: _distribution(text)
+                         for name, _, text in params.get(trial_id, ())}
+                vals = [value(v, kind) for v, kind in values.get(trial_id, ())]
+                trials.append(FrozenTrial(
+                    number=number, state=state, value=None, values=vals or None,
+                    datetime_start=_local(start), datetime_complete=_local(complete),
+                    params={name: dists[name].to_external_repr(v)
+                            for name, v, _ in params.get(trial_id, ())},
+                    distributions=dists,
+                    user_attrs={k: json.loads(v) for k, v in users.get(trial_id, ())},
+                    system_attrs={k: json.loads(v) for k, v in systems.get(trial_id, ())},
+                    intermediate_values={k: step_value(v, kind)
+                                         for k, v, kind in steps.get(trial_id, ())},
+                    trial_id=trial_id))
+            return trials
 
         def get_trial(self, trial_id: int):
             import copy
 
             with self._held:
-                own = self._running.get(trial_id)
+                own = self._running.get(trial_id) or self._finished.get(trial_id)
                 if own is not None:
                     return copy.deepcopy(own)
             return super().get_trial(trial_id)
@@ -464,7 +606,7 @@ def _resilient_class():
             would hold a slot of the budget for ever).  Optuna asks before every trial; a
             trial turns stale only after missing heartbeats, so a process asks the database
             at most once a heartbeat interval (none found in between)."""
-            from datetime import datetime, timedelta
+            from datetime import UTC, datetime, timedelta
 
             import sqlalchemy
             from optuna.trial import TrialState
@@ -475,8 +617,9 @@ def _resilient_class():
             self._stale_asked[study_id] = now
 
             stale = super()._get_stale_trial_ids(study_id)
-            cutoff = datetime.now() - timedelta(seconds=max(UNBEATEN_S,
-                                                            2 * (self.grace_period or 0)))
+            # (a trial's start is stored as naive UTC)
+            cutoff = datetime.now(UTC).replace(tzinfo=None) - timedelta(
+                seconds=max(UNBEATEN_S, 2 * (self.grace_period or 0)))
             t = models.TrialModel.__table__.c
             hb = models.TrialHeartbeatModel.__table__.c
 
@@ -517,6 +660,7 @@ def _resilient_class():
             state["_reads"] = {}
             state["_stale_asked"] = {}
             state["_running"] = {}
+            state["_finished"] = {}
             del state["_held"]
             return state
 
