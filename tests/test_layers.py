@@ -158,7 +158,7 @@ SEARCH_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("names", ("keys", "encoding", "knobs", "locations", "children", "trials")),
     ("problem", ("space", "objective", "lattice", "orders", "compass")),
     ("samplers", ("samplers",)),
-    ("runtime", ("storage", "rdb", "reconnect", "storage_check", "journal", "workers",
+    ("runtime", ("storage", "rdb", "rdb_sql", "reconnect", "storage_check", "journal", "workers",
                  "tracking", "_plots")),
     ("study", ("study",)),
     ("compare", ("compare", "compare_plot", "best_known", "best_known_phases")),

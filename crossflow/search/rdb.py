@@ -6,21 +6,20 @@ trials a heartbeat left behind, and that makes few round trips per trial
 The class subclasses Optuna's, so it is built on first use
 (:func:`resilient_rdb_storage_class`; nothing here imports optuna at module import time)
 and found by pickle under this module's name (the module's ``__getattr__``).  Opening one
-is :func:`crossflow.search.storage.make_storage`'s job.  With :mod:`crossflow.search.trials`
-this is the one module that reaches into Optuna's RDB internals
-(``optuna.storages._rdb``)."""
+is :func:`crossflow.search.storage.make_storage`'s job; the SQL of what a trial does most
+is :mod:`crossflow.search.rdb_sql`.  With :mod:`crossflow.search.trials`, these are the
+modules that reach into Optuna's RDB internals (``optuna.storages._rdb``)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import threading
 import time
-from importlib import import_module
 from typing import Any
 
+from crossflow.search import rdb_sql
 from crossflow.search.keys import WORKER
 from crossflow.search.locations import redact
 from crossflow.search.reconnect import (
@@ -93,22 +92,6 @@ FINISHED_KEPT = 8
 SCHEMA_RACE_ATTEMPTS = 5
 
 
-@functools.lru_cache(maxsize=1024)
-def _distribution(text: str):
-    """Optuna's distribution of its JSON text (a study's trials share a few)."""
-    from optuna.distributions import json_to_distribution
-
-    return json_to_distribution(text)
-
-
-def _local(stored):
-    """The naive local datetime Optuna's trial model gives for a naive UTC one it stored."""
-    from datetime import UTC
-
-    return None if stored is None else stored.replace(tzinfo=UTC).astimezone().replace(
-        tzinfo=None)
-
-
 def _first_open(open_storage) -> None:
     """``open_storage()`` (Optuna's RDBStorage set-up: it creates the schema and stamps its
     version when the database has none), again after a short random pause when it lost a
@@ -131,11 +114,9 @@ def _first_open(open_storage) -> None:
 
 
 def _resilient_class():
-    from optuna.distributions import distribution_to_json
     from optuna.storages import RDBStorage
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
-    from sqlalchemy.orm import Session as orm_session
 
     class _Retrying(RDBStorage):
         reconnect_s: float = RECONNECT_S
@@ -297,9 +278,6 @@ def _resilient_class():
             were most of the CPU time they cost).  False, with nothing written, when
             ``finish`` is given and the trial is no longer running; a trial that cannot be
             updated otherwise raises as Optuna's contract says."""
-            import sqlalchemy
-            from optuna.trial import TrialState
-
             with self._held:
                 params = self._params.pop(trial_id, None)
                 attrs = dict(self._user_attrs.pop(trial_id, None) or {}) if user_attrs else {}
@@ -307,62 +285,9 @@ def _resilient_class():
                 attrs[user[0]] = user[1]
             if not params and not attrs and system is None and finish is None:
                 return True
-            t = models.TrialModel.__table__
-
-            def write() -> bool:
-                with self.engine.begin() as conn:
-                    if finish is None:
-                        state = conn.execute(sqlalchemy.select(t.c.state).where(
-                            t.c.trial_id == trial_id)).scalar_one_or_none()
-                        if state is None:
-                            raise KeyError(f"No trial with trial_id {trial_id} exists.")
-                        self.check_trial_is_updatable(trial_id, state)
-                    else:
-                        state, values, when = finish
-                        ended = conn.execute(
-                            sqlalchemy.update(t)
-                            .where(t.c.trial_id == trial_id, t.c.state == TrialState.RUNNING)
-                            .values(state=state, datetime_complete=when)).rowcount
-                        if ended != 1:  # (rolled back: nothing of this is written)
-                            return conn.execute(sqlalchemy.select(t.c.state).where(
-                                t.c.trial_id == trial_id)).scalar_one_or_none() == state
-                        stored = [models.TrialValueModel.value_to_stored_repr(v)
-                                  for v in values or ()]
-                        if stored:
-                            conn.execute(sqlalchemy.insert(models.TrialValueModel.__table__), [
-                                {"trial_id": trial_id, "objective": k, "value": value,
-                                 "value_type": kind} for k, (value, kind) in enumerate(stored)])
-                    if params:
-                        conn.execute(sqlalchemy.insert(models.TrialParamModel.__table__), [
-                            {"trial_id": trial_id, "param_name": name, "param_value": value,
-                             "distribution_json": distribution_to_json(distribution)}
-                            for name, value, distribution in params])
-                    if system is not None:
-                        self._upsert(conn, models.TrialSystemAttributeModel, trial_id,
-                                     dict([system]))
-                    if attrs:
-                        self._upsert(conn, models.TrialUserAttributeModel, trial_id, attrs)
-                    return True
-
-            return _or_unreachable(self, write)
-
-        def _upsert(self, conn, model, trial_id: int, attrs: dict[str, Any]) -> None:
-            """Set the attributes ``attrs`` of ``trial_id`` in ``model``'s table: one INSERT
-            ... ON CONFLICT on PostgreSQL and SQLite, a DELETE and an INSERT elsewhere."""
-            import sqlalchemy
-
-            table = model.__table__
-            rows = [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
-                    for k, v in attrs.items()]
-            if self.engine.name in ("postgresql", "sqlite"):
-                insert = import_module(f"sqlalchemy.dialects.{self.engine.name}").insert(table)
-                conn.execute(insert.on_conflict_do_update(
-                    index_elements=[table.c.trial_id, table.c.key],
-                    set_={"value_json": insert.excluded.value_json}), rows)
-                return
-            conn.execute(sqlalchemy.delete(table).where(table.c.trial_id == trial_id,
-                                                        table.c.key.in_(list(attrs))))
-            conn.execute(sqlalchemy.insert(table), rows)
+            return _or_unreachable(self, functools.partial(
+                rdb_sql.write_trial, self.engine, trial_id, self.check_trial_is_updatable,
+                params=params or (), system=system, attrs=attrs, finish=finish))
 
         def set_trial_state_values(self, trial_id: int, state, values=None) -> bool:
             try:
@@ -394,9 +319,7 @@ def _resilient_class():
                         self._study_of.pop(trial_id, None)
                         if own is not None:
                             own.state, own.values = state, list(values) if values else None
-                            # the datetime Optuna's model gives back for the stored value
-                            own.datetime_complete = stored.replace(
-                                tzinfo=UTC).astimezone().replace(tzinfo=None)
+                            own.datetime_complete = rdb_sql.local_time(stored)
                             self._finished[trial_id] = own
                             while len(self._finished) > FINISHED_KEPT:
                                 del self._finished[next(iter(self._finished))]
@@ -453,21 +376,10 @@ def _resilient_class():
             the window is skipped, not raised in that thread as a traceback; the trial's
             own next storage call ends the launch with :class:`StorageUnreachable`."""
             with contextlib.suppress(StorageUnreachable):
-                if self.engine.name not in ("postgresql", "sqlite"):
+                if self.engine.name not in rdb_sql.UPSERT_DIALECTS:
                     super().record_heartbeat(trial_id)
                     return
-                import sqlalchemy
-
-                def beat() -> None:  # one INSERT ... ON CONFLICT (Optuna's: three statements)
-                    table = models.TrialHeartbeatModel.__table__
-                    insert = import_module(f"sqlalchemy.dialects.{self.engine.name}").insert(
-                        table).values(trial_id=trial_id, heartbeat=sqlalchemy.func.now())
-                    with self.engine.begin() as conn:
-                        conn.execute(insert.on_conflict_do_update(
-                            index_elements=[table.c.trial_id],
-                            set_={"heartbeat": sqlalchemy.func.now()}))
-
-                _or_unreachable(self, beat)
+                _or_unreachable(self, functools.partial(rdb_sql.beat, self.engine, trial_id))
 
         def _get_trials(self, study_id: int, states, included_trial_ids: set[int],
                         trial_id_greater_than: int) -> list:
@@ -494,7 +406,8 @@ def _resilient_class():
                                         and trial_id_greater_than >= memo[2]
                                         and all(i in memo[1] or i > memo[2] for i in wanted)):
                     rows = _or_unreachable(self, functools.partial(
-                        self._read_trials, study_id, wanted, trial_id_greater_than, own))
+                        rdb_sql.read_trials, self.engine, study_id, wanted,
+                        trial_id_greater_than, own))
                     memo = (now, wanted, trial_id_greater_than, rows)
                     with self._held:
                         if epoch == self._epoch:  # (else a trial started or ended meanwhile)
@@ -508,66 +421,6 @@ def _resilient_class():
                 # thread): the read left it out as running here, so read again
             trials += [copy.deepcopy(t) for t in memo[3] if t._trial_id not in own and pick(t)]
             return sorted(trials, key=lambda trial: trial._trial_id)
-
-        def _read_trials(self, study_id: int, wanted: set[int], after: int,
-                         own: list[int]) -> list:
-            """Optuna's read of a study's trials (those of ``wanted`` and every one after
-            ``after``, but ``own``), in SQLAlchemy Core: one query for the trials and one for
-            each kind of record they hold, made into FrozenTrials as Optuna's model makes
-            them (building the ORM objects was most of the CPU time of Optuna's own read)."""
-            import sqlalchemy
-            from optuna.trial import FrozenTrial
-
-            t = models.TrialModel.__table__
-            where = [t.c.study_id == study_id]
-            if own:
-                where.append(t.c.trial_id.notin_(own))
-            where.append(sqlalchemy.or_(t.c.trial_id.in_(wanted), t.c.trial_id > after)
-                         if wanted else t.c.trial_id > after)
-            chosen = sqlalchemy.select(t.c.trial_id).where(*where)
-
-            def records(model, order: str, *columns: str) -> dict[int, list]:
-                c = model.__table__.c
-                out: dict[int, list] = {}
-                for row in conn.execute(sqlalchemy.select(c.trial_id, *(c[k] for k in columns))
-                                        .where(c.trial_id.in_(chosen)).order_by(c[order])):
-                    out.setdefault(row[0], []).append(row[1:])
-                return out
-
-            with self.engine.connect() as conn:
-                rows = conn.execute(sqlalchemy.select(
-                    t.c.trial_id, t.c.number, t.c.state, t.c.datetime_start,
-                    t.c.datetime_complete).where(*where).order_by(t.c.trial_id)).all()
-                if not rows:
-                    models.StudyModel.find_or_raise_by_id(
-                        study_id, orm_session(bind=conn))  # Optuna's KeyError for no study
-                    return []
-                params = records(models.TrialParamModel, "param_id", "param_name",
-                                 "param_value", "distribution_json")
-                values = records(models.TrialValueModel, "objective", "value", "value_type")
-                users = records(models.TrialUserAttributeModel, "key", "key", "value_json")
-                systems = records(models.TrialSystemAttributeModel, "key", "key", "value_json")
-                steps = records(models.TrialIntermediateValueModel, "step", "step",
-                                "intermediate_value", "intermediate_value_type")
-            value = models.TrialValueModel.stored_repr_to_value
-            step_value = models.TrialIntermediateValueModel.stored_repr_to_intermediate_value
-            trials = []
-            for trial_id, number, state, start, complete in rows:
-                dists = {name: _distribution(text)
-                         for name, _, text in params.get(trial_id, ())}
-                vals = [value(v, kind) for v, kind in values.get(trial_id, ())]
-                trials.append(FrozenTrial(
-                    number=number, state=state, value=None, values=vals or None,
-                    datetime_start=_local(start), datetime_complete=_local(complete),
-                    params={name: dists[name].to_external_repr(v)
-                            for name, v, _ in params.get(trial_id, ())},
-                    distributions=dists,
-                    user_attrs={k: json.loads(v) for k, v in users.get(trial_id, ())},
-                    system_attrs={k: json.loads(v) for k, v in systems.get(trial_id, ())},
-                    intermediate_values={k: step_value(v, kind)
-                                         for k, v, kind in steps.get(trial_id, ())},
-                    trial_id=trial_id))
-            return trials
 
         def get_trial(self, trial_id: int):
             import copy
