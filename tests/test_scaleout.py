@@ -158,7 +158,9 @@ def _caught_in_a_trial(victim: int, storage: str) -> int | None:
 
 
 def test_sigkilled_worker_trial_is_retried(postgres_url, tmp_path):
-    total = 120
+    # enough trials that the three workers run together for a while: with ~60 trials/s on
+    # PostgreSQL, 120 were over before a worker was caught mid-trial on a loaded machine
+    total = 400
     proc = crossflow("study", "run", QUICKSTART, "--trials", total, "--workers", 3,
                      "--heartbeat", 2, "--storage", postgres_url, cwd=tmp_path)
     killed = None
