@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 NOT_FOR_A_GEMM = ("networkx", "crossflow.distributed", "crossflow.parallel",
                   "crossflow.workloads.transformer", "crossflow.arch.age",
                   "crossflow.tech.library", "crossflow.config.system", "crossflow.search.tracking",
-                  "optuna", "mlflow", "matplotlib", "sqlalchemy")
+                  "optuna", "mlflow", "matplotlib", "sqlalchemy",
+                  "subprocess")  # (the install's git revision, asked only when recorded)
 
 _RUN = """\
 import json, sys, contextlib, io

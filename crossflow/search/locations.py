@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -135,6 +134,8 @@ def revision_of_source(direct_url: dict) -> tuple[str, bool | None]:
 
 def _git_state(src: Path) -> tuple[str, bool | None]:
     """(HEAD of the git tree at ``src`` or ``"unknown"``, whether tracked files changed)."""
+    import subprocess  # (not at import: every command's parser imports this module)
+
     try:
         rev = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=5, check=True).stdout.strip()
