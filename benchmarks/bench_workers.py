@@ -18,7 +18,10 @@ workers add duplicates rather than throughput.  Reported per run:
 * ``trials_per_s``: N / (last trial's completion − first trial's start), from the storage:
   the workers' steady rate;
 * ``wall_s``: the whole command (Python start-up, study set-up, worker start-up, MLflow
-  drain and summary).
+  drain and summary);
+* ``cpu_s``: the CPU time (user + system) of the command's processes — the launcher, its
+  workers and the MLflow logger, not the database server: with more workers than cores
+  this, not the wall time, is what a change to the per-trial work moves.
 
 Prints one JSON object.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -63,9 +67,10 @@ def run(study: str, trials: int, workers: int, storage: str | None,
             cmd += ["--storage", storage]
         if not tracking:
             cmd.append("--no-tracking")
-        t0 = time.perf_counter()
+        t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
+        wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
         if out.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout}{out.stderr}")
         url = storage or str(Path(cwd) / "mlruns" / "optuna" / f"{study}.journal")
@@ -77,7 +82,7 @@ def run(study: str, trials: int, workers: int, storage: str | None,
                 - min(t.datetime_start for t in trials_)).total_seconds()
     return {"workers": workers, "trials": len(trials_), "trials_per_s": round(len(trials_)
                                                                             / span, 1),
-            "wall_s": round(wall, 1)}
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
 
 
 def main() -> None:
