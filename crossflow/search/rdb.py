@@ -296,8 +296,6 @@ def _resilient_class():
                 self.forget_reads()  # a trial started or ended: the next read sees it
 
         def _set_state(self, trial_id: int, state, values) -> bool:
-            from datetime import UTC, datetime
-
             from optuna.trial import TrialState
 
             if state == TrialState.RUNNING:  # a WAITING trial this process takes up
@@ -312,7 +310,7 @@ def _resilient_class():
             if state.is_finished() and trial_id in self._running:
                 # the end and everything that waits in one transaction, and this process's
                 # copy of the finished trial kept for Optuna's read of it right after
-                stored = datetime.now(UTC).replace(tzinfo=None)
+                stored = rdb_sql.utc_now()
                 if self._flush(trial_id, finish=(state, values, stored)):
                     with self._held:
                         own = self._running.pop(trial_id, None)
@@ -353,8 +351,6 @@ def _resilient_class():
             it, under SELECT ... FOR UPDATE, which SQLite ignores: two workers popping one
             enqueued trial together both got it, both ran it, and the second to finish
             raised "Cannot tell a COMPLETE trial".)"""
-            from datetime import UTC, datetime
-
             import sqlalchemy
             from optuna.trial import TrialState
 
@@ -364,8 +360,7 @@ def _resilient_class():
                         sqlalchemy.update(models.TrialModel)
                         .where(models.TrialModel.trial_id == trial_id,
                                models.TrialModel.state == TrialState.WAITING)
-                        .values(state=TrialState.RUNNING,
-                                datetime_start=datetime.now(UTC).replace(tzinfo=None))
+                        .values(state=TrialState.RUNNING, datetime_start=rdb_sql.utc_now())
                         .execution_options(synchronize_session=False))
                     return done.rowcount == 1
 
@@ -459,7 +454,7 @@ def _resilient_class():
             would hold a slot of the budget for ever).  Optuna asks before every trial; a
             trial turns stale only after missing heartbeats, so a process asks the database
             at most once a heartbeat interval (none found in between)."""
-            from datetime import UTC, datetime, timedelta
+            from datetime import timedelta
 
             import sqlalchemy
             from optuna.trial import TrialState
@@ -470,8 +465,7 @@ def _resilient_class():
             self._stale_asked[study_id] = now
 
             stale = super()._get_stale_trial_ids(study_id)
-            # (a trial's start is stored as naive UTC)
-            cutoff = datetime.now(UTC).replace(tzinfo=None) - timedelta(
+            cutoff = rdb_sql.utc_now() - timedelta(  # naive UTC, as starts are stored
                 seconds=max(UNBEATEN_S, 2 * (self.grace_period or 0)))
             t = models.TrialModel.__table__.c
             hb = models.TrialHeartbeatModel.__table__.c

@@ -168,6 +168,13 @@ def _distribution(text: str):
     return json_to_distribution(text)
 
 
+def utc_now():
+    """Now as Optuna's trial model stores a time: naive UTC."""
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
 def local_time(stored):
     """The naive local datetime Optuna's trial model gives for a naive UTC one it stored."""
     from datetime import UTC

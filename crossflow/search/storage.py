@@ -84,7 +84,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-
 def make_storage(url: str, *, heartbeat_s: float | None = None,
                  reconnect_s: float = RECONNECT_S, for_reading: bool = False):
     """An Optuna storage for ``url``: an RDB URL (``://``) gives a
