@@ -3,7 +3,7 @@ best-known design, unit by unit, and what reaches the best-known design from the
 
     python benchmarks/bench_basin.py --study lstm-2k-1chip-n7 [--budget 1000] [--seed 0]
         [--best-known DIR] [--quick-reference] [--cma-evals 300] [--hops 12] [--hop-evals 60]
-        [--from-evals 400] [--shake-evals 300]
+        [--from-evals 400] [--shake-evals 300] [--pairs] [--study-table FILE]
 
 Steps (every figure a model evaluation of the study's own objective; prints one JSON object):
 
@@ -30,6 +30,15 @@ Steps (every figure a model evaluation of the study's own objective; prints one 
    ``--shake-evals`` evaluations — the shakes of the driver's variable neighbourhood search
    (``_plan._shake``), each given a longer search: does one share moved a long way reach
    the better basin?
+8. with ``--pairs``: every pair of shares of one simplex multiplied together by 0.25, 0.5,
+   2 and 4 (the others in proportion), each followed by the same search, with its rank by
+   shaken value among all the shakes of steps 7 and 8 (the driver searches its shakes best
+   shaken value first) — does a move of two shares reach what no move of one does, and
+   would the driver try it early?
+
+``--study-table`` diagnoses a study of another table of the suite's format
+(``benchmarks/suite/fresh.yaml``); its best-known design is searched and cached under
+``--best-known`` when it is not there yet.
 
 Gaps are in % above the best-known value.
 """
@@ -75,21 +84,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hop-evals", type=int, default=60)
     ap.add_argument("--from-evals", type=int, default=400)
     ap.add_argument("--shake-evals", type=int, default=300)
+    ap.add_argument("--pairs", action="store_true", help="step 8: shakes of two shares")
+    ap.add_argument("--study-table", default=str(suite.TABLE))
     a = ap.parse_args(argv)
-    if not any(e["name"] == a.study for e in suite.load_table()):
-        ap.error(f"no study {a.study!r} in {suite.TABLE}")
+    if not any(e["name"] == a.study for e in suite.load_table(a.study_table)):
+        ap.error(f"no study {a.study!r} in {a.study_table}")
     print(json.dumps(diagnose(a.study, budget=a.budget, seed=a.seed, root=a.best_known,
                               quick=a.quick_reference, cma_evals=a.cma_evals, hops=a.hops,
                               hop_evals=a.hop_evals, from_evals=a.from_evals,
-                              shake_evals=a.shake_evals),
+                              shake_evals=a.shake_evals, pairs=a.pairs,
+                              table=a.study_table),
                      indent=1, default=str))
     return 0
 
 
 def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None = None,
              quick: bool = False, cma_evals: int = 300, hops: int = 12,
-             hop_evals: int = 60, from_evals: int = 400, shake_evals: int = 300) -> dict:
-    """Steps 1-7 of the module docstring on the suite study ``study``."""
+             hop_evals: int = 60, from_evals: int = 400, shake_evals: int = 300,
+             pairs: bool = False, table: str | Path = suite.TABLE) -> dict:
+    """Steps 1-7 (and 8 with ``pairs``) of the module docstring on the study ``study`` of
+    the suite's ``table``."""
     from cmaes import CMA
 
     from crossflow.arch.cliffs import quantities_at
@@ -100,7 +114,7 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
     from crossflow.search.samplers.structured._problem import Cont, Problem
     from crossflow.search.study import load_study
 
-    entry = next(e for e in suite.load_table() if e["name"] == study)
+    entry = next(e for e in suite.load_table(table) if e["name"] == study)
     setup = load_study(entry["spec"])
 
     def f(params: dict) -> float:
@@ -185,6 +199,14 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
     shakes = {f"{c.label} x{factor:g}": {"shaken": _gap(fx(y), ref),
                                          "searched": _gap(local(y, shake_evals), ref)}
               for c, factor, y in _shakes(P, x0, [0.5, 2.0])}
+    two = {}
+    if pairs:
+        two = {label: {"shaken": _gap(fx(y), ref), "searched": _gap(local(y, shake_evals), ref)}
+               for label, y in _pair_shakes(P, x0, (0.25, 0.5, 2.0, 4.0))}
+        ranked = sorted({**shakes, **two}.items(),
+                        key=lambda kv: math.inf if kv[1]["shaken"] is None else kv[1]["shaken"])
+        for rank, (_, v) in enumerate(ranked):
+            v["rank_by_shaken"] = rank
 
     return {
         "study": study, "budget": budget, "seed": seed,
@@ -196,7 +218,32 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
         "basin_hops_gap_pct": hopped,
         "local_search_from_best_known_simplex_gap_pct": from_known,
         "shakes_gap_pct": shakes,
+        **({"pair_shakes_gap_pct": two} if pairs else {}),
     }
+
+
+def _pair_shakes(P, x, factors) -> list[tuple[str, object]]:
+    """(label, point) of every shake of two shares of one simplex of ``x``: both multiplied
+    by each of ``factors``, the others (slack included) scaled in proportion to fill the
+    rest; a pair the factor would take to the encoding's floor or near the whole budget is
+    not shaken."""
+    from itertools import combinations
+
+    from crossflow.search.samplers.structured._problem import _FLOOR, Cont
+
+    out = []
+    for block, v0 in x.simplexes.items():
+        coords = [c for c in P.coords if c.block == block and c.index >= 0]
+        for a, b in combinations(coords, 2):
+            for f in factors:
+                pair = v0[a.index] * f + v0[b.index] * f
+                if min(v0[a.index], v0[b.index]) * f <= 2 * _FLOOR or pair >= 0.98:
+                    continue
+                v = np.array(v0, dtype=float) * (1.0 - pair) / (1.0 - v0[a.index] - v0[b.index])
+                v[a.index], v[b.index] = v0[a.index] * f, v0[b.index] * f
+                out.append((f"{block}.{a.name}+{b.name} x{f:g}",
+                            Cont({**x.simplexes, block: v}, x.floats)))
+    return out
 
 
 if __name__ == "__main__":

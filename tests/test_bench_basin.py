@@ -15,7 +15,7 @@ bench_basin = pytest.importorskip("bench_basin")
 def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
     d = bench_basin.diagnose("gemm-mem-64k-1chip-n5", budget=60, root=str(tmp_path),
                              quick=True, cma_evals=12, hops=2, hop_evals=10,
-                             from_evals=10, shake_evals=10)
+                             from_evals=10, shake_evals=10, pairs=True)
     bk, drv = d["best_known"], d["driver"]
     assert bk["gap_pct"] == 0.0
     assert drv["value"] >= bk["value"] * (1 - 1e-12) or drv["gap_pct"] < 0
@@ -39,3 +39,13 @@ def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
     assert {k.split(".")[0] for k in shakes} == {"area", "power"}
     assert all(v["searched"] <= v["shaken"] + 1e-9 for v in shakes.values()
                if v["shaken"] is not None)
+    # two shares of one simplex moved together (five components: ten pairs, four factors
+    # each, less those the encoding's floor or the whole budget refuses), every shake
+    # ranked once by its shaken value
+    two = d["pair_shakes_gap_pct"]
+    assert two and all("+" in k.split(" ")[0] for k in two)
+    assert {k.rsplit(" ", 1)[1] for k in two} <= {"x0.25", "x0.5", "x2", "x4"}
+    assert all(v["searched"] <= v["shaken"] + 1e-9 for v in two.values()
+               if v["shaken"] is not None)
+    ranks = sorted(v["rank_by_shaken"] for v in (*shakes.values(), *two.values()))
+    assert ranks == list(range(len(shakes) + len(two)))
