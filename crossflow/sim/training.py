@@ -3,9 +3,10 @@
 Per micro-batch, each pipeline chunk's forward and backward time is the sum of its layers'
 ops on one tensor-parallel rank (:mod:`crossflow.sim.transformer`), plus the embedding on the
 first chunk and the vocabulary projection and loss on the last.  The pipeline schedule runs
-through the event simulator; after the flush come the data-parallel gradient all-reduce (not
-overlapped, as in Megatron-LM of SC21 / Korthikanti et al.), the all-reduce of the tied
-embedding's gradient between the first and last stage, and the optimizer step.
+through the event simulator; after the flush come the gradients' reduction over the data
+(and context) ranks — exposed whole, as in Megatron-LM of SC21 / Korthikanti et al., or
+behind the last backward where the software profile overlaps it — the tied embedding's
+gradient exchange between the first and last stage, and the optimizer step.
 
 The bytes per device (weights, gradients, optimizer state, activations) are
 :mod:`crossflow.sim.training_memory`'s, as are the per-chunk layer split and the stage
@@ -187,39 +188,11 @@ def transformer_iteration(
     block_f, block_b = blocks[rep_kind]
     layer_f, layer_b, *_ = kinds[rep_kind]
     T = b * s // cp
-    act = T * h * nbytes
 
     moe_per_chunk = _chunk_moe_layers(spec, layers)
-    fwd_s = [(n - k) * kinds[False][0] + k * kinds[True][0] if k else n * kinds[False][0]
-             for n, k in zip(layers, moe_per_chunk, strict=True)] if False in kinds else [
-        n * layer_f for n in layers]
-    bwd_s = [(n - k) * kinds[False][1] + k * kinds[True][1] if k else n * kinds[False][1]
-             for n, k in zip(layers, moe_per_chunk, strict=True)] if False in kinds else [
-        n * layer_b for n in layers]
-    fwd_s[0] += emb_f
-    bwd_s[0] += emb_b
-    fwd_s[-1] += head_f
-    bwd_s[-1] += head_b
-    # Megatron's send/recv between stages blocks both devices (torch.distributed
-    # batch_isend_irecv followed by a wait, SC21 §4.1), so a transfer occupies the sender and
-    # the receiver: every chunk but the last sends its activations (which the next receives),
-    # every chunk but the first its gradients (which the previous receives).
-    # With ``overlap.p2p`` (Megatron-Core's overlap_p2p_comm) the transfers run on their own
-    # stream behind the next chunk's computation.
-    # Each tensor-parallel rank sends 1/tp of the activation: without sequence parallelism
-    # its 1-D chunk, gathered again on the receiver (SC21 §4.1's scatter-gather); with it
-    # the rank's own sequence shard, which the next stage takes as it is (Megatron-LM's
-    # p2p_communication._communicate skips the split and the gather under
-    # ``sequence_parallel``)
-    p2p = network.p2p(act / tp if tp > 1 else act, "lp") if pp > 1 else 0.0
-    if pp > 1 and tp > 1 and not sp:
-        p2p += network.collective("all_gather", act, "kp1")
+    p2p = _stage_transfer(network, T * h * nbytes, tp=tp, pp=pp, sp=sp)
     p2p_on_device = 0.0 if overlap.p2p else p2p
-    for g in range(chunks - 1):
-        fwd_s[g] += p2p_on_device
-        bwd_s[g + 1] += p2p_on_device
-        fwd_s[g + 1] += p2p_on_device
-        bwd_s[g] += p2p_on_device
+    fwd_s, bwd_s = _chunk_times(layers, moe_per_chunk, kinds, ends, p2p_on_device)
     host = _host(software, block_f, block_b, ends, per_chunk, chunks, pp, p2p_on_device)
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
@@ -227,50 +200,19 @@ def transformer_iteration(
     dense_params, expert_params = stage_parameter_split(
         spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp, ep=ep, etp=etp)
     stage_params = dense_params + expert_params
-    grads = dense_params * grad_reduce_bytes
-    # gradients are reduced, and the distributed optimizer sharded, over data × context ranks
-    # (experts' over the expert-data-parallel ranks: tp·dp·cp / (ep·etp))
-    shard = dp * cp if zero1 else 1
-    edp = tp * dp * cp // (ep * etp)
-    reduce_s = gather_s = 0.0
-    if dp * cp > 1:
-        # the distributed optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers
-        # the updated parameters; otherwise one all-reduce
-        reduce_s = network.collective("reduce_scatter" if zero1 else "all_reduce", grads, "dp")
-        if zero1:
-            gather_s = network.collective("all_gather", dense_params * WEIGHT_BYTES, "dp")
-    if expert_params and edp > 1:
-        # The expert-data-parallel group is not a dimension of the mapped grid: its
-        # collectives are priced on the data-parallel rings, scaled to its ring volume
-        # ((n−1)/n of the buffer for n ranks)
-        dim = "dp" if dp * cp > 1 else "kp1"
-        n = dp * cp if dp * cp > 1 else tp
-        scale = (edp - 1) / edp / ((n - 1) / n)
-        e_grads = expert_params * grad_reduce_bytes
-        reduce_s += scale * network.collective(
-            "reduce_scatter" if zero1 else "all_reduce", e_grads, dim)
-        if zero1:
-            gather_s += scale * network.collective(
-                "all_gather", expert_params * WEIGHT_BYTES, dim)
-    layers_here = vp * per_chunk
-    reduce_exposed, gather_exposed = reduce_s, gather_s
-    if (overlap_grad_reduce or overlap.grad_reduce) and reduce_s:
-        # Each bucket's gradients are final after the last micro-batch's backward through
-        # its layers; their reduction runs behind the rest of that backward pass.  What
-        # remains exposed is the part longer than that last backward, and at least the
-        # reduction of the last bucket (one layer's share).
-        last_backward = layers_here * layer_b
-        reduce_exposed = max(reduce_s - last_backward, reduce_s / layers_here)
-    if overlap.param_gather and gather_s:
-        # the next iteration's first forward waits for each layer's parameters only
-        first_forward = layers_here * layer_f
-        gather_exposed = max(gather_s - first_forward, gather_s / layers_here)
-    dp_time = reduce_exposed + gather_exposed
+    reduce_s, gather_s = _gradient_sync(network, dense_params, expert_params,
+                                        grad_reduce_bytes, tp=tp, dp=dp, cp=cp, ep=ep,
+                                        etp=etp, zero1=zero1)
+    dp_time = _sync_exposed(reduce_s, gather_s, vp * per_chunk, layer_f, layer_b,
+                            overlap_reduce=overlap_grad_reduce or overlap.grad_reduce,
+                            overlap_gather=overlap.param_gather)
     # The tied word embedding's gradient is summed between the first and last stage: one
     # exchange of the (vocab-parallel) table's gradient each way.
     tied = not spec.untie_embeddings_and_output_weights
     emb_time = network.p2p(V * h / tp * grad_reduce_bytes, "lp") if pp > 1 and tied else 0.0
     # parameters this device updates (× shard: the expert ones in the dense ones' units)
+    shard = dp * cp if zero1 else 1
+    edp = tp * dp * cp // (ep * etp)  # the experts' data-parallel ranks
     updated = stage_params if not expert_params else (
         dense_params + expert_params * shard / (edp if zero1 else 1))
     optimized = updated / shard
@@ -354,6 +296,95 @@ def transformer_iteration(
                 "attention": spec.attention_backend or "unfused",
                 "schedule": schedule, "pipeline_makespan_s": pipe.makespan_s},
     )
+
+
+def _stage_transfer(network: Network, act: float, *, tp: int, pp: int, sp: bool) -> float:
+    """Seconds of one micro-batch's activations (``act`` bytes) sent to the next pipeline
+    stage (its gradients come back the same way).  Each tensor-parallel rank sends 1/tp of
+    the activation: without sequence parallelism its 1-D chunk, gathered again on the
+    receiver (SC21 §4.1's scatter-gather); with it the rank's own sequence shard, which the
+    next stage takes as it is (Megatron-LM's ``p2p_communication._communicate`` skips the
+    split and the gather under ``sequence_parallel``)."""
+    if pp == 1:
+        return 0.0
+    p2p = network.p2p(act / tp if tp > 1 else act, "lp")
+    if tp > 1 and not sp:
+        p2p += network.collective("all_gather", act, "kp1")
+    return p2p
+
+
+def _chunk_times(layers: list[int], moe_per_chunk: list[int], kinds: dict, ends,
+                 p2p_on_device: float) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of one micro-batch on each pipeline chunk: its layers of
+    each kind (``kinds``, :func:`_layer_times` per kind), the embedding on the first chunk,
+    the head and loss on the last, and the stage transfers.  Megatron's send/recv between
+    stages blocks both devices (``batch_isend_irecv`` and a wait, SC21 §4.1): every chunk
+    but the last sends activations, every chunk but the first gradients, each to a device
+    that waits for them — unless ``overlap.p2p`` (Megatron-Core's ``overlap_p2p_comm``)
+    runs them on their own stream and ``p2p_on_device`` is 0."""
+    if False in kinds:
+        dense, moe = kinds[False], kinds.get(True)
+        fwd_s = [(n - k) * dense[0] + k * moe[0] if k else n * dense[0]
+                 for n, k in zip(layers, moe_per_chunk, strict=True)]
+        bwd_s = [(n - k) * dense[1] + k * moe[1] if k else n * dense[1]
+                 for n, k in zip(layers, moe_per_chunk, strict=True)]
+    else:  # every layer an MoE one
+        fwd_s = [n * kinds[True][0] for n in layers]
+        bwd_s = [n * kinds[True][1] for n in layers]
+    emb_f, emb_b, head_f, head_b = (p.total for p in ends)
+    fwd_s[0] += emb_f
+    bwd_s[0] += emb_b
+    fwd_s[-1] += head_f
+    bwd_s[-1] += head_b
+    for g in range(len(layers) - 1):
+        fwd_s[g] += p2p_on_device
+        bwd_s[g + 1] += p2p_on_device
+        fwd_s[g + 1] += p2p_on_device
+        bwd_s[g] += p2p_on_device
+    return fwd_s, bwd_s
+
+
+def _gradient_sync(network: Network, dense_params: float, expert_params: float,
+                   grad_bytes: float, *, tp: int, dp: int, cp: int, ep: int, etp: int,
+                   zero1: bool) -> tuple[float, float]:
+    """Seconds of the gradients' reduction and of the updated parameters' all-gather (0
+    without the distributed optimizer, ZeRO-1) over the data × context ranks: with it a
+    reduce-scatter and an all-gather, else one all-reduce.  The experts' go over their own
+    data-parallel ranks (tp·dp·cp / (ep·etp)), a group that is not a dimension of the
+    mapped grid: priced on the data-parallel rings, scaled to its ring volume."""
+    reduce_s = gather_s = 0.0
+    if dp * cp > 1:
+        reduce_s = network.collective("reduce_scatter" if zero1 else "all_reduce",
+                                      dense_params * grad_bytes, "dp")
+        if zero1:
+            gather_s = network.collective("all_gather", dense_params * WEIGHT_BYTES, "dp")
+    edp = tp * dp * cp // (ep * etp)
+    if expert_params and edp > 1:
+        dim = "dp" if dp * cp > 1 else "kp1"
+        n = dp * cp if dp * cp > 1 else tp
+        scale = (edp - 1) / edp / ((n - 1) / n)
+        reduce_s += scale * network.collective(
+            "reduce_scatter" if zero1 else "all_reduce", expert_params * grad_bytes, dim)
+        if zero1:
+            gather_s += scale * network.collective(
+                "all_gather", expert_params * WEIGHT_BYTES, dim)
+    return reduce_s, gather_s
+
+
+def _sync_exposed(reduce_s: float, gather_s: float, layers_here: int, layer_f: float,
+                  layer_b: float, *, overlap_reduce: bool, overlap_gather: bool) -> float:
+    """What of the gradient synchronisation (:func:`_gradient_sync`) the iteration waits
+    for.  Overlapped (``overlap_reduce``), each bucket's gradients are final after the last
+    micro-batch's backward through its layers and are reduced behind the rest of that
+    backward pass: exposed is the part longer than that last backward, and at least the
+    last bucket's reduction (one layer's share).  With ``overlap_gather`` the next
+    iteration's first forward waits for each layer's parameters only."""
+    reduce_exposed, gather_exposed = reduce_s, gather_s
+    if overlap_reduce and reduce_s:
+        reduce_exposed = max(reduce_s - layers_here * layer_b, reduce_s / layers_here)
+    if overlap_gather and gather_s:
+        gather_exposed = max(gather_s - layers_here * layer_f, gather_s / layers_here)
+    return reduce_exposed + gather_exposed
 
 
 def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float,
