@@ -61,11 +61,12 @@ after each phase (``phases``), so one can see which phase got where.
    best point only, ``cma_evals`` (1200) evaluations per start.  (Added after the suite's
    ``lstm-4k-64-n3``: a TPE run beat phases 1–7 by 10.9 % with RC-32-2-d1-p1, a contender
    that phase 4b's 600-evaluation compass search had left at 0.0157 s, 35 % above TPE's
-   0.0116 s, and that the cross-check of the two best strategies never looked at.)  It is independent of phases 1–6:
-   ``cross_check`` records its runs, ``main_value`` (phases 1–6) and ``beat_main``; when it
-   beats them, the new best is polished by a compass search (``polished_value``, phase
-   ``polish``) and is the best-known value.  A cross-check that beats the main search says
-   the main search's basin choice is not to be trusted on that study.
+   0.0116 s, and that the cross-check of the two best strategies never looked at.)  It is
+   independent of phases 1–6: ``cross_check`` records its runs, ``main_value`` (phases
+   1–6) and ``beat_main``; when it beats them, the new best is polished by a compass search
+   (``polished_value``, phase ``polish``) and is the best-known value.  A cross-check that
+   beats the main search says the main search's basin choice is not to be trusted on that
+   study.
 
 Phases 1, 4 and 4b price every combination of one split in one :func:`evaluate_many` call.
 
@@ -334,27 +335,8 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
         equal.update(zip(s.param_names, encoding.encode([1 / n] * n + [0.0]), strict=True))
 
     # 1. discrete screening, one mapping order per class of equivalent orders
-    values = [d.values() for d in discrete]
-    names = [d.name for d in discrete]
-    total = math.prod(len(v) for v in values) if discrete else 1
-    own = tuple(base.get(d.name, v[0]) for d, v in zip(discrete, values, strict=True))
-    unfit = 0
-    if total <= ENUMERABLE * opts["max_discrete"]:  # the classes of the whole product
-        raw = [dict(zip(names, c, strict=True)) for c in itertools.product(*values)]
-        combos, dropped = dedupe(discrete, raw)
-        if not cont_names:  # the chip is fixed: the screen is the search, made whole
-            combos, unfit = _fitting(setup, combos)
-        elif len(combos) > opts["max_discrete"]:  # a seeded subset of the classes
-            mine = dict(zip(names, own, strict=True))
-            keep = {int(i) for i in rng.choice(len(combos), opts["max_discrete"] - 1,
-                                               replace=False)}
-            combos = [mine] + [c for i, c in enumerate(combos) if i in keep and c != mine]
-    else:
-        seen: dict[tuple, None] = {own: None}
-        while len(seen) < opts["max_discrete"]:
-            seen[tuple(v[rng.integers(len(v))] for v in values)] = None
-        raw = [dict(zip(names, c, strict=True)) for c in seen]
-        combos, dropped = dedupe(discrete, raw)
+    total, n_raw, combos, dropped, unfit = _classes(setup, discrete, base, opts, rng,
+                                                    fixed_chip=not cont_names)
     at_template = f.many([{**start, **c} for c in combos])
     at_equal = (f.many([{**equal, **c} for c in combos])
                 if cont_names and opts["equal_split"] else None)
@@ -362,7 +344,7 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     screen = sorted(zip(ranked, range(len(combos)), strict=True))
     phases = [_phase("screen", f, t0)]
     unfit_note = f", {unfit} more that do not fit in memory" if unfit else ""
-    _say(progress, f"screened {len(combos)} order classes{unfit_note}, of {len(raw)} "
+    _say(progress, f"screened {len(combos)} order classes{unfit_note}, of {n_raw} "
                    f"combinations ({total} in the space): best {screen[0][0]:.6g}")
 
     def split_of(i: int) -> dict[str, Any]:  # the screened split a combination did best at
@@ -384,18 +366,7 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
 
     # 3. local refinement of the best distinct points; 4. discrete re-check
     refined: list[tuple[float, dict[str, Any]]] = []
-    finite = [(v, p) for v, p in points if math.isfinite(v)]
-    starts, keys = [], set()
-    for v, p in finite:  # the best point of each of the best combinations first
-        k = tuple(p[d.name] for d in discrete)
-        if k not in keys and len(starts) < opts["refine"]:
-            starts.append((v, p))
-            keys.add(k)
-    for v, p in finite:  # then the next best points, if combinations are few
-        if len(starts) >= opts["refine"]:
-            break
-        if not any(p is q for _, q in starts):
-            starts.append((v, p))
+    starts = _refine_starts(points, discrete, opts["refine"])
     for v, p in starts:
         refined.append(_compass(f, p, v, cont_names, space, floats, opts["refine_evals"]))
     refined.sort(key=lambda t: t[0])
@@ -443,17 +414,7 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     enumeration = None
     if opts["enumerate"] and f.best[1] is not None and cont_names:
         _say(progress, f"refined: best {f.best[0]:.6g} after {f.n} evaluations")
-        v_refined, rounds = f.best[0], []
-        for _ in range(max(1, int(opts["enum_rounds"]))):
-            rounds.append(_enumerate(f, setup, f.best[1], opts, progress))
-            if not rounds[-1].get("improved"):
-                break                     # the last box, centred on the best, found nothing
-        v_enum = f.best[0]
-        enumeration = {"rounds": rounds, "value_before": v_refined, "value_after": v_enum,
-                       "improved": v_enum < v_refined,
-                       "gain": (v_refined - v_enum) / v_refined if math.isfinite(v_refined)
-                       and v_enum < v_refined else 0.0,
-                       "evaluations": sum(r.get("evaluations", 0) for r in rounds)}
+        enumeration = _enumerations(f, setup, opts, progress)
         phases.append(_phase("enumeration", f, t0))
     # 7. cross-check: CMA-ES from several starts on the best strategies' continuous parameters
     cross = None
@@ -492,7 +453,7 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
         "hop_gain": hop_gain,
         "discrete_total": total,
         "discrete_screened": len(combos),
-        "order_classes": {"combinations": len(raw), "classes": len(combos) + unfit,
+        "order_classes": {"combinations": n_raw, "classes": len(combos) + unfit,
                           "equivalent_dropped": dropped, "memory_dropped": unfit},
         "phases": phases,
         "contenders": contenders,
@@ -500,6 +461,74 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
         "cross_check": cross,
         "settings": dict(opts),
     }
+
+
+def _classes(setup, discrete, base: Mapping[str, Any], opts: Mapping[str, Any], rng,
+             *, fixed_chip: bool) -> tuple[int, int, list[dict[str, Any]], int, int]:
+    """The combinations the screen prices, one mapping order per class of equivalent orders:
+    the classes of the whole product where it is small enough (on a fixed chip every one
+    that fits in memory, the screen being the search; else a seeded subset of
+    ``max_discrete``, the baseline's own combination in it), else the classes of a seeded
+    sample of it.  Returns (combinations in the space, combinations drawn, the classes,
+    equivalent orders dropped, classes dropped as over memory)."""
+    values = [d.values() for d in discrete]
+    names = [d.name for d in discrete]
+    total = math.prod(len(v) for v in values) if discrete else 1
+    own = tuple(base.get(d.name, v[0]) for d, v in zip(discrete, values, strict=True))
+    unfit = 0
+    if total <= ENUMERABLE * opts["max_discrete"]:  # the classes of the whole product
+        raw = [dict(zip(names, c, strict=True)) for c in itertools.product(*values)]
+        combos, dropped = dedupe(discrete, raw)
+        if fixed_chip:
+            combos, unfit = _fitting(setup, combos)
+        elif len(combos) > opts["max_discrete"]:
+            mine = dict(zip(names, own, strict=True))
+            keep = {int(i) for i in rng.choice(len(combos), opts["max_discrete"] - 1,
+                                               replace=False)}
+            combos = [mine] + [c for i, c in enumerate(combos) if i in keep and c != mine]
+    else:
+        seen: dict[tuple, None] = {own: None}
+        while len(seen) < opts["max_discrete"]:
+            seen[tuple(v[rng.integers(len(v))] for v in values)] = None
+        raw = [dict(zip(names, c, strict=True)) for c in seen]
+        combos, dropped = dedupe(discrete, raw)
+    return total, len(raw), combos, dropped, unfit
+
+
+def _refine_starts(points: list[tuple[float, dict[str, Any]]], discrete,
+                   n: int) -> list[tuple[float, dict[str, Any]]]:
+    """The ``n`` points (best first) the refinement starts from: the best point of each of
+    the best combinations, then, where combinations are fewer, the next best points."""
+    finite = [(v, p) for v, p in points if math.isfinite(v)]
+    starts, keys = [], set()
+    for v, p in finite:
+        k = tuple(p[d.name] for d in discrete)
+        if k not in keys and len(starts) < n:
+            starts.append((v, p))
+            keys.add(k)
+    for v, p in finite:
+        if len(starts) >= n:
+            break
+        if not any(p is q for _, q in starts):
+            starts.append((v, p))
+    return starts
+
+
+def _enumerations(f: _Counter, setup, opts: Mapping[str, Any], progress: bool
+                  ) -> dict[str, Any]:
+    """Rounds of the whole-unit enumeration (:func:`_enumerate`) around the best point, each
+    centred on the best so far, until one finds nothing or ``enum_rounds`` have run."""
+    v_refined, rounds = f.best[0], []
+    for _ in range(max(1, int(opts["enum_rounds"]))):
+        rounds.append(_enumerate(f, setup, f.best[1], opts, progress))
+        if not rounds[-1].get("improved"):
+            break
+    v_enum = f.best[0]
+    return {"rounds": rounds, "value_before": v_refined, "value_after": v_enum,
+            "improved": v_enum < v_refined,
+            "gain": (v_refined - v_enum) / v_refined if math.isfinite(v_refined)
+            and v_enum < v_refined else 0.0,
+            "evaluations": sum(r.get("evaluations", 0) for r in rounds)}
 
 
 def _cma_starts(f, refined, contenders, discrete, space, floats, rng,
