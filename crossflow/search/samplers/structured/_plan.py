@@ -95,7 +95,7 @@ design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its ch
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
 
-One module of ~850 lines, the schedule with the run objects it drives (:class:`_Local`,
+One module of ~890 lines, the schedule with the run objects it drives (:class:`_Local`,
 :class:`_Compass`, :class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a
 variant by setting this module's constants and its ``exchange`` for one run, and the run
 objects read them from here; split, each variant would have to be set in two modules.
@@ -329,42 +329,10 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     x0, d0 = P.split(start) if start is not None else P.start()
     ask = _Asker(P)
 
-    # 1. memory screen
-    combos = P.combos()
-    own = dict(without_order(d0))
-    feasible, refused = fitting(combos, P.memory_checks(x0, combos))
-    if records is not None:
-        for combo, verdict in refused:  # refused by the configuration, or over memory
-            why = ({"reason": verdict.reason} if isinstance(verdict, Invalid) else
-                   {"need_bytes": verdict.need_bytes,
-                    "capacity_bytes": verdict.capacity_bytes})
-            records.append({**combo, **why})
-    every = feasible
+    # 1. memory screen; 2. screen at the start split; 3. order classes of the best
     cap = S.cap(bool(P.coords))
-    if cap is not None and len(feasible) > cap:
-        keep = [c for c in feasible if c == own]
-        others = [c for c in feasible if c != own]
-        picks = rng.choice(len(others), size=cap - len(keep), replace=False)
-        feasible = keep + [others[i] for i in sorted(picks)]
-
-    # 2. screen at the start split, one order per combination (the start's own order for
-    # its own combination)
-    order = {i: (d0.get(MAPPING_ORDER) if c == own and d0.get(MAPPING_ORDER) is not None
-                 else P.canonical_order(c)) for i, c in enumerate(feasible)}
-    value = dict(enumerate((yield from ask(SCREEN, x0, [P.with_order(c, order[i])
-                                                       for i, c in enumerate(feasible)]))))
-    ranking = sorted(value, key=value.__getitem__)
-
-    # 3. every order class of the best combinations
-    if P.has_order:
-        k = _ordered(P, feasible, value, ranking, S.top_k)
-        pairs = [(i, o) for i in ranking[:k] if math.isfinite(value[i])
-                 for o in P.order_classes(feasible[i]) if o != order[i]]
-        got = yield from ask(ORDERS, x0, [P.with_order(feasible[i], o) for i, o in pairs])
-        for (i, o), v in zip(pairs, got, strict=True):
-            if v < value[i]:
-                value[i], order[i] = v, o
-        ranking = sorted(value, key=value.__getitem__)
+    every, feasible = _memory_screen(P, x0, d0, cap, rng, records)
+    value, order, ranking = yield from _screen(P, ask, x0, d0, feasible, S.top_k)
     if not P.coords:
         # nothing continuous to search: with ``screen_cap: all``, every other order class
         # too, else a descent over the combinations; the plan ends there (the sampler hands
@@ -389,21 +357,9 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         probe = yield from _probe(P, ask, combo(tops[0]), x0, value[tops[0]])
         if probe is not None:
             starts.append((tops[0], *probe))
-    runs = [_Local(P, combo(i), x, f, rng) for i, x, f in starts]
-    compass = None  # see COMPASS_RACE
-    if COMPASS_RACE and not P.has_order:
-        i, x, f = min(starts, key=lambda t: t[2])
-        compass = _Compass(P, combo(i), x, f, rng)
-        runs.append(compass)
-    alive = list(range(len(runs)))
-    installment = S.race * max(1, len(P.coords))
-    while len(alive) > 1:
-        for i in alive:
-            yield from runs[i].advance(ask, RACE, installment)
-        alive = sorted(alive, key=lambda i: runs[i].value)[:math.ceil(len(alive) / 2)]
-        installment *= 2
-    lead = runs[alive[0]]
-    dropped = sorted((r for i, r in enumerate(runs) if i not in alive and r is not compass),
+    runs, lead, compass = yield from _race(P, ask, S, [(combo(i), x, f) for i, x, f in starts],
+                                           rng)
+    dropped = sorted((r for r in runs if r is not lead and r is not compass),
                      key=lambda r: r.value)
 
     # 6. the search: the local search to its end, and again from its best point for as long
@@ -481,6 +437,76 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         if cma.value < fx:
             x, fx = cma.best, cma.value
         lead = _Local(P, discrete, x, fx, rng)
+
+
+def _memory_screen(P: Problem, x0: Cont, d0: Mapping[str, Any], cap: int | None,
+                   rng: np.random.Generator, records: list[dict[str, Any]] | None
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Phase 1 (no evaluation): every memory-feasible combination at the start split, and
+    those the screen prices — a seeded subset of ``cap`` where there are more (the start's
+    own combination always in).  The refused ones, with why, go to ``records``."""
+    combos = P.combos()
+    own = dict(without_order(d0))
+    feasible, refused = fitting(combos, P.memory_checks(x0, combos))
+    if records is not None:
+        for combo, verdict in refused:  # refused by the configuration, or over memory
+            why = ({"reason": verdict.reason} if isinstance(verdict, Invalid) else
+                   {"need_bytes": verdict.need_bytes,
+                    "capacity_bytes": verdict.capacity_bytes})
+            records.append({**combo, **why})
+    every = feasible
+    if cap is not None and len(feasible) > cap:
+        keep = [c for c in feasible if c == own]
+        others = [c for c in feasible if c != own]
+        picks = rng.choice(len(others), size=cap - len(keep), replace=False)
+        feasible = keep + [others[i] for i in sorted(picks)]
+    return every, feasible
+
+
+def _screen(P: Problem, ask: _Asker, x0: Cont, d0: Mapping[str, Any],
+            feasible: list[dict[str, Any]], top_k: int):
+    """Phases 2 and 3: every combination at the start split in one mapping order (the
+    start's own for its own combination), then every other order class of the best; returns
+    each combination's best value and order, and the combinations' ranking by it."""
+    own = dict(without_order(d0))
+    order = {i: (d0.get(MAPPING_ORDER) if c == own and d0.get(MAPPING_ORDER) is not None
+                 else P.canonical_order(c)) for i, c in enumerate(feasible)}
+    value = dict(enumerate((yield from ask(SCREEN, x0, [P.with_order(c, order[i])
+                                                       for i, c in enumerate(feasible)]))))
+    ranking = sorted(value, key=value.__getitem__)
+    if P.has_order:
+        k = _ordered(P, feasible, value, ranking, top_k)
+        pairs = [(i, o) for i in ranking[:k] if math.isfinite(value[i])
+                 for o in P.order_classes(feasible[i]) if o != order[i]]
+        got = yield from ask(ORDERS, x0, [P.with_order(feasible[i], o) for i, o in pairs])
+        for (i, o), v in zip(pairs, got, strict=True):
+            if v < value[i]:
+                value[i], order[i] = v, o
+        ranking = sorted(value, key=value.__getitem__)
+    return value, order, ranking
+
+
+def _race(P: Problem, ask: _Asker, S: Settings,
+          starts: list[tuple[dict[str, Any], Cont, float]], rng: np.random.Generator):
+    """Phase 5, successive halving: a local search from each of ``starts`` (combination,
+    split, value) — and, where no mapping order is searched, a compass search from the best
+    of them (:data:`COMPASS_RACE`) — in installments of ``race`` evaluations per coordinate,
+    the worse half dropped after each and the installment doubled, until one is left.
+    Returns the runs, the one left and the compass search (None without one)."""
+    runs = [_Local(P, c, x, f, rng) for c, x, f in starts]
+    compass = None
+    if COMPASS_RACE and not P.has_order:
+        c, x, f = min(starts, key=lambda t: t[2])
+        compass = _Compass(P, c, x, f, rng)
+        runs.append(compass)
+    alive = list(range(len(runs)))
+    installment = S.race * max(1, len(P.coords))
+    while len(alive) > 1:
+        for i in alive:
+            yield from runs[i].advance(ask, RACE, installment)
+        alive = sorted(alive, key=lambda i: runs[i].value)[:math.ceil(len(alive) / 2)]
+        installment *= 2
+    return runs, runs[alive[0]], compass
 
 
 def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
