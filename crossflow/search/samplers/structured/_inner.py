@@ -55,128 +55,158 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
        on both halves (docs/search-benchmarks.md, "A ninth round").
     Every move is snapped to the AGE's step edges (:meth:`Problem.snap`).
     """
-    best, fbest = start, f0
-    used = 0
-    coords = list(P.coords)
-    if not coords or budget <= 0:
-        return best, fbest
-    steps = {c: step for c in coords}
-    direction = {c: 1.0 for c in coords}
-    gain = {c: 0.0 for c in coords}
-    up_effect = {c: 0.0 for c in coords}   # f(up) − f: < 0 helps, > 0 hurts
+    if not P.coords or budget <= 0:
+        return start, f0
+    run = _Exchange(P, discrete, start, f0, budget, step=step, min_step=min_step,
+                    max_step=max_step, donors=donors, idle=idle, receivers=receivers,
+                    revive_gain=revive_gain)
+    yield from run.sensitivity()
+    while run.used < budget and not run.spent:
+        improved = yield from run.round()
+        if improved and pattern:
+            yield from run.pattern_move()
+    return run.best, run.fbest
 
-    def moved(c: Coord, sign: float, size: float, at: Cont) -> Cont:
-        return P.snap(at, P.move(at, c, sign * size), c, discrete)
 
-    # 1. sensitivity, up then (for the flat ones) down
-    ups = [moved(c, 1.0, steps[c], best) for c in coords][:budget]
-    values = yield ups
-    used += len(ups)
-    flat = []
-    for c, v in zip(coords, values, strict=False):
-        up_effect[c] = v - fbest if math.isfinite(v) else math.inf
-        if better(v, fbest):
-            gain[c] = fbest - v
-        elif same(v, fbest):
-            flat.append(c)
-        else:
-            direction[c] = -1.0
-    downs = [moved(c, -1.0, steps[c], best) for c in flat][:max(0, budget - used)]
-    values_down: list[float] = []
-    frozen = set(flat)
-    if downs:
-        values_down = yield downs
-        used += len(downs)
-        # a coordinate flat up rests until the end (its move down, when better, is kept):
-        # it has no effect, or it has what it needs and only the others can use budget
-        # better (letting the flat-up-better-down ones go on moved no median on the suite)
-        for c, v in zip(flat, values_down, strict=False):
+class _Exchange:
+    """One run of :func:`exchange`: its incumbent and each coordinate's step, direction,
+    gain and record; its methods are the generators of the run's steps."""
+
+    def __init__(self, P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float,
+                 budget: int, *, step: float, min_step: float, max_step: float, donors: int,
+                 idle: int, receivers: int, revive_gain: float) -> None:
+        self.P, self.discrete, self.budget = P, discrete, budget
+        self.min_step, self.max_step, self.donors = min_step, max_step, donors
+        self.idle, self.receivers, self.revive_gain = idle, receivers, revive_gain
+        self.best, self.fbest, self.used = start, f0, 0
+        self.coords = coords = list(P.coords)
+        self.steps = {c: step for c in coords}
+        self.direction = {c: 1.0 for c in coords}
+        self.gain = {c: 0.0 for c in coords}
+        self.up_effect = {c: 0.0 for c in coords}   # f(up) − f: < 0 helps, > 0 hurts
+        self.fails = {c: 0 for c in coords}
+        self.wins = {c: 0 for c in coords}
+        self.live, self.resting, self.rounds = coords, set(), 0
+        self.origin, self.spent = start, False  # where the last round began; steps spent
+
+    def moved(self, c: Coord, sign: float, size: float, at: Cont) -> Cont:
+        return self.P.snap(at, self.P.move(at, c, sign * size), c, self.discrete)
+
+    def sensitivity(self):
+        """1. One move up of every coordinate, then a move down of those flat up."""
+        coords, fbest = self.coords, self.fbest
+        ups = [self.moved(c, 1.0, self.steps[c], self.best) for c in coords][:self.budget]
+        values = yield ups
+        self.used += len(ups)
+        flat = []
+        for c, v in zip(coords, values, strict=False):
+            self.up_effect[c] = v - fbest if math.isfinite(v) else math.inf
             if better(v, fbest):
-                direction[c], gain[c] = -1.0, fbest - v
-    for x, v in list(zip(ups, values, strict=False)) + list(zip(downs, values_down,
-                                                                  strict=False)):
-        if better(v, fbest):
-            best, fbest = x, v
-    live = [c for c in coords if c not in frozen] or coords
-    resting: set[Coord] = set()
+                self.gain[c] = fbest - v
+            elif same(v, fbest):
+                flat.append(c)
+            else:
+                self.direction[c] = -1.0
+        downs = [self.moved(c, -1.0, self.steps[c], self.best)
+                 for c in flat][:max(0, self.budget - self.used)]
+        values_down: list[float] = []
+        if downs:
+            values_down = yield downs
+            self.used += len(downs)
+            # a coordinate flat up rests until the end (its move down, when better, is
+            # kept): it has no effect, or it has what it needs and only the others can use
+            # budget better (letting the flat-up-better-down ones go on moved no median on
+            # the suite)
+            for c, v in zip(flat, values_down, strict=False):
+                if better(v, fbest):
+                    self.direction[c], self.gain[c] = -1.0, fbest - v
+        for x, v in list(zip(ups, values, strict=False)) + list(zip(downs, values_down,
+                                                                      strict=False)):
+            if better(v, self.fbest):
+                self.best, self.fbest = x, v
+        self.live = [c for c in coords if c not in set(flat)] or coords
 
-    fails = {c: 0 for c in coords}
-
-    def candidates(c: Coord):
-        """The moves of ``c`` in the order they are tried."""
-        yield direction[c], lambda at: moved(c, direction[c], steps[c], at)
-        yield -direction[c], lambda at: moved(c, -direction[c], steps[c], at)
+    def candidates(self, c: Coord):
+        """The moves of ``c`` in the order they are tried, as (sign, point from ``at``)."""
+        P, steps, direction = self.P, self.steps, self.direction
+        yield direction[c], lambda at: self.moved(c, direction[c], steps[c], at)
+        yield -direction[c], lambda at: self.moved(c, -direction[c], steps[c], at)
         if c.index < 0:
             return
-        mates = [d for d in live if d.block == c.block and d != c and d.index >= 0]
-        cheap = sorted(mates, key=lambda d: -up_effect[d])[:donors]
+        mates = [d for d in self.live if d.block == c.block and d != c and d.index >= 0]
+        cheap = sorted(mates, key=lambda d: -self.up_effect[d])[:self.donors]
         slack = P.slack(c.block)
-        if best.simplexes[c.block][slack.index] > 1e-3:  # free budget first
+        if self.best.simplexes[c.block][slack.index] > 1e-3:  # free budget first
             cheap.insert(0, slack)
         for d in cheap:
             yield 1.0, lambda at, d=d: P.snap_transfer(
-                at, P.transfer(at, c, d, steps[c]), c, d, discrete)
-        for r in sorted(mates, key=lambda d: up_effect[d])[:receivers]:
-            yield -1.0, lambda at, r=r: P.transfer(at, r, c,
-                                                           _shift(at, c, r, steps[c]))
+                at, P.transfer(at, c, d, steps[c]), c, d, self.discrete)
+        for r in sorted(mates, key=lambda d: self.up_effect[d])[:self.receivers]:
+            yield -1.0, lambda at, r=r: P.transfer(at, r, c, _shift(at, c, r, steps[c]))
 
-    # 2. adaptive rounds
-    wins = {c: 0 for c in coords}
-    rounds = 0
-    while used < budget:
-        rounds += 1
+    def round(self):
+        """2. One round over the live coordinates, the most rewarding first; returns
+        whether it improved (``spent`` is set when every coordinate's step is spent)."""
+        steps, live, resting = self.steps, self.live, self.resting
+        self.rounds += 1
         # a coordinate that never paid off in ``idle`` tries sits out two rounds of three
         order = sorted((c for c in live if c not in resting and (
-            wins[c] > 0 or fails[c] < idle or rounds % 3 == 0)), key=lambda c: -gain[c])
+            self.wins[c] > 0 or self.fails[c] < self.idle or self.rounds % 3 == 0)),
+            key=lambda c: -self.gain[c])
         if not order:
-            if all(steps[c] <= min_step for c in live):
-                break
+            if all(steps[c] <= self.min_step for c in live):
+                self.spent = True
+                return False
             resting.clear()
             for c in live:
-                steps[c] = max(steps[c], 8 * min_step)
-            continue
+                steps[c] = max(steps[c], 8 * self.min_step)
+            return False
         improved_any = False
-        origin = best
+        self.origin = self.best
         for c in order:
-            if used >= budget:
+            if self.used >= self.budget:
                 break
             success = False
-            for sign, make in candidates(c):
-                if used >= budget:
+            for sign, make in self.candidates(c):
+                if self.used >= self.budget:
                     break
-                x = make(best)
-                if x.key() == best.key():
+                x = make(self.best)
+                if x.key() == self.best.key():
                     continue
                 (v,) = yield [x]
-                used += 1
-                if better(v, fbest):
+                self.used += 1
+                if better(v, self.fbest):
                     success = True
-                    improved_any = improved_any or v < fbest * (1 - revive_gain)
-                    wins[c] += 1
-                    gain[c] = max(gain[c], fbest - v)
-                    best, fbest, direction[c] = x, v, sign
-                    steps[c] = min(max_step, steps[c] * 2.0)
+                    improved_any = improved_any or v < self.fbest * (1 - self.revive_gain)
+                    self.wins[c] += 1
+                    self.gain[c] = max(self.gain[c], self.fbest - v)
+                    self.best, self.fbest, self.direction[c] = x, v, sign
+                    steps[c] = min(self.max_step, steps[c] * 2.0)
                     break
             if not success:
-                fails[c] += 1
+                self.fails[c] += 1
                 steps[c] *= 0.5
-                gain[c] *= 0.5
-                if steps[c] < min_step:
+                self.gain[c] *= 0.5
+                if steps[c] < self.min_step:
                     resting.add(c)
         if improved_any:
             resting.clear()
-        # Hooke and Jeeves's pattern move: the round's whole change made once more, for
-        # as long as that improves (a valley the coordinates cross only one at a time)
-        while pattern and improved_any and used < budget:
-            x = _extrapolate(P, origin, best)
-            if x.key() == best.key():
+        return improved_any
+
+    def pattern_move(self):
+        """3. Hooke and Jeeves's pattern move: the round's whole change (from ``origin``)
+        made once more, for as long as that improves (a valley the coordinates cross only
+        one at a time)."""
+        origin = self.origin
+        while self.used < self.budget:
+            x = _extrapolate(self.P, origin, self.best)
+            if x.key() == self.best.key():
                 break
             (v,) = yield [x]
-            used += 1
-            if not better(v, fbest):
+            self.used += 1
+            if not better(v, self.fbest):
                 break
-            origin, best, fbest = best, x, v
-    return best, fbest
+            origin, self.best, self.fbest = self.best, x, v
 
 
 #: A share's floor in :func:`_extrapolate` (the encoding clips far above it).
