@@ -124,7 +124,8 @@ class _Exchange:
                                                                       strict=False)):
             if better(v, self.fbest):
                 self.best, self.fbest = x, v
-        self.live = [c for c in coords if c not in set(flat)] or coords
+        frozen = set(flat)
+        self.live = [c for c in coords if c not in frozen] or coords
 
     def candidates(self, c: Coord):
         """The moves of ``c`` in the order they are tried, as (sign, point from ``at``)."""
