@@ -200,9 +200,10 @@ def transformer_iteration(
     dense_params, expert_params = stage_parameter_split(
         spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp, ep=ep, etp=etp)
     stage_params = dense_params + expert_params
+    edp = tp * dp * cp // (ep * etp)  # the experts' data-parallel ranks
     reduce_s, gather_s = _gradient_sync(network, dense_params, expert_params,
-                                        grad_reduce_bytes, tp=tp, dp=dp, cp=cp, ep=ep,
-                                        etp=etp, zero1=zero1)
+                                        grad_reduce_bytes, tp=tp, dp=dp, cp=cp, edp=edp,
+                                        zero1=zero1)
     dp_time = _sync_exposed(reduce_s, gather_s, vp * per_chunk, layer_f, layer_b,
                             overlap_reduce=overlap_grad_reduce or overlap.grad_reduce,
                             overlap_gather=overlap.param_gather)
@@ -212,7 +213,6 @@ def transformer_iteration(
     emb_time = network.p2p(V * h / tp * grad_reduce_bytes, "lp") if pp > 1 and tied else 0.0
     # parameters this device updates (× shard: the expert ones in the dense ones' units)
     shard = dp * cp if zero1 else 1
-    edp = tp * dp * cp // (ep * etp)  # the experts' data-parallel ranks
     updated = stage_params if not expert_params else (
         dense_params + expert_params * shard / (edp if zero1 else 1))
     optimized = updated / shard
@@ -322,15 +322,14 @@ def _chunk_times(layers: list[int], moe_per_chunk: list[int], kinds: dict, ends,
     but the last sends activations, every chunk but the first gradients, each to a device
     that waits for them — unless ``overlap.p2p`` (Megatron-Core's ``overlap_p2p_comm``)
     runs them on their own stream and ``p2p_on_device`` is 0."""
-    if False in kinds:
-        dense, moe = kinds[False], kinds.get(True)
-        fwd_s = [(n - k) * dense[0] + k * moe[0] if k else n * dense[0]
-                 for n, k in zip(layers, moe_per_chunk, strict=True)]
-        bwd_s = [(n - k) * dense[1] + k * moe[1] if k else n * dense[1]
-                 for n, k in zip(layers, moe_per_chunk, strict=True)]
-    else:  # every layer an MoE one
-        fwd_s = [n * kinds[True][0] for n in layers]
-        bwd_s = [n * kinds[True][1] for n in layers]
+    def per_chunk(i: int) -> list[float]:  # i: 0 forward, 1 backward
+        if False not in kinds:  # every layer an MoE one
+            return [n * kinds[True][i] for n in layers]
+        dense = kinds[False][i]
+        return [(n - k) * dense + k * kinds[True][i] if k else n * dense
+                for n, k in zip(layers, moe_per_chunk, strict=True)]
+
+    fwd_s, bwd_s = per_chunk(0), per_chunk(1)
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
     fwd_s[0] += emb_f
     bwd_s[0] += emb_b
@@ -345,12 +344,12 @@ def _chunk_times(layers: list[int], moe_per_chunk: list[int], kinds: dict, ends,
 
 
 def _gradient_sync(network: Network, dense_params: float, expert_params: float,
-                   grad_bytes: float, *, tp: int, dp: int, cp: int, ep: int, etp: int,
+                   grad_bytes: float, *, tp: int, dp: int, cp: int, edp: int,
                    zero1: bool) -> tuple[float, float]:
     """Seconds of the gradients' reduction and of the updated parameters' all-gather (0
     without the distributed optimizer, ZeRO-1) over the data × context ranks: with it a
     reduce-scatter and an all-gather, else one all-reduce.  The experts' go over their own
-    data-parallel ranks (tp·dp·cp / (ep·etp)), a group that is not a dimension of the
+    data-parallel ranks (``edp`` = tp·dp·cp / (ep·etp)), a group that is not a dimension of the
     mapped grid: priced on the data-parallel rings, scaled to its ring volume."""
     reduce_s = gather_s = 0.0
     if dp * cp > 1:
@@ -358,7 +357,6 @@ def _gradient_sync(network: Network, dense_params: float, expert_params: float,
                                       dense_params * grad_bytes, "dp")
         if zero1:
             gather_s = network.collective("all_gather", dense_params * WEIGHT_BYTES, "dp")
-    edp = tp * dp * cp // (ep * etp)
     if expert_params and edp > 1:
         dim = "dp" if dp * cp > 1 else "kp1"
         n = dp * cp if dp * cp > 1 else tp
