@@ -88,21 +88,35 @@ def _cached_parallelism(key: tuple) -> Any:
 
 
 def _strategy(spec, parallelism):
-    if parallelism is None:
-        par = None
+    """The workload (with the parallelism's micro-batch and recompute mode), the strategy
+    and the parallelism spec, checked against each other.  A degree that does not fit the
+    workload is an error of the parallelism's file (every key these checks name is one of
+    its keys), so it names that file where there is one."""
+    par = None if parallelism is None else _parsed(parallelism)
+    try:
+        return _fitted(spec, par)
+    except ConfigError as exc:
+        if par is not None and par.source_file:
+            raise exc.with_file(par.source_file) from None
+        raise
+
+
+def _parsed(parallelism):
+    if isinstance(parallelism, Mapping):
+        try:
+            key = tuple(sorted(parallelism.items()))
+            hash(key)
+        except TypeError:  # nested or unhashable values: validate as given
+            key = None
+        if key is not None:
+            return _cached_parallelism(key)
+    return parse_parallelism(parallelism)
+
+
+def _fitted(spec, par):
+    if par is None:
         strategy = Strategy.megatron() if spec.kind == "transformer" else Strategy()
     else:
-        par = None
-        if isinstance(parallelism, Mapping):
-            try:
-                key = tuple(sorted(parallelism.items()))
-                hash(key)
-            except TypeError:  # nested or unhashable values: validate as given
-                key = None
-            if key is not None:
-                par = _cached_parallelism(key)
-        if par is None:
-            par = parse_parallelism(parallelism)
         strategy = par.to_strategy()
         if par.micro_batch_size and spec.kind == "transformer":
             spec = _with_micro_batch(spec, par.micro_batch_size)

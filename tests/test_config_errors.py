@@ -148,3 +148,22 @@ def test_check_accepts_good_files(tmp_path, cli):
     """))
     code, out, _ = cli("check", path)
     assert code == 0 and "ok (gemm)" in out
+
+
+@pytest.mark.parametrize("content, key", [
+    ("tensor_parallel: 3\ndata_parallel: 5\n", "'tensor_parallel' = 3"),  # heads: 32
+    ("pipeline_parallel: 5\n", "'pipeline_parallel' = 5"),                # layers: 32
+    ("context_parallel: 3\ndata_parallel: 1\n", "'context_parallel' = 3"),
+    ("data_parallel: 8\nexpert_parallel: 2\n", "'expert_parallel' = 2"),  # a dense model
+])
+def test_a_degree_that_does_not_fit_the_workload_names_the_parallelism_file(
+        tmp_path, cli, content, key):
+    """The degrees are checked against the workload after both files are read; the error
+    still names the file the degree is in, not "command line"."""
+    path = tmp_path / "par.yaml"
+    path.write_text(content)
+    code, out, err = cli("predict", "--workload", "llama3-8b", "--system",
+                         "dgx-h100-megatron-core", "--parallelism", path)
+    assert code == 2 and out == ""
+    assert err.startswith(f"crossflow: error: {path}: key {key}:"), err
+    assert "command line" not in err and len(err.strip().splitlines()) == 1

@@ -73,14 +73,14 @@ def _problem(w: Spec, s: Strategy, mbs: int | None) -> ConfigError | None:
         for size, name in ((w.num_attention_heads, "num_attention_heads"),
                            (w.ffn, "ffn_hidden_size")):
             if size % tp:
-                return ConfigError(f"must divide {name} ({size})", key="tensor_parallel",
-                                   value=tp)
+                return ConfigError(f"must divide the workload's {name} ({size})",
+                                   key="tensor_parallel", value=tp)
         if s.sp and w.seq_length % tp:
             return ConfigError(f"sequence parallelism needs tensor_parallel ({tp}) to "
                                f"divide seq_length ({w.seq_length})",
                                key="sequence_parallel", value=True)
         if w.num_layers % pp:
-            return ConfigError(f"must divide num_layers ({w.num_layers})",
+            return ConfigError(f"must divide the workload's num_layers ({w.num_layers})",
                                key="pipeline_parallel", value=pp)
         if (w.num_layers // pp) % vp:
             return ConfigError(f"must divide the {w.num_layers // pp} layers per pipeline "
