@@ -299,7 +299,8 @@ def test_predict_a_moe_preset_through_the_command_line(cli, tmp_path):
     assert d["breakdown"]["ep_comm_s"] > 0
     tokens = 1024 * 4096 / (d["time_s"] * 16)
     assert tokens == pytest.approx(8960, rel=0.15)  # the 26.04.01 run of this setting
-    for name in ("qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b", "mixtral-8x22b"):
+    for name in ("qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b", "mixtral-8x22b",
+                 "llama4-scout"):
         assert load_spec(name, "workloads").moe
 
 
