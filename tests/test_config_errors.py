@@ -167,3 +167,16 @@ def test_a_degree_that_does_not_fit_the_workload_names_the_parallelism_file(
     assert code == 2 and out == ""
     assert err.startswith(f"crossflow: error: {path}: key {key}:"), err
     assert "command line" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_misspelt_key_or_preset_gets_a_suggestion(tmp_path, cli):
+    path = tmp_path / "par.yaml"
+    path.write_text("kind: parallelism\ntensor_paralel: 8\n")
+    code, _, err = cli("check", path)
+    assert code == 2 and "(did you mean 'tensor_parallel'?)" in err
+    code, _, err = cli("predict", "--workload", "lama3-8b", "--system", "dgx-h100")
+    assert code == 2 and "unknown workload preset 'lama3-8b'" in err
+    assert "(did you mean 'llama3-8b'?)" in err
+    path.write_text("kind: gemm\nm: 64\nk: 64\nn: 64\nflavour: 1\n")  # nothing close
+    code, _, err = cli("check", path)
+    assert code == 2 and "unknown key 'flavour'" in err and "did you mean" not in err

@@ -333,6 +333,15 @@ def _convert(value: Any, suffix: str, path: str) -> Any:
     raise ConfigError(f"must be a number in {suffix}", key=path, value=value)
 
 
+def did_you_mean(name: str, known) -> str:
+    """A misspelt key's or preset's likely meaning (``tensor_paralel``:
+    ``tensor_parallel``), as a clause for the error; '' when nothing is close."""
+    import difflib  # only on the error path: not part of a prediction's start-up
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def normalize(
     model: type[Spec], data: Any, prefix: str, keymap: dict[tuple, tuple[str, Any]],
     loc: tuple = (),
@@ -374,7 +383,7 @@ def normalize(
                             allowed=f"{base}_<{'|'.join(dim.factors)}>",
                         )
                 raise ConfigError(
-                    f"unknown key '{key}' for {model.__name__}",
+                    f"unknown key '{key}' for {model.__name__}{did_you_mean(key, fields)}",
                     key=path,
                     value=value,
                     allowed=_allowed_keys(model),

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from crossflow.config.base import Spec, build, read_yaml
+from crossflow.config.base import Spec, build, did_you_mean, read_yaml
 from crossflow.errors import ConfigError
 
 #: kind -> (preset family folder, its Spec class or "module:Class" imported on first use).
@@ -196,7 +196,8 @@ def _locate(source: str, families: tuple[str, ...]) -> str:
     names = sorted({n for fam in families for n in (*local_names(fam), *preset_names(fam))})
     what = " or ".join(FAMILY_LABELS.get(f, f) for f in families) or "config"
     raise ConfigError(
-        f"unknown {what} preset {source!r}, and no file of that name",
+        f"unknown {what} preset {source!r}, and no file of that name"
+        + did_you_mean(source, names),
         value=source,
         allowed=", ".join(names) + " (or a path to a YAML file)",
     )
