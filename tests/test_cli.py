@@ -74,3 +74,27 @@ def test_every_shipped_yaml_passes_check(cli):
 def test_human_output_names_the_bottleneck(cli):
     code, out, _ = cli("predict", "--hardware", "h100-sxm5-80gb", "--workload", "gemm-8192")
     assert code == 0 and "bottleneck" in out and "TFLOP/s" in out
+
+
+def test_a_design_over_memory_lists_the_options_that_make_it_fit(cli):
+    """Llama 3 70B at t4 p4 c2 (NeMo's published setting without its distributed optimizer)
+    is refused for memory; predict lists what would fit, each verified by the model."""
+    args = ("predict", "--workload", "llama3-70b", "--system", "dgx-h100-megatron-core",
+            "--parallelism", "t4-p4-d4-v5-sp-c2")
+    code, out, _ = cli(*args)
+    assert code == 3 and "INFEASIBLE: memory per device" in out
+    assert "fits with" in out and "use_distributed_optimizer: true" in out
+    code, out, _ = cli(*args, "--json")
+    fits = json.loads(out)["fits_with"]
+    assert {"use_distributed_optimizer": True} in [f["options"] for f in fits]
+    for f in fits:
+        p = crossflow.predict(workload="llama3-70b", system="dgx-h100-megatron-core",
+                              parallelism={"tensor_parallel": 4, "pipeline_parallel": 4,
+                                           "data_parallel": 2, "context_parallel": 2,
+                                           "virtual_pipeline_stages": 5,
+                                           "sequence_parallel": True, **f["options"]})
+        assert p.feasible and p.time_s == pytest.approx(f["time_s"])
+        assert p.memory_per_device_bytes == f["memory_per_device_bytes"] <= 80e9
+    code, out, _ = cli("predict", "--workload", "gemm-64k", "--hardware", "v100-sxm2-32gb",
+                       "--json")
+    assert "fits_with" not in json.loads(out)

@@ -61,11 +61,69 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     p = predict(workload=args.workload, hardware=args.hardware, system=args.system,
                 parallelism=args.parallelism, mapping_order=args.mapping_order)
+    fits = _fits_with(args, p)
     if args.json:
-        print(json.dumps(p.to_dict(), indent=2, default=float))
+        out = p.to_dict()
+        if fits:
+            out["fits_with"] = [{"options": o, "memory_per_device_bytes":
+                                 q.memory_per_device_bytes, "time_s": q.time_s}
+                                for o, q in fits]
+        print(json.dumps(out, indent=2, default=float))
     else:
         _print_prediction(p)
+        _print_fits(fits)
     return EXIT_OK if p.feasible else EXIT_INFEASIBLE
+
+
+#: Parallelism options that shrink a transformer's memory per device, in Megatron-LM's
+#: names, tried one (then two) at a time when a design does not fit: the optimizer state
+#: sharded over the data-parallel ranks, and activations recomputed
+_MEMORY_OPTIONS = ({"use_distributed_optimizer": True}, {"recompute_granularity": "selective"},
+                   {"recompute_granularity": "full"})
+
+
+def _fits_with(args: argparse.Namespace, p) -> list[tuple[dict, object]]:
+    """For a transformer the memory check refused: the options above that make the same
+    design fit, each with the prediction it then gets (the model's own verdict, not a rule
+    of thumb); the pairs of options only where no single one fits."""
+    if p.feasible or p.details.get("rejected_by") != "memory_check" or not args.parallelism:
+        return []
+    from crossflow.config import load_spec
+    from crossflow.parallel import parse_parallelism
+    from crossflow.predict import predict
+
+    if load_spec(args.workload, "workloads").kind != "transformer":
+        return []  # the options are a transformer's (Megatron-LM's)
+    par = parse_parallelism(args.parallelism)
+
+    def tried(options: dict) -> tuple[dict, object] | None:
+        update = {("zero1" if k == "use_distributed_optimizer" else k): v
+                  for k, v in options.items()}
+        if all(getattr(par, k) == v for k, v in update.items()):
+            return None  # already so
+        q = predict(workload=args.workload, hardware=args.hardware, system=args.system,
+                    parallelism=par.model_copy(update=update),
+                    mapping_order=args.mapping_order)
+        return (options, q) if q.feasible else None
+
+    fits = [f for f in map(tried, _MEMORY_OPTIONS) if f]
+    if not fits:
+        fits = [f for f in (tried({**_MEMORY_OPTIONS[0], **o}) for o in _MEMORY_OPTIONS[1:])
+                if f]
+    return fits
+
+
+def _print_fits(fits: list[tuple[dict, object]]) -> None:
+    from crossflow.units import fmt_bytes, fmt_time
+
+    if not fits:
+        return
+    print("  fits with (the same design with these parallelism options, Megatron-LM's names):")
+    rows = [(", ".join(f"{k}: {str(v).lower()}" for k, v in o.items()), q) for o, q in fits]
+    width = max(len(text) for text, _ in rows)
+    for text, q in rows:
+        print(f"    {text:<{width}}  memory/device {fmt_bytes(q.memory_per_device_bytes):>8}"
+              f"  time {fmt_time(q.time_s)}")
 
 
 def _print_prediction(p) -> None:
