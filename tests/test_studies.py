@@ -489,3 +489,16 @@ def test_the_pareto_study_evaluates_distinct_designs(tmp_path):
     result = _run(load_study("gpt3-175b-a100-pareto"), tmp_path, 80)
     designs = [tuple(sorted(t.params.items())) for t in result.study.trials]
     assert len(designs) == 80 and len(set(designs)) == 80
+
+
+def test_a_design_prints_its_values_as_a_parallelism_file_takes_them():
+    from crossflow.search.study import design_lines
+
+    lines = design_lines({"strategy": "t2-d16-p2-sp", "area_fractions": {"core": 0.47312},
+                          "parallelism_options": {"expert_parallel": 16,
+                                                  "use_distributed_optimizer": True,
+                                                  "sequence_parallel": False}})
+    assert lines[0].split() == ["strategy", "t2-d16-p2-sp"]
+    assert "core 0.473" in lines[1]
+    assert lines[2].endswith("expert_parallel 16, use_distributed_optimizer true, "
+                             "sequence_parallel false")

@@ -280,10 +280,17 @@ def design_lines(design: Mapping[str, Any], *, full: bool = True) -> list[str]:
         if isinstance(value, Mapping):
             if not full and key.endswith("_fractions") and len(value) > 8:
                 continue
-            value = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                              for k, v in value.items())
+            value = ", ".join(f"{k} {_shown(v)}" for k, v in value.items())
         lines.append(f"    {key:<20} {value}")
     return lines
+
+
+def _shown(v: Any) -> str:
+    """A design value as a YAML file takes it: fractions to three decimals, booleans as
+    ``true`` / ``false`` (what a parallelism file or ``--parallelism`` expects)."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    return f"{v:.3f}" if isinstance(v, float) else f"{v}"
 
 
 def summary_lines(s: Mapping[str, Any]) -> list[str]:
