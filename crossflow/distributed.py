@@ -123,6 +123,12 @@ def _fitted(spec, par):
         if par.recompute_granularity and spec.kind == "transformer":
             spec = _with_recompute(spec, par.recompute_granularity)
         cp = par.context_parallel
+        if cp > 1 and "M" in (getattr(spec, "hybrid_override_pattern", None) or ""):
+            raise ConfigError(
+                "context parallelism of Mamba-2 layers (Megatron-Core's all-to-all between "
+                "the sequence and the heads around each mixer) is not modelled",
+                key="context_parallel", value=cp,
+                allowed="1 for a model with Mamba-2 layers (M in hybrid_override_pattern)")
         if cp > 1 and (spec.kind != "transformer" or spec.seq_length % (2 * cp)):
             raise ConfigError(
                 "context parallelism splits a transformer's sequence into 2·cp chunks (each "

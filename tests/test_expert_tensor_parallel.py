@@ -12,7 +12,8 @@ import crossflow
 from crossflow.arch.hardware import load_hardware
 from crossflow.config.loader import load_spec
 from crossflow.errors import ConfigError
-from crossflow.sim.training import _expert_shard, transformer_memory
+from crossflow.sim.training import transformer_memory
+from crossflow.sim.transformer import expert_shard as _expert_shard
 from crossflow.system import build_system
 from crossflow.system.collectives import all_gather
 from crossflow.workloads import transformer_graph
@@ -88,7 +89,7 @@ def test_expert_gemms_split_their_width_for_the_groups_tokens():
             assert two["wgrad_elements"] * 2 == one["wgrad_elements"]
     # FP8: Transformer Engine casts the gathered rows (fc1's input, fc2's output gradient),
     # etp times a rank's own; the casts of narrower tensors keep their size
-    from crossflow.sim.training import _expert_gathered
+    from crossflow.sim.transformer import expert_gathered as _expert_gathered
 
     g8 = transformer_graph(_moe(precision="fp8"))
     gathered = {n for n, a in g8.nodes(data=True)

@@ -275,7 +275,7 @@ def test_expert_weight_gradients_accumulate_on_their_own_rank_only():
     """An expert-parallel rank holds 1/ep of the experts, so its weight-gradient GEMMs
     accumulate 1/ep of the experts' gradients into main_grad (the fused accumulation of
     dgx-h100-megatron-core), not every expert's."""
-    from crossflow.sim.training import _expert_shard
+    from crossflow.sim.transformer import expert_shard as _expert_shard
 
     g = transformer_graph(_moe())
     dws = [a for _, a in g.nodes(data=True)

@@ -114,7 +114,7 @@ def _table4_backward(accum: int, micro_batch: int):
     spec = _spec(**{**TABLE4_MODEL, "micro_batch_size": micro_batch,
                     "global_batch_size": micro_batch}, activation_recompute="selective")
     blocks, _ = _passes(arch, spec, 8, True, _tp_network(arch), accum=accum)
-    return blocks[False]
+    return blocks["*-"]
 
 
 def test_fused_weight_gradient_accumulation_reads_and_writes_the_fp32_buffer():

@@ -74,9 +74,10 @@ class TransformerSpec(Spec):
     #: a separate output-layer weight instead of the word embedding's (Llama); no
     #: embedding-gradient exchange between the first and last pipeline stage
     untie_embeddings_and_output_weights: bool = False
-    #: learned absolute position embeddings (GPT-3) or rotary embeddings applied to q and k
-    #: (Llama, Nemotron); Megatron's ``--position-embedding-type``
-    position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
+    #: learned absolute position embeddings (GPT-3), rotary embeddings applied to q and k
+    #: (Llama, Nemotron), or none (Mamba-based hybrids: the mixers carry the positions);
+    #: Megatron's ``--position-embedding-type``
+    position_embedding_type: Literal["learned_absolute", "rope", "none"] = "learned_absolute"
     #: the attention kernel (Megatron's ``--attention-backend``): ``unfused`` (two batched
     #: GEMMs with the s×s scores in memory and a softmax kernel, Megatron-LM 2021-22) or
     #: ``flash`` (one fused, tiled kernel, FlashAttention / cuDNN: no s×s tensor in memory);
@@ -124,6 +125,19 @@ class TransformerSpec(Spec):
     #: (``--moe-pad-expert-input-to-capacity``): each expert's GEMMs and the all-to-alls
     #: carry exactly the capacity, however the router spread the tokens
     moe_pad_expert_input_to_capacity: bool = False
+    #: a hybrid stack (Megatron-LM's ``--hybrid-override-pattern``; Mamba-based models such
+    #: as Nemotron-H): one symbol per layer, each a layer of its own with a pre-norm and a
+    #: residual — ``M`` a Mamba-2 mixer, ``*`` self-attention, ``-`` an MLP, ``E`` an MoE
+    #: layer; None: every layer is attention followed by an MLP (or MoE, ``moe_layer_freq``)
+    hybrid_override_pattern: str | None = None
+    #: Mamba-2 (``--mamba-state-dim``, ``--mamba-head-dim``, ``--mamba-num-groups``,
+    #: ``--mamba-num-heads``; Megatron-Core's MambaMixer): the SSM state per head, the
+    #: width of a head, the groups sharing B and C; heads None: 2 · hidden_size / head
+    #: width (the mixer's expand of 2)
+    mamba_state_dim: Dim = 128
+    mamba_head_dim: Dim = 64
+    mamba_num_groups: Dim = 8
+    mamba_num_heads: Dim | None = None
 
     @property
     def ffn(self) -> int:
@@ -199,8 +213,39 @@ class TransformerSpec(Spec):
         return self.num_moe_experts is not None and any(self.moe_layers)
 
     @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """Per layer (from 0), what it holds, as symbols of ``hybrid_override_pattern``:
+        ``*-`` attention and an MLP, ``*E`` attention and an MoE layer, or one symbol of a
+        hybrid stack (``M``, ``*``, ``-``, ``E``)."""
+        if self.hybrid_override_pattern is not None:
+            return tuple(self.hybrid_override_pattern)
+        return tuple("*E" if moe else "*-" for moe in self.moe_layers)
+
+    @property
+    def mamba_heads(self) -> int:
+        """Mamba-2 heads (``mamba_num_heads``, default 2 · hidden_size / mamba_head_dim)."""
+        return self.mamba_num_heads or 2 * self.hidden_size // self.mamba_head_dim
+
+    @property
+    def mamba_inner(self) -> int:
+        """The Mamba-2 mixer's inner width (d_inner = heads × head width)."""
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_width(self) -> int:
+        """Channels of the mixer's causal convolution: x, B and C (d_inner + 2·groups·state)."""
+        return self.mamba_inner + 2 * self.mamba_num_groups * self.mamba_state_dim
+
+    @property
+    def mamba_in_width(self) -> int:
+        """Output width of the mixer's input projection: z, x, B, C and dt."""
+        return self.mamba_inner + self.mamba_conv_width + self.mamba_heads
+
+    @property
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer (from 0), whether it is an MoE layer (all False for a dense model)."""
+        if self.hybrid_override_pattern is not None:
+            return tuple(c == "E" for c in self.hybrid_override_pattern)
         if self.num_moe_experts is None:
             return (False,) * self.num_layers
         if isinstance(self.moe_layer_freq, int):
@@ -290,6 +335,8 @@ class TransformerSpec(Spec):
                 "model has none (num_moe_experts is not set)",
                 key="moe_expert_capacity_factor", value=self.moe_expert_capacity_factor,
                 allowed="null for a dense model, or set num_moe_experts")
+        if self.hybrid_override_pattern is not None:
+            self._hybrid_fits()
         if self.num_moe_experts is not None:
             if self.moe_router_topk > self.num_moe_experts:
                 raise ConfigError(
@@ -307,6 +354,44 @@ class TransformerSpec(Spec):
                     allowed=f"an integer N >= 1 (every N-th layer) or {self.num_layers} "
                     "zeros and ones")
         return self
+
+    def _hybrid_fits(self) -> None:
+        pattern = self.hybrid_override_pattern
+        key = "hybrid_override_pattern"
+        odd = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+        if odd or not pattern:
+            raise ConfigError(
+                "a hybrid stack gives one symbol per layer" + (
+                    f"; {', '.join(repr(c) for c in odd)} is none of them" if odd else ""),
+                key=key, value=pattern,
+                allowed="M (Mamba-2), * (attention), - (MLP), E (MoE), e.g. M-M*-")
+        if len(pattern) != self.num_layers:
+            raise ConfigError(
+                f"one symbol per layer, but {len(pattern)} symbols for num_layers "
+                f"({self.num_layers}) (Megatron-LM counts every Mamba, attention, MLP and MoE "
+                f"layer as one)", key=key, value=pattern,
+                allowed=f"{self.num_layers} symbols, or num_layers: {len(pattern)}")
+        if ("E" in pattern) != (self.num_moe_experts is not None):
+            raise ConfigError(
+                "an E layer is an MoE layer: it needs num_moe_experts, and num_moe_experts "
+                "needs an E layer in the pattern", key=key, value=pattern,
+                allowed="E in the pattern with num_moe_experts set, or neither")
+        if self.moe_layer_freq != 1:
+            raise ConfigError(
+                "the hybrid pattern places the MoE layers (its E symbols)",
+                key="moe_layer_freq", value=self.moe_layer_freq,
+                allowed="unset with hybrid_override_pattern")
+        heads, groups = self.mamba_heads, self.mamba_num_groups
+        if "M" in pattern and heads % groups:
+            raise ConfigError(
+                f"the Mamba-2 heads ({heads}) are split evenly into the groups that share B "
+                f"and C", key="mamba_num_groups", value=groups,
+                allowed=f"a divisor of {heads}")
+
+
+#: The layer symbols of ``hybrid_override_pattern`` (Megatron-LM's
+#: megatron/core/ssm/mamba_hybrid_layer_allocation.py): Mamba-2, attention, MLP, MoE
+HYBRID_SYMBOLS = ("M", "*", "-", "E")
 
 
 class LstmSpec(Spec):

@@ -70,8 +70,11 @@ def _problem(w: Spec, s: Strategy, mbs: int | None) -> ConfigError | None:
             return paper("a transformer takes Megatron tensor parallelism (t{tp}), not "
                          f"{s.kp_type}")
         tp, pp, dp, vp = s.tp, s.pp, s.dp, s.vp
+        mamba = "M" in (w.hybrid_override_pattern or "")
         for size, name in ((w.num_attention_heads, "num_attention_heads"),
-                           (w.ffn, "ffn_hidden_size")):
+                           (w.ffn, "ffn_hidden_size"),
+                           *(((w.mamba_heads, "Mamba-2 heads"),
+                              (w.mamba_num_groups, "mamba_num_groups")) if mamba else ())):
             if size % tp:
                 return ConfigError(f"must divide the workload's {name} ({size})",
                                    key="tensor_parallel", value=tp)

@@ -25,12 +25,45 @@ def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: boo
 
 
 def spec_model_flops(spec, recompute: bool = False) -> float:
-    """:func:`model_flops` of a TransformerSpec; with MoE layers, :func:`moe_model_flops`."""
+    """:func:`model_flops` of a TransformerSpec; with MoE layers, :func:`moe_model_flops`;
+    of a hybrid stack, :func:`hybrid_model_flops`."""
+    if spec.hybrid_override_pattern is not None:
+        return hybrid_model_flops(spec, recompute)
     if spec.moe or spec.multi_latent_attention:
         return moe_model_flops(spec, recompute)
     return model_flops(spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size,
                        spec.global_batch_size, spec.ffn, recompute, qkv=spec.qkv_width,
                        q=spec.q_width, ffn_in=spec.mlp_in_width)
+
+
+def _per_token(spec) -> dict[str, float]:
+    """Forward FLOPs per token of each sublayer as Megatron-LM counts them: attention's
+    projections and its scores and values over the whole s × s, a dense MLP, an MoE layer
+    (its router, the active experts and the shared expert)."""
+    h, s, a = spec.hidden_size, spec.seq_length, spec.num_attention_heads
+    gated = 2 if spec.gated_linear_unit else 1
+    return {
+        "*": 2 * spec.attention_macs + 2 * s * a * (spec.qk_dim + spec.head_dim),
+        "-": 2 * (h * spec.mlp_in_width + spec.ffn * h),
+        "E": (2 * h * (spec.num_moe_experts or 0)
+              + spec.moe_router_topk * 2 * (h * spec.moe_in_width + spec.moe_ffn * h)
+              + 2 * (gated + 1) * h * spec.shared_ffn),
+    }
+
+
+def hybrid_model_flops(spec, recompute: bool = False) -> float:
+    """Model FLOPs of a hybrid stack (Megatron-LM's ``hybrid_flops`` in
+    megatron/training/training.py): per layer its own sublayer — a Mamba-2 layer's input
+    projection (2·h·(2·d_inner + 2·groups·state + heads)), scan (7·d_inner·state) and output
+    projection (2·d_inner·h), with d_inner the model's heads × head width where Megatron-LM
+    takes 2·h — and the logits; backward twice the forward."""
+    h, s, B, V = spec.hidden_size, spec.seq_length, spec.global_batch_size, spec.vocab_size
+    di = spec.mamba_inner
+    per = _per_token(spec)
+    per["M"] = 2 * h * spec.mamba_in_width + 7 * di * spec.mamba_state_dim + 2 * di * h
+    layers_forward = B * s * sum(per[c] for c in spec.hybrid_override_pattern)
+    forward = layers_forward + B * s * 2 * h * V
+    return 3 * forward + (layers_forward if recompute else 0)
 
 
 def moe_model_flops(spec, recompute: bool = False) -> float:

@@ -50,9 +50,14 @@ from crossflow.sim.training_memory import (
 from crossflow.sim.training_memory import MAIN_GRAD_BYTES as MAIN_GRAD_BYTES
 from crossflow.sim.training_memory import OPTIMIZER_BYTES as OPTIMIZER_BYTES
 from crossflow.sim.training_memory import stage_parameters as stage_parameters
-from crossflow.sim.transformer import block_collectives, collective_count, price_nodes
+from crossflow.sim.transformer import (
+    block_collectives,
+    collective_count,
+    expert_gathered,
+    expert_shard,
+    price_nodes,
+)
 from crossflow.workloads import transformer_graph
-from crossflow.workloads.graph import node_flops
 
 #: Megatron's optimizer step, per parameter, with the fp32 gradient buffer: the unscale and
 #: inf check (read and write the gradient, 4 + 4 B), the gradient norm (read it, 4 B), fused
@@ -176,23 +181,29 @@ def transformer_iteration(
         kv_s = network.p2p(kv, "dp")
         kv_dkv_s = network.p2p(2 * kv, "dp") if cp > 2 else 0.0
     cp_f, cp_b = ring_comm(cp, kv_s, kv_dkv_s)
-    # per kind of layer (dense, MoE): (forward, backward) seconds and the communication
-    # hidden behind them
-    kinds = {moe: _layer_times(bf, bb, overlap, cp_f, cp_b,
-                               ring_exposed(cp, kv_s, kv_dkv_s, bf.attention, bb.attention))
-             for moe, (bf, bb) in blocks.items()}
+    # per kind of layer (``spec.layer_kinds``): (forward, backward) seconds and the
+    # communication hidden behind them
+    kinds = {kind: _layer_times(bf, bb, overlap, cp_f, cp_b,
+                                ring_exposed(cp, kv_s, kv_dkv_s, bf.attention, bb.attention))
+             for kind, (bf, bb) in blocks.items()}
     # the block the host, the breakdown's detail and the per-layer figures describe: the
     # MoE one where there are MoE layers (a model mixing both is priced layer by layer on
-    # the device, its host issue as if all its layers were of that kind)
-    rep_kind = spec.moe
+    # the device, its host issue as if all its layers were of that kind); of a hybrid
+    # stack, its most frequent kind, and a layer's time the mean over its layers
+    all_kinds = spec.layer_kinds
+    if spec.hybrid_override_pattern is None:
+        rep_kind = "*E" if spec.moe else "*-"
+        layer_f, layer_b, *_ = kinds[rep_kind]
+    else:
+        rep_kind = max(sorted(blocks), key=all_kinds.count)
+        layer_f, layer_b = (sum(kinds[k][i] for k in all_kinds) / L for i in (0, 1))
     block_f, block_b = blocks[rep_kind]
-    layer_f, layer_b, *_ = kinds[rep_kind]
     T = b * s // cp
 
-    moe_per_chunk = _chunk_moe_layers(spec, layers)
+    per_chunk_kinds = _chunk_kinds(spec, layers)
     p2p = _stage_transfer(network, T * h * nbytes, tp=tp, pp=pp, sp=sp)
     p2p_on_device = 0.0 if overlap.p2p else p2p
-    fwd_s, bwd_s = _chunk_times(layers, moe_per_chunk, kinds, ends, p2p_on_device)
+    fwd_s, bwd_s = _chunk_times(per_chunk_kinds, kinds, ends, p2p_on_device)
     host = _host(software, block_f, block_b, ends, per_chunk, chunks, pp, p2p_on_device)
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
@@ -224,18 +235,19 @@ def transformer_iteration(
     device_tail = dp_time + emb_time + opt
     host_tail = software.iteration_s if host is not None else 0.0
     total = pipe.makespan_s + max(device_tail, host_tail)
-    moe_layers = sum(spec.moe_layers)
-    blocks_J = sum((moe_layers if moe else L - moe_layers) * (bf.energy_J + bb.energy_J)
-                   for moe, (bf, bb) in blocks.items())
+    blocks_J = sum(all_kinds.count(kind) * (bf.energy_J + bb.energy_J)
+                   for kind, (bf, bb) in blocks.items())
     energy = _energy(arch, spec, tp=tp, pp=pp, dp=dp, m=m, blocks_J=blocks_J,
                      ends=ends, stage_params=optimized, adam_J=adam.energy_J)
     micro = m * vp * per_chunk  # layer passes per device per iteration, for the breakdown
-    # the first device's chunks: what share of its layers is of each kind
-    here_moe = sum(moe_per_chunk[::pp]) / max(1, sum(layers[::pp]))
-    share = {True: here_moe, False: 1.0 - here_moe}
+    # the first device's chunks: what share of its layers is of each kind (the first: the rest)
+    here = max(1, sum(layers[::pp]))
+    first, *others = blocks
+    share = {k: sum(c.get(k, 0) for c in per_chunk_kinds[::pp]) / here for k in others}
+    share[first] = 1.0 - sum(share.values())
 
     def per_layer(f) -> float:
-        return micro * sum(share[moe] * f(moe, bf, bb) for moe, (bf, bb) in blocks.items())
+        return micro * sum(share[k] * f(k, bf, bb) for k, (bf, bb) in blocks.items())
 
     layers_share = {
         "compute_s": per_layer(lambda _, f, b: f.compute + b.compute),
@@ -313,21 +325,18 @@ def _stage_transfer(network: Network, act: float, *, tp: int, pp: int, sp: bool)
     return p2p
 
 
-def _chunk_times(layers: list[int], moe_per_chunk: list[int], kinds: dict, ends,
+def _chunk_times(per_chunk_kinds: list[dict[str, int]], kinds: dict, ends,
                  p2p_on_device: float) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of one micro-batch on each pipeline chunk: its layers of
-    each kind (``kinds``, :func:`_layer_times` per kind), the embedding on the first chunk,
-    the head and loss on the last, and the stage transfers.  Megatron's send/recv between
-    stages blocks both devices (``batch_isend_irecv`` and a wait, SC21 §4.1): every chunk
+    each kind (``per_chunk_kinds``; ``kinds``, :func:`_layer_times` per kind), the
+    embedding on the first chunk, the head and loss on the last, and the stage transfers.
+    Megatron's send/recv between stages blocks both devices (``batch_isend_irecv`` and a
+    wait, SC21 §4.1): every chunk
     but the last sends activations, every chunk but the first gradients, each to a device
     that waits for them — unless ``overlap.p2p`` (Megatron-Core's ``overlap_p2p_comm``)
     runs them on their own stream and ``p2p_on_device`` is 0."""
     def per_chunk(i: int) -> list[float]:  # i: 0 forward, 1 backward
-        if False not in kinds:  # every layer an MoE one
-            return [n * kinds[True][i] for n in layers]
-        dense = kinds[False][i]
-        return [(n - k) * dense + k * kinds[True][i] if k else n * dense
-                for n, k in zip(layers, moe_per_chunk, strict=True)]
+        return [sum(n * kinds[k][i] for k, n in counts.items()) for counts in per_chunk_kinds]
 
     fwd_s, bwd_s = per_chunk(0), per_chunk(1)
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
@@ -335,7 +344,7 @@ def _chunk_times(layers: list[int], moe_per_chunk: list[int], kinds: dict, ends,
     bwd_s[0] += emb_b
     fwd_s[-1] += head_f
     bwd_s[-1] += head_b
-    for g in range(len(layers) - 1):
+    for g in range(len(per_chunk_kinds) - 1):
         fwd_s[g] += p2p_on_device
         bwd_s[g + 1] += p2p_on_device
         fwd_s[g + 1] += p2p_on_device
@@ -407,11 +416,13 @@ def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float,
             tp_hidden_f, tp_hidden_b, cp_hidden_f, cp_hidden_b, ep_hidden_f, ep_hidden_b)
 
 
-def _chunk_moe_layers(spec, layers: list[int]) -> list[int]:
-    """MoE layers in each pipeline chunk (chunks hold consecutive layers, first to last)."""
-    pattern, out, start = spec.moe_layers, [], 0
+def _chunk_kinds(spec, layers: list[int]) -> list[dict[str, int]]:
+    """Layers of each kind in each pipeline chunk (chunks hold consecutive layers, first to
+    last), the kinds in sorted order, a kind a chunk does not hold left out."""
+    pattern, out, start = spec.layer_kinds, [], 0
     for n in layers:
-        out.append(sum(pattern[start:start + n]))
+        here = pattern[start:start + n]
+        out.append({k: here.count(k) for k in sorted(set(here))})
         start += n
     return out
 
@@ -432,7 +443,8 @@ def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, blocks_J, ends, stage_param
     intra = arch.links.get("intra")
     inter = arch.links.get("inter") or intra
     per_pass = 4 + (2 if spec.activation_recompute == "full" else 0)  # all-reduces per block
-    tp_bytes = per_pass * 2 * (tp - 1) / tp * act * spec.num_layers * m * dp * tp
+    blocks = sum(map(len, spec.layer_kinds)) / 2  # a hybrid stack's layer is half a block
+    tp_bytes = per_pass * 2 * (tp - 1) / tp * act * blocks * m * dp * tp
     dp_bytes = 2 * (dp - 1) / dp * stage_params * GRAD_BYTES * tp * pp * dp
     pp_bytes = 2 * act * (pp - 1) * m * dp
     links = (tp_bytes * (intra.energy_J_per_B if intra else 0.0)
@@ -452,56 +464,27 @@ def accum_bytes(software) -> int:
 def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int = 1,
             a2a: float = 0.0, moe_efficiency: float = 1.0, accum: float = 0.0,
             etp: int = 1, gather: float = 0.0):
-    """Forward / backward times of one block of each kind the model has (a dict: is it an
-    MoE layer -> (forward, backward)), and of the embedding and of the head (per
+    """Forward / backward times of one block of each kind the model has (a dict: its
+    ``layer_kinds`` symbols -> (forward, backward)), and of the embedding and of the head (per
     micro-batch, one tensor-parallel and context-parallel rank), priced from the workload
     graph's nodes.  Context parallelism divides every node's tokens (its batch key) by
     ``cp``; a flash attention core becomes Transformer Engine's ring
     (:mod:`crossflow.sim.ring_attention`), an unfused one keeps 1/cp of its heads;
     expert parallelism gives each rank 1/ep of the experts, each with ep times the tokens
     and expert tensor parallelism 1/etp of each expert's width for etp times the tokens
-    (:func:`_expert_shard`); ``a2a`` is the seconds of one of its all-to-alls, ``gather``
-    of the expert-tensor-parallel all-gather or reduce-scatter beside each; ``accum`` the
+    (:func:`~crossflow.sim.transformer.expert_shard`); ``a2a`` is the seconds of one of its
+    all-to-alls, ``gather`` of the expert-tensor-parallel all-gather or reduce-scatter
+    beside each; ``accum`` the
     bytes per weight gradient of the accumulation into the gradient buffer
     (:func:`accum_bytes`)."""
     blocks = {}
-    for moe in sorted(set(spec.moe_layers)):
-        *block, ends = _block_passes(arch, _one_block(spec, moe), tp, sp, coll, cp, ep,
+    for kind in sorted(set(spec.layer_kinds)):
+        moe = "E" in kind
+        *block, ends = _block_passes(arch, _one_block(spec, kind), tp, sp, coll, cp, ep,
                                      a2a if moe else 0.0, moe_efficiency, accum, etp,
                                      gather if moe else 0.0)
-        blocks[moe] = tuple(block)
+        blocks[kind] = tuple(block)
     return blocks, ends
-
-
-def _expert_shard(attrs: dict, ep: int, etp: int = 1) -> dict:
-    """An expert GEMM on one rank of the expert grid: 1/ep of the experts, each with the
-    tokens routed to it from all ep expert-parallel ranks (balanced routing); with ``etp``
-    expert-tensor-parallel ranks, 1/etp of each expert's width (``expert_width``: fc1's
-    columns, fc2's rows) for the tokens of the whole expert-tensor group, etp times a
-    rank's own.  FLOPs per rank stay those of ep = etp = 1: the GEMMs change shape."""
-    out = dict(attrs)
-    key = attrs["expert_tokens"]
-    out["count"] = -(-attrs["count"] // ep)
-    out[key] = attrs[key] * ep * etp
-    if etp > 1:
-        width = attrs["expert_width"]
-        out[width] = -(-attrs[width] // etp)
-    if attrs.get("wgrad_elements"):  # the weight gradients of this rank's experts only
-        out["wgrad_elements"] = attrs["wgrad_elements"] * out["count"] // attrs["count"]
-        if etp > 1:  # and of their slice (the width is a dimension of the m × n gradient)
-            out["wgrad_elements"] = out["wgrad_elements"] * out[width] // attrs[width]
-    out["flops"] = node_flops(out)
-    return out
-
-
-def _expert_gathered(attrs: dict, etp: int) -> dict:
-    """An FP8 cast of the full-width rows an expert-tensor group gathered (``expert_
-    gathered``): etp times a rank's own rows."""
-    out = dict(attrs)
-    key = attrs["expert_gathered"]
-    out[key] = attrs[key] * etp
-    out["flops"] = node_flops(out)
-    return out
 
 
 def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: int,
@@ -524,18 +507,23 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
             continue
         shard = shard_node(attrs, strategy)
         if experts and attrs.get("expert_tokens"):
-            shard = _expert_shard(shard, ep, etp)
+            shard = expert_shard(shard, ep, etp)
         elif etp > 1 and attrs.get("expert_gathered"):
-            shard = _expert_gathered(shard, etp)
+            shard = expert_gathered(shard, etp)
         groups.setdefault((attrs["layer"], backward), []).append(shard)
     tokens = spec.micro_batch_size * spec.seq_length // cp
+    # the collectives of its sublayers: two (attention and MLP) in a block, one in a layer
+    # of a hybrid stack
+    sublayers = len(spec.layer_kinds[0])
     comm_f, comm_b = block_collectives(tokens=tokens, hidden=spec.hidden_size,
                                        precision=spec.activation_precision, sp=sp,
-                                       recompute=spec.activation_recompute, collective=coll)
+                                       recompute=spec.activation_recompute, collective=coll,
+                                       sublayers=sublayers)
     act = tokens * spec.hidden_size * BYTES_PER_ELEMENT[spec.activation_precision]
     vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
     on = tp > 1
-    count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute)
+    count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute,
+                                        sublayers=sublayers)
     block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f, a2a, moe_efficiency,
                           gather=gather)
     block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b, a2a, moe_efficiency,
@@ -585,10 +573,12 @@ def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int
 
 
 @lru_cache(maxsize=256)
-def _one_block(spec, moe: bool = False):
-    """The same model with one block of a kind (an MoE layer when ``moe``): all blocks of
-    a kind are alike, so one prices them all."""
-    if not moe:
+def _one_block(spec, kind: str = "*-"):
+    """The same model with one block of a kind (``layer_kinds``' symbols): all blocks of a
+    kind are alike, so one prices them all."""
+    if spec.hybrid_override_pattern is not None:
+        return spec.model_copy(update={"num_layers": 1, "hybrid_override_pattern": kind})
+    if kind == "*-":
         return spec.model_copy(update={"num_layers": 1, "num_moe_experts": None,
                                        "moe_layer_freq": 1})
     return spec.model_copy(update={"num_layers": 1, "moe_layer_freq": 1})

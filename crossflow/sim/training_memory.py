@@ -49,7 +49,7 @@ def stage_parameter_split(spec, *, tp: int, pp: int, extra_layers: tuple[int, in
     does (Megatron-Core's expert grid)."""
     L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
     counts = chunk_layers(L, pp * vp, extra_layers)
-    if not spec.moe:
+    if not spec.moe and spec.hybrid_override_pattern is None:
         first = sum(counts[::pp])  # the first device's chunks
         return first * block_params(spec) / tp + V * h / tp, 0.0
     starts = [sum(counts[:i]) for i in range(len(counts))]
@@ -86,6 +86,19 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
                    m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp)
 
 
+def _hybrid_split(spec, qkv: float, dense_mlp: float, moe_mlp: float) -> float:
+    """The bytes per token and hidden unit that tensor parallelism splits, averaged over
+    the layers of a hybrid stack: an attention layer's q, k, v and output (as in a block),
+    an MLP's or MoE layer's (as in a block), and a Mamba-2 layer's saved tensors — the input
+    projection's output (z, x, B, C, dt; mamba_ssm's memory-efficient path recomputes the
+    convolution from it), the scan's output and the gated norm's (the output projection's
+    input), 2 bytes each."""
+    pattern, h = spec.hybrid_override_pattern, spec.hidden_size
+    mamba = 2 * (spec.mamba_in_width + 2 * spec.mamba_inner) / h
+    return (pattern.count("*") * (2 + qkv) + pattern.count("M") * mamba
+            + pattern.count("-") * dense_mlp + pattern.count("E") * moe_mlp) / len(pattern)
+
+
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
             schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1) -> dict[str, float]:
     """Bytes on the first pipeline stage's device (the fullest).
@@ -104,7 +117,7 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     # split (layernorm inputs, dropout masks) and 24 it does: 16 in the MLP (the fc1 and
     # GeLU outputs, 2·4h each), 6 the q, k, v, 2 the attention output.  A gated MLP keeps
     # its 2·ffn-wide fc1 output and the ffn-wide SwiGLU output; GQA keeps smaller k, v.
-    mlp = (6 if spec.gated_linear_unit else 4) * spec.ffn / h
+    mlp = dense_mlp = moe_mlp = (6 if spec.gated_linear_unit else 4) * spec.ffn / h
     if spec.moe:
         # An MoE layer keeps, per token, its k permuted copies and their expert outputs
         # (2·k·h each) and the experts' fc1 and activation outputs, as a dense MLP of width
@@ -123,6 +136,8 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         kvl, _, rope, _ = spec.mla_dims
         qkv += 2 * (2 * (spec.q_lora_rank or 0) + 2 * kvl + rope) / h
     split = 2 + qkv + mlp
+    if spec.hybrid_override_pattern is not None:
+        split = _hybrid_split(spec, qkv, dense_mlp, moe_mlp)
     if rc == "full":
         per_layer = 2 * s * b * h / (tp if sp else 1)
     else:
@@ -130,14 +145,22 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         # the s×s scores, probabilities and dropout mask; none with a flash kernel (it keeps
         # only the softmax statistics) or under selective recomputation
         attention = 0.0 if rc == "selective" or flash else 5 * a * s / (h * tp)
-        base = (10 + split) / tp if sp else 10 + split / tp
+        if spec.hybrid_override_pattern is not None:  # one norm per layer, not two
+            attention *= spec.hybrid_override_pattern.count("*") / L
+            base = (5 + split) / tp if sp else 5 + split / tp
+        else:
+            base = (10 + split) / tp if sp else 10 + split / tp
         if spec.precision == "fp8":
             # Transformer Engine saves the FP8 copies of the GEMM inputs it made anyway for
             # the weight gradients: the qkv and fc1 inputs (layernorm outputs) and the fc2
             # input take 1 byte instead of 2 (the attention output stays bf16: the flash
             # backward reads it)
-            base -= 2 / tp if sp else 2
-            base -= spec.ffn / h / tp
+            if spec.hybrid_override_pattern is None:
+                base -= 2 / tp if sp else 2
+                base -= spec.ffn / h / tp
+            else:  # one norm-fed GEMM per layer; an fc2 in the MLP layers only
+                base -= 1 / tp if sp else 1
+                base -= spec.ffn / h / tp * spec.hybrid_override_pattern.count("-") / L
         per_layer = s * b * h * (base + attention)
     if schedule == "gpipe":
         in_flight = m  # every micro-batch's activations wait for the backward pass

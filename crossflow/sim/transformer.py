@@ -8,7 +8,9 @@ operators (Shoeybi et al. 2019, Fig. 3; Korthikanti et al. 2022 §4.2.2), which 
 not carry as nodes: per block, two all-reduces of the b·s·h activation in the forward pass and
 two in the backward pass; under sequence parallelism each all-reduce becomes an all-gather
 and a reduce-scatter, and the backward pass gathers the sequence-split input once more for
-the weight gradient; a fully recomputed forward repeats its collectives.
+the weight gradient; a fully recomputed forward repeats its collectives.  A layer of a
+hybrid stack (one sublayer) has half a block's.  Expert and expert tensor parallelism
+re-shard an MoE layer's expert GEMMs (:func:`expert_shard`, :func:`expert_gathered`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
 from crossflow.sim.pricing import node_cost
+from crossflow.workloads.graph import node_flops
 
 CollectiveTime = Callable[[str, float], float]
 
@@ -126,24 +129,60 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
                      grad_accum)
 
 
-def collective_count(*, sp: bool, recompute: str) -> tuple[int, int]:
+def collective_count(*, sp: bool, recompute: str, sublayers: int = 2) -> tuple[int, int]:
     """(forward, backward) tensor-parallel collectives of one block (as
-    :func:`block_collectives` prices them)."""
-    forward = 4 if sp else 2
-    backward = 6 if sp else 2
+    :func:`block_collectives` prices them) of ``sublayers`` sublayers (attention and
+    MLP: 2; a layer of a hybrid stack: 1)."""
+    forward = (2 if sp else 1) * sublayers
+    backward = (3 if sp else 1) * sublayers
     return forward, backward + (forward if recompute == "full" else 0)
 
 
 def block_collectives(*, tokens: int, hidden: int, precision: str, sp: bool, recompute: str,
-                      collective: CollectiveTime) -> tuple[float, float]:
-    """(forward, backward) seconds of one block's tensor-parallel collectives."""
+                      collective: CollectiveTime, sublayers: int = 2) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's tensor-parallel collectives: per
+    sublayer (attention, MLP, or a hybrid stack's Mamba, attention, MLP or MoE layer) an
+    all-gather before it and a reduce-scatter after it with sequence parallelism (backward
+    the same, and the input gathered again for the weight gradient), else one all-reduce
+    each way (Megatron's f and g operators)."""
     act = tokens * hidden * BYTES_PER_ELEMENT[precision]
     if sp:
         pair = collective("all_gather", act) + collective("reduce_scatter", act)
-        forward = 2 * pair
-        backward = 2 * pair + 2 * collective("all_gather", act)  # re-gather for dW
+        forward = sublayers * pair
+        backward = sublayers * pair + sublayers * collective("all_gather", act)  # for dW
     else:
-        forward = backward = 2 * collective("all_reduce", act)
+        forward = backward = sublayers * collective("all_reduce", act)
     if recompute == "full":
         backward += forward
     return forward, backward
+
+
+def expert_shard(attrs: dict, ep: int, etp: int = 1) -> dict:
+    """An expert GEMM on one rank of the expert grid: 1/ep of the experts, each with the
+    tokens routed to it from all ep expert-parallel ranks (balanced routing); with ``etp``
+    expert-tensor-parallel ranks, 1/etp of each expert's width (``expert_width``: fc1's
+    columns, fc2's rows) for the tokens of the whole expert-tensor group, etp times a
+    rank's own.  FLOPs per rank stay those of ep = etp = 1: the GEMMs change shape."""
+    out = dict(attrs)
+    key = attrs["expert_tokens"]
+    out["count"] = -(-attrs["count"] // ep)
+    out[key] = attrs[key] * ep * etp
+    if etp > 1:
+        width = attrs["expert_width"]
+        out[width] = -(-attrs[width] // etp)
+    if attrs.get("wgrad_elements"):  # the weight gradients of this rank's experts only
+        out["wgrad_elements"] = attrs["wgrad_elements"] * out["count"] // attrs["count"]
+        if etp > 1:  # and of their slice (the width is a dimension of the m × n gradient)
+            out["wgrad_elements"] = out["wgrad_elements"] * out[width] // attrs[width]
+    out["flops"] = node_flops(out)
+    return out
+
+
+def expert_gathered(attrs: dict, etp: int) -> dict:
+    """An FP8 cast of the full-width rows an expert-tensor group gathered (``expert_
+    gathered``): etp times a rank's own rows."""
+    out = dict(attrs)
+    key = attrs["expert_gathered"]
+    out[key] = attrs[key] * etp
+    out["flops"] = node_flops(out)
+    return out

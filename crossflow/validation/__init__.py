@@ -35,6 +35,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "lstm_datasets": ("lstm", "lstm_datasets"),
     "megatron_bridge_cp_dataset": ("megatron_bridge", "cp_dataset"),
     "megatron_bridge_dataset": ("megatron_bridge", "dataset"),
+    "megatron_bridge_hybrid": ("megatron_bridge", "hybrid_dataset"),
     "megatron_bridge_moe_all": ("megatron_bridge", "moe_all_dataset"),
     "megatron_bridge_moe_dataset": ("megatron_bridge", "moe_dataset"),
     "megatron_bridge_tokendrop": ("megatron_bridge", "tokendrop_dataset"),
@@ -66,7 +67,8 @@ def _training_sets() -> list[DataSet]:
     from crossflow.validation.vtrain import vtrain_dataset
 
     return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(),
-            mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset(), *lstm_datasets()]
+            mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset(), mb.hybrid_dataset(),
+            *lstm_datasets()]
 
 
 def _ops_sets() -> list[DataSet]:

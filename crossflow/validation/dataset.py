@@ -121,11 +121,17 @@ class DataSet:
                  if self.max_group_bias is not None else "")
         return f"; mean signed error by group: {bias}{bound}"
 
+    def _rank_text(self) -> str:
+        """The rank correlation and its floor; "n/a" where it is undefined (every row the
+        same prediction: runs of one setting)."""
+        rho = self.spearman
+        value = "n/a (one prediction)" if math.isnan(rho) else f"{rho:.3f}"
+        return f"Spearman {value} (floor {self.min_spearman})"
+
     def summary(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
         return (f"{self.name}: MAPE {self.mape * 100:.1f}% (tolerance {self.max_mape * 100:.0f}%),"
-                f" Spearman {self.spearman:.3f} (floor {self.min_spearman}), {len(self.rows)}"
-                f" rows{self._groups_line()} -> {verdict}")
+                f" {self._rank_text()}, {len(self.rows)} rows{self._groups_line()} -> {verdict}")
 
     def render(self) -> str:
         width = max(len(r.label) for r in self.rows)
@@ -142,7 +148,6 @@ class DataSet:
         verdict = "PASS" if self.passed else "FAIL"
         lines.append(
             f"   {self.quantity}: MAPE {self.mape * 100:.1f}% (tolerance {self.max_mape * 100:.0f}%),"
-            f" Spearman {self.spearman:.3f} (floor {self.min_spearman}), {len(self.rows)} rows"
-            f"{self._groups_line()} -> {verdict}"
+            f" {self._rank_text()}, {len(self.rows)} rows{self._groups_line()} -> {verdict}"
         )
         return "\n".join(lines)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from crossflow.config.base import Spec
 from crossflow.config.workload import GemmSpec, LstmSpec, TransformerSpec
-from crossflow.workloads.transformer import layer_params
+from crossflow.workloads.transformer import MAMBA_CHUNK, layer_params
 
 
 def megatron_eq3_flops(spec: TransformerSpec) -> float:
@@ -29,6 +29,8 @@ def megatron_eq3_flops(spec: TransformerSpec) -> float:
 def transformer_flops(spec: TransformerSpec, recompute: str | None = None) -> float:
     """GEMM FLOPs of one iteration; ``recompute`` defaults to the spec's mode."""
     recompute = recompute or spec.activation_recompute
+    if spec.hybrid_override_pattern is not None:
+        return _hybrid_flops(spec, recompute)
     B, s, L, h, V, f = (spec.global_batch_size, spec.seq_length, spec.num_layers,
                         spec.hidden_size, spec.vocab_size, spec.ffn)
     block = 2.0 * B * s * (4 * h * h + 2 * h * f) + 4.0 * B * s * s * h
@@ -41,6 +43,32 @@ def transformer_flops(spec: TransformerSpec, recompute: str | None = None) -> fl
     passes = {"none": 3, "selective": 3, "full": 4}[recompute]
     extra = 2.0 * B * s * s * h if recompute == "selective" else 0.0
     return L * (passes * block + extra) + 3 * 2.0 * B * s * h * V
+
+
+def _hybrid_flops(spec: TransformerSpec, recompute: str) -> float:
+    """:func:`transformer_flops` of a hybrid stack, layer by layer: attention's GEMMs and
+    scores, an MLP's, an MoE layer's active experts and router, a Mamba-2 layer's two
+    projections and its scan's products (the chunked SSD: the states Bᵀ·x and outputs
+    C·state, 4·state·head width per token and head; within each chunk the masked C·Bᵀ·x,
+    chunk·(groups·state + heads·head width) per token forward and 2.5 times that backward,
+    where mamba_ssm recomputes C·Bᵀ as a flash kernel recomputes its scores)."""
+    B, s, h, V = spec.global_batch_size, spec.seq_length, spec.hidden_size, spec.vocab_size
+    gated = 2 if spec.gated_linear_unit else 1
+    di, heads, N = spec.mamba_inner, spec.mamba_heads, spec.mamba_state_dim
+    per_token = {
+        "*": 2.0 * (h * spec.qkv_width + spec.q_width * h) + 4.0 * s * spec.q_width,
+        "-": 2.0 * (h * spec.mlp_in_width + spec.ffn * h),
+        "E": 2.0 * (h * (spec.num_moe_experts or 0) + spec.moe_router_topk * (gated + 1) * h
+                    * spec.moe_ffn + (gated + 1) * h * spec.shared_ffn),
+        "M": 2.0 * (h * spec.mamba_in_width + di * h) + 4.0 * N * di,
+    }
+    chunk = MAMBA_CHUNK * (spec.mamba_num_groups * N + heads * spec.mamba_head_dim)
+    passes = {"none": 3, "selective": 3, "full": 4}[recompute]
+    extra = {"*": 2.0 * s * spec.q_width} if recompute == "selective" else {}
+    layers = sum(passes * per_token[c] + extra.get(c, 0.0)
+                 + (chunk * (passes + 0.5) if c == "M" else 0.0)
+                 for c in spec.hybrid_override_pattern)
+    return B * s * layers + 3 * 2.0 * B * s * h * V
 
 
 def lstm_flops(spec: LstmSpec) -> float:

@@ -82,6 +82,21 @@ MOE_ROUTER_OPS: tuple[str, ...] = ("router", "router_topk", "aux_loss", "permute
 #: weight dimension in their gradients); ``expert_gathered`` marks the FP8 casts of the
 #: full-width rows the expert-tensor group gathers (fc1's input, fc2's output gradient)
 EXPERT_GEMMS: tuple[str, ...] = ("expert_fc1", "expert_fc2")
+#: a Mamba-2 mixer (Megatron-Core's MambaMixer; Dao and Gu, "Transformers are SSMs",
+#: ICML 2024, §6-7): the input projection to z, x, B, C and dt; the causal depthwise
+#: convolution of x, B and C (width 4) with SiLU; the chunked scan (SSD) as its matrix
+#: products — within each chunk of 128 tokens a masked "attention" of C·Bᵀ over x
+#: (``ssd_chunk``), across chunks the states Bᵀ·x and their outputs C·state
+#: (``ssd_state``); the gated RMSNorm y · SiLU(z); the output projection (``out_proj``,
+#: after ``out_cast`` under FP8)
+MAMBA_OPS: tuple[str, ...] = ("in_proj", "conv1d", "ssd_chunk", "ssd_state", "mamba_norm",
+                              "out_proj")
+#: Megatron-Core's MambaMixer: d_conv 4 (its default) and chunk_size 128 (the SSD kernels'
+#: chunk); the convolution costs 2 FLOPs per tap, its bias and SiLU; the gated RMSNorm its
+#: square, sum, scale, weight and the SiLU gate
+MAMBA_CONV_WIDTH, MAMBA_CHUNK = 4, 128
+MAMBA_CONV_FLOPS = 2.0 * MAMBA_CONV_WIDTH + 1 + 4
+MAMBA_NORM_FLOPS = 5.0 + 4
 #: the load-balancing loss per (token, expert) probability (Switch Transformer's
 #: fraction × probability sum, Megatron's switch_load_balancing_loss_func)
 AUX_LOSS_FLOPS = 4.0
@@ -96,23 +111,35 @@ CAST_FLOPS = 2.0
 DROPOUT_FLOPS = 2.0
 
 
-def block_ops(spec: TransformerSpec, moe: bool = False) -> tuple[str, ...]:
-    """The forward nodes of one block of ``spec``, in order (``moe``: an MoE layer's)."""
-    attention = (("attn",) if attention_backend(spec) == "flash"
-                 else ("qk", "softmax", "attn_dropout", "av"))
-    act = "swiglu" if spec.gated_linear_unit else "gelu"
-    if moe:
-        mlp = (MOE_ROUTER_OPS + (("expert_cast",) if spec.precision == "fp8" else ())
+def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]:
+    """The forward nodes of one block of ``spec``, in order.  ``kind`` is what the layer
+    holds (:attr:`TransformerSpec.layer_kinds`): ``*-`` attention and an MLP, ``*E``
+    attention and an MoE layer, or one layer of a hybrid stack (``M``, ``*``, ``-``, ``E``);
+    ``True`` / ``False`` are ``*E`` / ``*-``."""
+    kind = {True: "*E", False: "*-"}.get(kind, kind)
+    fp8 = spec.precision == "fp8"
+    if "M" in kind:  # a Mamba-2 mixer (MAMBA_OPS), its norm and residual named as attention's
+        return (("ln1",) + MAMBA_OPS[:-1] + (("out_cast",) if fp8 else ())
+                + ("out_proj", "proj_residual"))
+    mixer: tuple[str, ...] = ()
+    if "*" in kind:
+        attention = (("attn",) if attention_backend(spec) == "flash"
+                     else ("qk", "softmax", "attn_dropout", "av"))
+        if spec.multi_latent_attention:  # its decoupled rotary part is always there
+            qkv = (MLA_OPS if spec.q_lora_rank else MLA_OPS_NO_Q_LORA) + ("rope",)
+        else:
+            qkv = ("qkv",) + (("rope",) if spec.position_embedding_type == "rope" else ())
+        mixer = (("ln1",) + qkv + attention + (("proj_cast",) if fp8 else ())
+                 + ("proj", "proj_residual"))
+    if "E" in kind:
+        mlp = (MOE_ROUTER_OPS + (("expert_cast",) if fp8 else ())
                + ("expert_fc1", "expert_act", "expert_fc2", "unpermute")
                + (("shared_fc1", "shared_act", "shared_fc2") if spec.shared_ffn else ()))
+    elif "-" in kind:
+        mlp = ("mlp1", "swiglu" if spec.gated_linear_unit else "gelu", "mlp2")
     else:
-        mlp = ("mlp1", act, "mlp2")
-    if spec.multi_latent_attention:  # its decoupled rotary part is always there
-        qkv = (MLA_OPS if spec.q_lora_rank else MLA_OPS_NO_Q_LORA) + ("rope",)
-    else:
-        qkv = ("qkv",) + (("rope",) if spec.position_embedding_type == "rope" else ())
-    return (("ln1",) + qkv + attention + (("proj_cast",) if spec.precision == "fp8" else ())
-            + ("proj", "proj_residual", "ln2") + mlp + ("mlp_residual",))
+        return mixer
+    return mixer + ("ln2",) + mlp + ("mlp_residual",)
 
 
 def attention_backend(spec: TransformerSpec) -> str:
@@ -160,11 +187,36 @@ def moe_block_params(spec: TransformerSpec) -> tuple[int, int]:
             E * (h * spec.moe_in_width + spec.moe_ffn * h))
 
 
+def mamba_params(spec: TransformerSpec) -> int:
+    """Parameters of one Mamba-2 layer: its norm, the input projection (no bias), the
+    convolution's weights and biases, dt's bias, A and D per head, the gated norm's weight
+    and the output projection (no bias)."""
+    h, di, heads = spec.hidden_size, spec.mamba_inner, spec.mamba_heads
+    return (2 * h + h * spec.mamba_in_width + (MAMBA_CONV_WIDTH + 1) * spec.mamba_conv_width
+            + 3 * heads + di + di * h)
+
+
 def layer_params(spec: TransformerSpec, layer: int) -> tuple[int, int]:
     """(non-expert, expert) parameters of layer ``layer`` (from 0)."""
+    if spec.hybrid_override_pattern is not None:
+        return _hybrid_layer_params(spec, spec.hybrid_override_pattern[layer])
     if spec.moe_layers[layer]:
         return moe_block_params(spec)
     return block_params(spec), 0
+
+
+def _hybrid_layer_params(spec: TransformerSpec, kind: str) -> tuple[int, int]:
+    """A hybrid stack's layer of one symbol: its own sublayer and one norm (the block
+    counts of attention + MLP hold two norms, 2h each)."""
+    h = spec.hidden_size
+    if kind == "M":
+        return mamba_params(spec), 0
+    if kind == "*":
+        return _attention_params(spec) - 2 * h, 0
+    if kind == "-":
+        return block_params(spec) - _attention_params(spec) + 2 * h, 0
+    shared, experts = moe_block_params(spec)
+    return shared - _attention_params(spec) + 2 * h, experts
 
 
 class _Block:
@@ -181,8 +233,9 @@ class _Block:
         self.gemm_precision = spec.precision
         self.fp8 = spec.precision == "fp8"
         self.causal = int(spec.causal)
-        self.moe = spec.moe_layers[layer]
-        self.ops = block_ops(spec, self.moe)
+        self.kind = spec.layer_kinds[layer]
+        self.moe = "E" in self.kind
+        self.ops = block_ops(spec, self.kind)
         self.mla = spec.multi_latent_attention
         #: the op whose output the attention reads, and the queries' / keys' width per head
         self.qkv_op = "kv_up" if self.mla else "qkv"
@@ -216,6 +269,14 @@ class _Block:
             return get("rope") if "rope" in self.ops else get("qkv")
 
         act = "act"
+        # what the feed-forward part adds its residual to: the mixer's output, or in a
+        # hybrid stack's MLP or MoE layer the layer's own input
+        if "*" in self.kind or "M" in self.kind:
+            def ffn_input() -> str:
+                return get("proj_residual")
+        else:
+            def ffn_input() -> str:
+                return x
         for op in ops:
             n = node(op)
             if op == "ln1":
@@ -267,11 +328,11 @@ class _Block:
             elif op == "proj_residual":
                 g.elementwise(n, op, t * h, inputs=2, flops_per_element=DROPOUT_FLOPS + 1,
                               sp="elements")
-                g.edge(get("proj"), n, act)
+                g.edge(get("out_proj" if "M" in self.kind else "proj"), n, act)
                 g.edge(x, n, act if own else "stash")
             elif op == "ln2":
                 g.rowwise(n, "layernorm", op, t, h, sp="rows", params=2 * h * own)
-                g.edge(get("proj_residual"), n, act)
+                g.edge(ffn_input(), n, act)
             elif op == "mlp1":
                 g.gemm(n, op, t, h, f_in, tp="n", params=(h * f_in + f_in) * own, **gp)
                 g.edge(get("ln2"), n, act)
@@ -287,6 +348,8 @@ class _Block:
                 g.edge(get("swiglu" if self.spec.gated_linear_unit else "gelu"), n, act)
             elif op in MLA_OPS or op in MLA_OPS_NO_Q_LORA:
                 self._mla_node(op, n, get, gp, own)
+            elif op in MAMBA_OPS or op == "out_cast":
+                self._mamba_node(op, n, get, gp, own)
             elif op == "mlp_residual":
                 g.elementwise(n, op, t * h, inputs=2, flops_per_element=DROPOUT_FLOPS + 1,
                               sp="elements")
@@ -296,12 +359,59 @@ class _Block:
                         g.edge(get("shared_fc2"), n, act)
                 else:
                     g.edge(get("mlp2"), n, act)
-                g.edge(get("proj_residual"), n, act)
+                g.edge(ffn_input(), n, act)
             else:
                 self._moe_forward(op, n, get, gp, own)
             new[op] = n
         self.src.update(new)
-        return new.get("mlp_residual", "")
+        return new.get("mlp_residual") or new.get("proj_residual", "")
+
+    def _mamba_node(self, op: str, n: str, get, gp: dict, own: bool) -> None:
+        """One node of a Mamba-2 mixer (:data:`MAMBA_OPS`).  Tensor parallelism splits its
+        heads and groups as Megatron-Core's MambaMixer does: the input projection is
+        column-parallel, the output projection row-parallel, the convolution, the scan and
+        the norm run on a rank's heads."""
+        g, t, h, b, s, spec = self.g, self.t, self.h, self.b, self.s, self.spec
+        di, heads, P = spec.mamba_inner, spec.mamba_heads, spec.mamba_head_dim
+        N, G, cw = spec.mamba_state_dim, spec.mamba_num_groups, spec.mamba_conv_width
+        chunks = b * heads * -(-s // MAMBA_CHUNK)
+        act, nb = "act", self.bytes
+        if op == "in_proj":
+            width = spec.mamba_in_width
+            g.gemm(n, op, t, h, width, tp="n", params=h * width * own, **gp)
+            g.edge(get("ln1"), n, act)
+        elif op == "conv1d":
+            g.elementwise(n, op, t * cw, flops_per_element=MAMBA_CONV_FLOPS, tp="elements",
+                          params=(MAMBA_CONV_WIDTH + 1) * cw * own)
+            g.edge(get("in_proj"), n, act, t * cw * nb)
+        elif op == "ssd_chunk":
+            # within a chunk: (C·Bᵀ masked) · x per head, priced as a causal flash kernel of
+            # the chunk's length at the products' mean width (C·Bᵀ is per group)
+            g.attention(n, op, chunks, MAMBA_CHUNK, (G * N // heads + P) // 2, gemms=2,
+                        causal=1, tp="heads")
+            g.edge(get("conv1d"), n, act)
+            g.edge(get("in_proj"), n, act, t * heads * nb)  # dt
+        elif op == "ssd_state":
+            # across chunks: each chunk's state Bᵀ·x (state × head width) and its output
+            # C·state, one batched kernel each: priced as one GEMM with the chunks and heads
+            # stacked (a kernel of count small GEMMs is one launch, not count)
+            g.gemm(n, op, 2 * chunks * N, MAMBA_CHUNK, P, tp="m")
+            g.edge(get("conv1d"), n, act)
+        elif op == "mamba_norm":
+            g.elementwise(n, op, t * di, inputs=2, flops_per_element=MAMBA_NORM_FLOPS,
+                          tp="elements", params=(di + 3 * heads) * own)
+            g.edge(get("ssd_chunk"), n, act)
+            g.edge(get("ssd_state"), n, act, t * di * nb)
+            g.edge(get("in_proj"), n, act, t * di * nb)  # z
+        elif op == "out_cast":
+            g.elementwise(n, "fp8_cast", t * di, inputs=2, outputs=1, precision="fp8",
+                          flops_per_element=CAST_FLOPS, tp="elements")
+            g.edge(get("mamba_norm"), n, act)
+        elif op == "out_proj":
+            g.gemm(n, op, t, di, h, tp="k", params=di * h * own, **gp)
+            g.edge(get("out_cast" if self.fp8 else "mamba_norm"), n, act)
+        else:
+            raise ValueError(f"unknown block op {op!r}")
 
     def _mla_node(self, op: str, n: str, get, gp: dict, own: bool) -> None:
         """One projection of multi-head latent attention (:data:`MLA_OPS`).  The two
@@ -397,7 +507,7 @@ class _Block:
         all-to-all token dispatcher; its all-to-alls are priced by the simulator).  Token
         dimensions carry the sequence-parallel key: tensor parallelism splits the tokens,
         never the experts; expert and expert tensor parallelism re-shard the expert GEMMs in
-        the simulator (crossflow.sim.training._expert_shard)."""
+        the simulator (crossflow.sim.transformer.expert_shard)."""
         g = self.g
         # the MoE layer's own kernels are marked (the software profile's moe_efficiency);
         # the shared expert is a dense MLP beside the experts
@@ -555,33 +665,49 @@ class _Block:
         """Backward nodes; ``x`` is the block input, ``dy`` the node holding d(output).
 
         Returns the node holding d(input)."""
-        g, t, h, s, a, f, b, p = (self.g, self.t, self.h, self.s, self.a, self.f, self.b,
-                                  self.prefix)
-        d, q, qkv_n, f_in = self.d, self.q, self.qkv_n, self.f_in
-        nb = self.bytes
-        gp = self.gemm_precision
-        flash = "attn" in self.ops
+        g, p = self.g, self.prefix
         if recompute == "full":
             self.forward(x, "recompute")
-            g.edge(dy, p + "ln1.re", "control")
+            g.edge(dy, p + self.ops[0] + ".re", "control")
         g.context = {"phase": "bwd", "layer": self.layer, "unit": self.layer + 1}
-        src = self.src
+        grad, wgrads = dy, []
+        if "ln2" in self.ops:  # the feed-forward part (an MLP or an MoE layer)
+            grad, wgrads = self._ffn_backward(x, dy)
+        if "M" in self.kind:
+            grad, mixer_wgrads = self._mamba_backward(x, grad)
+            wgrads += mixer_wgrads
+        elif "ln1" in self.ops:
+            grad, mixer_wgrads = self._attention_backward(x, grad, recompute)
+            wgrads += mixer_wgrads
+        # optimizer
+        g.context = {"phase": "optimizer", "layer": self.layer, "unit": self.layer + 1}
+        opt = _adam(g, p + "optimizer", sum(layer_params(self.spec, self.layer)))
+        for node in wgrads:
+            g.edge(node, opt, "wgrad", g.nodes[node]["wgrad_elements"] * self.bytes)
+        return grad
 
-        def stash(u: str, v: str, nbytes: float | None = None) -> None:
-            g.edge(u, v, "stash", nbytes)
+    def _stash(self, u: str, v: str, nbytes: float | None = None) -> None:
+        self.g.edge(u, v, "stash", nbytes)
 
-        def gemm_bwd(op: str, m: int, k: int, n: int, x_in: str, dout: str | list[str],
-                     tp_dx: str, tp_dw: str, bias: int) -> tuple[str, str]:
-            dx = g.gemm(p + op + ".dX", op + ".dX", m, n, k, tp=tp_dx, precision=gp)
-            dw = g.gemm(p + op + ".dW", op + ".dW", k, m, n, batch="k", tp=tp_dw,
-                        wgrad=k * n + bias, precision=gp)
-            for dd in ([dout] if isinstance(dout, str) else dout):
-                g.edge(dd, dx, "grad")
-                g.edge(dd, dw, "grad")
-            stash(x_in, dw)
-            return dx, dw
+    def _gemm_bwd(self, op: str, m: int, k: int, n: int, x_in: str, dout: str | list[str],
+                  tp_dx: str, tp_dw: str, bias: int) -> tuple[str, str]:
+        """A linear layer's dgrad and wgrad from the gradient(s) ``dout`` of its output
+        (forward: an (m, k) × (k, n) GEMM whose input ``x_in`` the wgrad reads)."""
+        g, p, gp = self.g, self.prefix, self.gemm_precision
+        dx = g.gemm(p + op + ".dX", op + ".dX", m, n, k, tp=tp_dx, precision=gp)
+        dw = g.gemm(p + op + ".dW", op + ".dW", k, m, n, batch="k", tp=tp_dw,
+                    wgrad=k * n + bias, precision=gp)
+        for dd in ([dout] if isinstance(dout, str) else dout):
+            g.edge(dd, dx, "grad")
+            g.edge(dd, dw, "grad")
+        self._stash(x_in, dw)
+        return dx, dw
 
-        # MLP
+    def _ffn_backward(self, x: str, dy: str) -> tuple[str, list[str]]:
+        """Backward of the MLP or MoE part from ``dy``: (the node holding the gradient of
+        its input, residual included, the weight-gradient nodes)."""
+        g, t, h, f, p = self.g, self.t, self.h, self.f, self.prefix
+        f_in, src, stash, gemm_bwd = self.f_in, self.src, self._stash, self._gemm_bwd
         n = g.elementwise(p + "mlp_residual.bwd", "mlp_residual.bwd", t * h, inputs=2,
                           flops_per_element=DROPOUT_FLOPS, sp="elements")
         g.edge(dy, n, "grad")
@@ -609,14 +735,27 @@ class _Block:
         for node in mlp_grads:
             g.edge(node, ln2, "grad")
         g.edge(dy, ln2, "grad")  # the residual branch
-        stash(src["proj_residual"], ln2)
-        # attention
+        stash(src.get("proj_residual", x) if "ln1" in self.ops else x, ln2)
+        return ln2, [*mlp_wgrads, ln2]
+
+    def _residual_backward(self, dy: str, proj: str) -> str:
+        """The mixer's residual add backward from ``dy``, and under FP8 the cast of that
+        gradient which the output projection ``proj``'s dgrad and wgrad read."""
+        g, t, h, p = self.g, self.t, self.h, self.prefix
         n = g.elementwise(p + "proj_residual.bwd", "proj_residual.bwd", t * h, inputs=2,
                           flops_per_element=DROPOUT_FLOPS, sp="elements")
-        g.edge(ln2, n, "grad")
-        stash(src["proj_residual"], n)
-        if self.fp8:
-            n = self._dy_cast("proj", t * h, n, "sp")
+        g.edge(dy, n, "grad")
+        self._stash(self.src["proj_residual"], n)
+        return self._dy_cast(proj, t * h, n, "sp") if self.fp8 else n
+
+    def _attention_backward(self, x: str, dy: str, recompute: str) -> tuple[str, list[str]]:
+        """Backward of the attention part from ``dy`` (the gradient of its output): (the
+        node holding the gradient of the block's input, the weight-gradient nodes)."""
+        g, t, h, s, a, b, p = self.g, self.t, self.h, self.s, self.a, self.b, self.prefix
+        d, q, qkv_n, nb = self.d, self.q, self.qkv_n, self.bytes
+        src, stash, gemm_bwd = self.src, self._stash, self._gemm_bwd
+        flash = "attn" in self.ops
+        n = self._residual_backward(dy, "proj")
         proj_in = src["proj_cast"] if self.fp8 else src["attn" if flash else "av"]
         proj_dx, proj_dw = gemm_bwd("proj", t, q, h, proj_in, n, "n", "m", h)
         qkv_src = src["rope"] if "rope" in src else src["qkv"]
@@ -677,14 +816,54 @@ class _Block:
                             flops_per_element=10.0, sp="elements", wgrad=2 * h)
         for node in qkv_dxs:
             g.edge(node, ln1, "grad")
-        g.edge(ln2, ln1, "grad")  # the residual branch
+        g.edge(dy, ln1, "grad")  # the residual branch
         stash(x, ln1)
-        # optimizer
-        g.context = {"phase": "optimizer", "layer": self.layer, "unit": self.layer + 1}
-        opt = _adam(g, p + "optimizer", sum(layer_params(self.spec, self.layer)))
-        for node in (*mlp_wgrads, ln2, proj_dw, *qkv_dws, ln1):
-            g.edge(node, opt, "wgrad", g.nodes[node]["wgrad_elements"] * nb)
-        return ln1
+        return ln1, [proj_dw, *qkv_dws, ln1]
+
+    def _mamba_backward(self, x: str, dy: str) -> tuple[str, list[str]]:
+        """Backward of a Mamba-2 mixer from ``dy``: the output projection's, the gated
+        norm's, the scan's (mamba_ssm's chunked backward: the in-chunk products as a flash
+        backward of five, the state products' two gradients each), the convolution's and
+        the input projection's; (the gradient of the block's input, weight gradients)."""
+        g, t, h, b, s, p, spec = (self.g, self.t, self.h, self.b, self.s, self.prefix,
+                                  self.spec)
+        src, stash, gemm_bwd, nb = self.src, self._stash, self._gemm_bwd, self.bytes
+        di, heads, P = spec.mamba_inner, spec.mamba_heads, spec.mamba_head_dim
+        N, G, cw = spec.mamba_state_dim, spec.mamba_num_groups, spec.mamba_conv_width
+        width = spec.mamba_in_width
+        chunks = b * heads * -(-s // MAMBA_CHUNK)
+        n = self._residual_backward(dy, "out_proj")
+        out_in = src["out_cast"] if self.fp8 else src["mamba_norm"]
+        out_dx, out_dw = gemm_bwd("out_proj", t, di, h, out_in, n, "n", "m", 0)
+        norm = g.elementwise(p + "mamba_norm.bwd", "mamba_norm.bwd", t * di, inputs=3,
+                             outputs=2, flops_per_element=2 * MAMBA_NORM_FLOPS,
+                             tp="elements", wgrad=di + 3 * heads)
+        g.edge(out_dx, norm, "grad")
+        stash(src["ssd_chunk"], norm, t * di * nb)
+        stash(src["in_proj"], norm, t * di * nb)  # z
+        chunk = g.attention(p + "ssd_chunk.bwd", "ssd_chunk.bwd", chunks, MAMBA_CHUNK,
+                            (G * N // heads + P) // 2, gemms=5, causal=1, tp="heads")
+        state = g.gemm(p + "ssd_state.bwd", "ssd_state.bwd", 4 * chunks * N, MAMBA_CHUNK, P,
+                       tp="m")
+        for node in (chunk, state):
+            g.edge(norm, node, "grad")
+            stash(src["conv1d"], node)
+        conv = g.elementwise(p + "conv1d.bwd", "conv1d.bwd", t * cw, inputs=2,
+                             flops_per_element=2 * MAMBA_CONV_FLOPS, tp="elements",
+                             wgrad=(MAMBA_CONV_WIDTH + 1) * cw)
+        for node in (chunk, state):
+            g.edge(node, conv, "grad")
+        stash(src["in_proj"], conv, t * cw * nb)
+        grads = [conv, norm, chunk]  # x, B, C; z; dt
+        if self.fp8:
+            grads = [self._dy_cast("in_proj", t * width, grads[0], "tp")] + grads[1:]
+        in_dx, in_dw = gemm_bwd("in_proj", t, h, width, src["ln1"], grads, "k", "n", 0)
+        ln1 = g.elementwise(p + "ln1.bwd", "ln1.bwd", t * h, inputs=3,
+                            flops_per_element=10.0, sp="elements", wgrad=2 * h)
+        g.edge(in_dx, ln1, "grad")
+        g.edge(dy, ln1, "grad")  # the residual branch
+        stash(x, ln1)
+        return ln1, [out_dw, norm, conv, in_dw, ln1]
 
 
 def _adam(g: GraphBuilder, node: str, params: int) -> str:
