@@ -364,7 +364,9 @@ class TransformerSpec(Spec):
                 "a hybrid stack gives one symbol per layer" + (
                     f"; {', '.join(repr(c) for c in odd)} is none of them" if odd else ""),
                 key=key, value=pattern,
-                allowed="M (Mamba-2), * (attention), - (MLP), E (MoE), e.g. M-M*-")
+                allowed="M (Mamba-2), * (attention), - (MLP), E (MoE), e.g. M-M*- (not "
+                "Megatron-LM's | pipeline or / multi-token-prediction separators: the "
+                "pipeline splits the layers evenly, and MTP layers are not modelled)")
         if len(pattern) != self.num_layers:
             raise ConfigError(
                 f"one symbol per layer, but {len(pattern)} symbols for num_layers "
