@@ -118,6 +118,11 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     # GeLU outputs, 2·4h each), 6 the q, k, v, 2 the attention output.  A gated MLP keeps
     # its 2·ffn-wide fc1 output and the ffn-wide SwiGLU output; GQA keeps smaller k, v.
     mlp = dense_mlp = moe_mlp = (6 if spec.gated_linear_unit else 4) * spec.ffn / h
+    # under FP8, what the feed-forward GEMMs' saved inputs shed (1 byte instead of 2): a
+    # dense MLP's fc2 input; an MoE layer's permuted copies (the experts' fc1 input) and
+    # the experts' and the shared expert's fc2 inputs
+    fp8_dense = fp8_moe = spec.ffn / h
+    share = 0.0
     if spec.moe:
         # An MoE layer keeps, per token, its k permuted copies and their expert outputs
         # (2·k·h each) and the experts' fc1 and activation outputs, as a dense MLP of width
@@ -129,6 +134,7 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         k = spec.routed_rows(s * b) / (s * b)
         gate = 6 if spec.gated_linear_unit else 4
         moe_mlp = 2 * k * (1 + etp) + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
+        fp8_moe = k * etp + (k * spec.moe_ffn + spec.shared_ffn) / h
         share = sum(spec.moe_layers) / L
         mlp = share * moe_mlp + (1 - share) * mlp
     qkv = 2 * spec.qkv_width / h
@@ -157,10 +163,12 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
             # backward reads it)
             if spec.hybrid_override_pattern is None:
                 base -= 2 / tp if sp else 2
-                base -= spec.ffn / h / tp
-            else:  # one norm-fed GEMM per layer; an fc2 in the MLP layers only
+                base -= (spec.ffn / h if not spec.moe else
+                         share * fp8_moe + (1 - share) * fp8_dense) / tp
+            else:  # one norm-fed GEMM per layer; the feed-forward GEMMs in - and E layers
+                pattern = spec.hybrid_override_pattern
                 base -= 1 / tp if sp else 1
-                base -= spec.ffn / h / tp * spec.hybrid_override_pattern.count("-") / L
+                base -= (pattern.count("-") * fp8_dense + pattern.count("E") * fp8_moe) / L / tp
         per_layer = s * b * h * (base + attention)
     if schedule == "gpipe":
         in_flight = m  # every micro-batch's activations wait for the backward pass
