@@ -101,9 +101,12 @@ def _fits_with(args: argparse.Namespace, p) -> list[tuple[dict, object]]:
                   for k, v in options.items()}
         if all(getattr(par, k) == v for k, v in update.items()):
             return None  # already so
-        q = predict(workload=args.workload, hardware=args.hardware, system=args.system,
-                    parallelism=par.model_copy(update=update),
-                    mapping_order=args.mapping_order)
+        try:
+            q = predict(workload=args.workload, hardware=args.hardware, system=args.system,
+                        parallelism=par.model_copy(update=update),
+                        mapping_order=args.mapping_order)
+        except ConfigError:  # an option this design cannot take is no remedy
+            return None
         return (options, q) if q.feasible else None
 
     fits = [f for f in map(tried, _MEMORY_OPTIONS) if f]
