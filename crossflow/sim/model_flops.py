@@ -38,8 +38,9 @@ def spec_model_flops(spec, recompute: bool = False) -> float:
 
 def _per_token(spec) -> dict[str, float]:
     """Forward FLOPs per token of each sublayer as Megatron-LM counts them: attention's
-    projections and its scores and values over the whole s × s, a dense MLP, an MoE layer
-    (its router, the active experts and the shared expert)."""
+    projections (:attr:`TransformerSpec.attention_macs`) and its scores (q·k, heads × qk
+    width) and their products with the values (heads × v width) over the whole s × s, a
+    dense MLP, an MoE layer (its router, the active experts and the shared expert)."""
     h, s, a = spec.hidden_size, spec.seq_length, spec.num_attention_heads
     gated = 2 if spec.gated_linear_unit else 1
     return {
@@ -75,15 +76,8 @@ def moe_model_flops(spec, recompute: bool = False) -> float:
     count (the convention of Megatron-LM's ``num_floating_point_operations`` for MoE)."""
     h, s, B = spec.hidden_size, spec.seq_length, spec.global_batch_size
     L, V = spec.num_layers, spec.vocab_size
-    # the projections, and the scores (q·k, heads × qk width) and their products with the
-    # values (heads × v width) over the whole s × s, as Megatron-LM counts them
-    a = spec.num_attention_heads
-    attention = 2 * spec.attention_macs + 2 * s * a * (spec.qk_dim + spec.head_dim)
-    dense_mlp = 2 * (h * spec.mlp_in_width + spec.ffn * h)
-    gated = 2 if spec.gated_linear_unit else 1
-    moe_mlp = (2 * h * (spec.num_moe_experts or 0)
-               + spec.moe_router_topk * 2 * (h * spec.moe_in_width + spec.moe_ffn * h)
-               + 2 * (gated + 1) * h * spec.shared_ffn)
+    per = _per_token(spec)
+    attention, dense_mlp, moe_mlp = per["*"], per["-"], per["E"]
     moe = sum(spec.moe_layers)
     layers_forward = B * s * (L * attention + moe * moe_mlp + (L - moe) * dense_mlp)
     forward = layers_forward + B * s * 2 * h * V

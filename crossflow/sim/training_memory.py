@@ -163,8 +163,7 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
             # backward reads it)
             if spec.hybrid_override_pattern is None:
                 base -= 2 / tp if sp else 2
-                base -= (spec.ffn / h if not spec.moe else
-                         share * fp8_moe + (1 - share) * fp8_dense) / tp
+                base -= (share * fp8_moe + (1 - share) * fp8_dense) / tp
             else:  # one norm-fed GEMM per layer; the feed-forward GEMMs in - and E layers
                 pattern = spec.hybrid_override_pattern
                 base -= 1 / tp if sp else 1

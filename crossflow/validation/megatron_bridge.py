@@ -64,12 +64,14 @@ def architectures() -> dict[str, dict[str, str]]:
 
 
 def _published(kind: str) -> list[dict[str, str]]:
-    """The rows of models of ``kind`` (``dense``, ``moe``) with a printed throughput, their
-    main variant, without FSDP."""
+    """The rows of models of ``kind`` (``dense``, ``moe``, ``hybrid``: the start of the
+    architecture table's type) with a printed throughput, their main variant, without
+    FSDP."""
     _, rows = read_measurements(measurements_dir() / FILE)
     arch = architectures()
     return [r for r in rows if r["variant"] == "main" and r["tokens_per_s_per_gpu"]
-            and arch.get(r["model_key"], {}).get("type") == kind and _int(r["fsdp"], 0) == 0]
+            and arch.get(r["model_key"], {}).get("type", "").startswith(kind)
+            and _int(r["fsdp"], 0) == 0]
 
 
 @cache
@@ -111,11 +113,7 @@ def tokendrop_rows() -> tuple[dict[str, str], ...]:
 @cache
 def hybrid_rows() -> tuple[dict[str, str], ...]:
     """The runs of hybrid Mamba-2 stacks with a preset (:data:`HYBRID_PRESETS`)."""
-    arch = architectures()
-    return tuple(r for r in read_measurements(measurements_dir() / FILE)[1]
-                 if r["variant"] == "main" and r["tokens_per_s_per_gpu"]
-                 and arch.get(r["model_key"], {}).get("type", "").startswith("hybrid")
-                 and r["model_key"] in HYBRID_PRESETS and _int(r["fsdp"], 0) == 0)
+    return tuple(r for r in _published("hybrid") if r["model_key"] in HYBRID_PRESETS)
 
 
 #: The token dropping of the "(tokendrop)" rows: Megatron-Bridge 25.09's performance script
@@ -335,8 +333,9 @@ def moe_dataset(system=SYSTEM, rows=None) -> DataSet:
     rows, groups = _rows(system, moe_fit_rows() if rows is None else rows)
     return DataSet(
         name="training: NeMo / Megatron-Bridge on DGX H100, MoE (Qwen3, GPT-OSS), tokens/s/GPU",
-        source=f"{FILE} (dropless MoE rows; skipped: {', '.join(sorted(SKIPPED))}; not "
-               f"fitted: {MOE_NOT_FITTED}) on system {SYSTEM} (the data its two MoE "
+        source=f"{FILE} (dropless MoE rows; "
+               + (f"skipped: {', '.join(sorted(SKIPPED))}; " if SKIPPED else "")
+               + f"not fitted: {MOE_NOT_FITTED}) on system {SYSTEM} (the data its two MoE "
                f"constants are fitted to)",
         quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_MOE, min_spearman=0.0,
         group_of=groups)

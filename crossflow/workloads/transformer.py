@@ -235,7 +235,17 @@ class _Block:
         self.causal = int(spec.causal)
         self.kind = spec.layer_kinds[layer]
         self.moe = "E" in self.kind
+        #: whether the block has a mixer (attention or Mamba-2) before its feed-forward
+        #: part; without one (a hybrid stack's MLP or MoE layer) that part's residual is
+        #: the block's input
+        self.mixer = "*" in self.kind or "M" in self.kind
         self.ops = block_ops(spec, self.kind)
+        if "M" in self.kind:
+            #: the SSD scan's chunks of all heads, and the in-chunk products' width (the
+            #: mean of C·Bᵀ's per head, groups·state / heads, and the head width)
+            self.ssd_chunks = b * spec.mamba_heads * -(-spec.seq_length // MAMBA_CHUNK)
+            self.ssd_width = (spec.mamba_num_groups * spec.mamba_state_dim // spec.mamba_heads
+                              + spec.mamba_head_dim) // 2
         self.mla = spec.multi_latent_attention
         #: the op whose output the attention reads, and the queries' / keys' width per head
         self.qkv_op = "kv_up" if self.mla else "qkv"
@@ -269,14 +279,10 @@ class _Block:
             return get("rope") if "rope" in self.ops else get("qkv")
 
         act = "act"
-        # what the feed-forward part adds its residual to: the mixer's output, or in a
-        # hybrid stack's MLP or MoE layer the layer's own input
-        if "*" in self.kind or "M" in self.kind:
-            def ffn_input() -> str:
-                return get("proj_residual")
-        else:
-            def ffn_input() -> str:
-                return x
+
+        def ffn_input() -> str:  # what the feed-forward part adds its residual to
+            return get("proj_residual") if self.mixer else x
+
         for op in ops:
             n = node(op)
             if op == "ln1":
@@ -371,10 +377,9 @@ class _Block:
         heads and groups as Megatron-Core's MambaMixer does: the input projection is
         column-parallel, the output projection row-parallel, the convolution, the scan and
         the norm run on a rank's heads."""
-        g, t, h, b, s, spec = self.g, self.t, self.h, self.b, self.s, self.spec
+        g, t, h, spec = self.g, self.t, self.h, self.spec
         di, heads, P = spec.mamba_inner, spec.mamba_heads, spec.mamba_head_dim
-        N, G, cw = spec.mamba_state_dim, spec.mamba_num_groups, spec.mamba_conv_width
-        chunks = b * heads * -(-s // MAMBA_CHUNK)
+        N, cw, chunks = spec.mamba_state_dim, spec.mamba_conv_width, self.ssd_chunks
         act, nb = "act", self.bytes
         if op == "in_proj":
             width = spec.mamba_in_width
@@ -387,8 +392,8 @@ class _Block:
         elif op == "ssd_chunk":
             # within a chunk: (C·Bᵀ masked) · x per head, priced as a causal flash kernel of
             # the chunk's length at the products' mean width (C·Bᵀ is per group)
-            g.attention(n, op, chunks, MAMBA_CHUNK, (G * N // heads + P) // 2, gemms=2,
-                        causal=1, tp="heads")
+            g.attention(n, op, chunks, MAMBA_CHUNK, self.ssd_width, gemms=2, causal=1,
+                        tp="heads")
             g.edge(get("conv1d"), n, act)
             g.edge(get("in_proj"), n, act, t * heads * nb)  # dt
         elif op == "ssd_state":
@@ -676,7 +681,7 @@ class _Block:
         if "M" in self.kind:
             grad, mixer_wgrads = self._mamba_backward(x, grad)
             wgrads += mixer_wgrads
-        elif "ln1" in self.ops:
+        elif self.mixer:
             grad, mixer_wgrads = self._attention_backward(x, grad, recompute)
             wgrads += mixer_wgrads
         # optimizer
@@ -735,7 +740,7 @@ class _Block:
         for node in mlp_grads:
             g.edge(node, ln2, "grad")
         g.edge(dy, ln2, "grad")  # the residual branch
-        stash(src.get("proj_residual", x) if "ln1" in self.ops else x, ln2)
+        stash(src["proj_residual"] if self.mixer else x, ln2)
         return ln2, [*mlp_wgrads, ln2]
 
     def _residual_backward(self, dy: str, proj: str) -> str:
@@ -825,13 +830,11 @@ class _Block:
         norm's, the scan's (mamba_ssm's chunked backward: the in-chunk products as a flash
         backward of five, the state products' two gradients each), the convolution's and
         the input projection's; (the gradient of the block's input, weight gradients)."""
-        g, t, h, b, s, p, spec = (self.g, self.t, self.h, self.b, self.s, self.prefix,
-                                  self.spec)
+        g, t, h, p, spec = self.g, self.t, self.h, self.prefix, self.spec
         src, stash, gemm_bwd, nb = self.src, self._stash, self._gemm_bwd, self.bytes
         di, heads, P = spec.mamba_inner, spec.mamba_heads, spec.mamba_head_dim
-        N, G, cw = spec.mamba_state_dim, spec.mamba_num_groups, spec.mamba_conv_width
+        N, cw, chunks = spec.mamba_state_dim, spec.mamba_conv_width, self.ssd_chunks
         width = spec.mamba_in_width
-        chunks = b * heads * -(-s // MAMBA_CHUNK)
         n = self._residual_backward(dy, "out_proj")
         out_in = src["out_cast"] if self.fp8 else src["mamba_norm"]
         out_dx, out_dw = gemm_bwd("out_proj", t, di, h, out_in, n, "n", "m", 0)
@@ -842,7 +845,7 @@ class _Block:
         stash(src["ssd_chunk"], norm, t * di * nb)
         stash(src["in_proj"], norm, t * di * nb)  # z
         chunk = g.attention(p + "ssd_chunk.bwd", "ssd_chunk.bwd", chunks, MAMBA_CHUNK,
-                            (G * N // heads + P) // 2, gemms=5, causal=1, tp="heads")
+                            self.ssd_width, gemms=5, causal=1, tp="heads")
         state = g.gemm(p + "ssd_state.bwd", "ssd_state.bwd", 4 * chunks * N, MAMBA_CHUNK, P,
                        tp="m")
         for node in (chunk, state):
