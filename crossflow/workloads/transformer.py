@@ -36,9 +36,15 @@ before its backward (SC21's "activation recomputation").  Recomputed nodes have 
 An optimizer node per unit (Adam with fp32 master weights, states and gradients: reads
 param, grad, m, v and writes param, m, v) runs once per iteration.
 
+A hybrid stack (``hybrid_override_pattern``) builds each layer from one part: the
+attention half (``ln1`` … ``proj_residual``), the MLP or MoE half (``ln2`` …
+``mlp_residual``, its residual the layer's input), or a Mamba-2 mixer (:data:`MAMBA_OPS`,
+its norm and residual named as attention's).
+
 One file of over 600 lines on purpose: the block's forward, its backward and the MoE
-layer's nodes are one graph whose node names, stash edges and recompute copies refer to
-each other; split across files, those names would have to be kept in step by hand.
+layer's and the Mamba-2 mixer's nodes are one graph whose node names, stash edges and
+recompute copies refer to each other; split across files, those names would have to be
+kept in step by hand.
 """
 
 from __future__ import annotations
