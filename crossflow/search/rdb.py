@@ -113,10 +113,24 @@ def _first_open(open_storage) -> None:
             time.sleep(random.uniform(0.05, 0.3))
 
 
+def _drop_teardown_noise(record) -> bool:
+    """A logging filter for psycopg's logger: drops its warning that closing a pipeline or
+    copy failed while another error was being raised (the server is gone).  That other
+    error is the one the launch handles (:mod:`crossflow.search.reconnect` retries it or
+    says the database did not answer); the warning would print before that paragraph."""
+    return not str(record.msg).startswith("error ignored terminating")
+
+
 def _resilient_class():
+    import logging
+
     from optuna.storages import RDBStorage
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
+
+    psycopg_log = logging.getLogger("psycopg")
+    if _drop_teardown_noise not in psycopg_log.filters:
+        psycopg_log.addFilter(_drop_teardown_noise)
 
     class _Retrying(RDBStorage):
         reconnect_s: float = RECONNECT_S
