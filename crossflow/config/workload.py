@@ -96,6 +96,13 @@ class TransformerSpec(Spec):
     #: inner width of the shared expert every token also goes through
     #: (``--moe-shared-expert-intermediate-size``); None: no shared expert
     moe_shared_expert_intermediate_size: Dim | None = None
+    #: latent MoE (``--moe-latent-size``; Nemotron 3 Super): the routed experts work in a
+    #: latent space of this width — each MoE layer projects a token down to it before the
+    #: dispatch and back up after the combine (two h × latent GEMMs, not split by tensor
+    #: parallelism), so the all-to-alls and the experts' GEMMs carry the latent width
+    #: instead of hidden_size; the router and the shared expert see the full width.  None:
+    #: the experts take the hidden state itself
+    moe_latent_size: Dim | None = None
     #: which layers are MoE (``--moe-layer-freq``), Megatron's semantics: an int N makes
     #: layer i (from 0) an MoE layer when i % N == 0 (1: every layer); a list of 0 / 1, one
     #: per layer, gives the pattern (DeepSeek-V3's first three dense layers: [0, 0, 0, 1, …])
@@ -258,9 +265,27 @@ class TransformerSpec(Spec):
         return self.moe_ffn_hidden_size or self.ffn
 
     @property
+    def moe_width(self) -> int:
+        """Width of the tokens the routed experts take and give back: moe_latent_size
+        under latent MoE, else hidden_size."""
+        return self.moe_latent_size or self.hidden_size
+
+    @property
     def moe_in_width(self) -> int:
         """Output width of an expert's first GEMM (2·moe_ffn when gated)."""
         return (2 if self.gated_linear_unit else 1) * self.moe_ffn
+
+    @property
+    def moe_macs(self) -> int:
+        """Multiply-accumulates per token of one MoE layer's feed-forward part: the router
+        (h × experts), the ``topk`` active experts at :attr:`moe_width`, a latent MoE's two
+        h × latent projections and the shared expert."""
+        h, w = self.hidden_size, self.moe_width
+        gated = 2 if self.gated_linear_unit else 1
+        latent = 2 * h * w if self.moe_latent_size else 0
+        return (h * (self.num_moe_experts or 0)
+                + self.moe_router_topk * (w * self.moe_in_width + self.moe_ffn * w)
+                + latent + (gated + 1) * h * self.shared_ffn)
 
     @property
     def shared_ffn(self) -> int:
@@ -329,6 +354,12 @@ class TransformerSpec(Spec):
                 "(moe_expert_capacity_factor; Megatron-Core asserts the same)",
                 key="moe_pad_expert_input_to_capacity", value=True,
                 allowed="false, or true with moe_expert_capacity_factor set")
+        if self.num_moe_experts is None and self.moe_latent_size is not None:
+            raise ConfigError(
+                "a latent space is where the routed experts of MoE layers work, and the "
+                "model has none (num_moe_experts is not set)", key="moe_latent_size",
+                value=self.moe_latent_size,
+                allowed="null for a dense model, or set num_moe_experts")
         if self.num_moe_experts is None and (self.moe_expert_capacity_factor is not None):
             raise ConfigError(
                 "a capacity factor applies to the routed experts of MoE layers, and the "

@@ -42,13 +42,10 @@ def _per_token(spec) -> dict[str, float]:
     width) and their products with the values (heads × v width) over the whole s × s, a
     dense MLP, an MoE layer (its router, the active experts and the shared expert)."""
     h, s, a = spec.hidden_size, spec.seq_length, spec.num_attention_heads
-    gated = 2 if spec.gated_linear_unit else 1
     return {
         "*": 2 * spec.attention_macs + 2 * s * a * (spec.qk_dim + spec.head_dim),
         "-": 2 * (h * spec.mlp_in_width + spec.ffn * h),
-        "E": (2 * h * (spec.num_moe_experts or 0)
-              + spec.moe_router_topk * 2 * (h * spec.moe_in_width + spec.moe_ffn * h)
-              + 2 * (gated + 1) * h * spec.shared_ffn),
+        "E": 2 * spec.moe_macs,
     }
 
 

@@ -158,7 +158,7 @@ def transformer_iteration(
     # capacity is per rank, from its own tokens)
     a2a = gather = 0.0
     if spec.moe and (ep > 1 or etp > 1):
-        routed = spec.routed_rows(b * s // cp // tp) * h * nbytes
+        routed = spec.routed_rows(b * s // cp // tp) * spec.moe_width * nbytes
         if ep > 1:
             a2a = network.all_to_all(routed, ep, etp)
         if etp > 1:

@@ -130,11 +130,15 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         # counts the copies the experts process: fewer when a capacity drops some, the
         # capacity's when padded.  With expert tensor parallelism the experts' input is the
         # rows the expert-tensor group gathered, etp times a rank's own (their fc1 and
-        # activation outputs are 1/etp as wide: the same bytes)
+        # activation outputs are 1/etp as wide: the same bytes).  Under latent MoE the
+        # copies are latent-wide, and the up-projection keeps its input (the combined
+        # latent rows) for its weight gradient
         k = spec.routed_rows(s * b) / (s * b)
         gate = 6 if spec.gated_linear_unit else 4
-        moe_mlp = 2 * k * (1 + etp) + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
-        fp8_moe = k * etp + (k * spec.moe_ffn + spec.shared_ffn) / h
+        wide = spec.moe_width / h
+        moe_mlp = (2 * k * (1 + etp) * wide + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
+                   + (2 * wide if spec.moe_latent_size else 0))
+        fp8_moe = k * etp * wide + (k * spec.moe_ffn + spec.shared_ffn) / h
         share = sum(spec.moe_layers) / L
         mlp = share * moe_mlp + (1 - share) * mlp
     qkv = 2 * spec.qkv_width / h

@@ -35,9 +35,7 @@ def transformer_flops(spec: TransformerSpec, recompute: str | None = None) -> fl
                         spec.hidden_size, spec.vocab_size, spec.ffn)
     block = 2.0 * B * s * (4 * h * h + 2 * h * f) + 4.0 * B * s * s * h
     if spec.moe:  # the MLP of an MoE layer: only each token's active experts and router
-        gated = 2 if spec.gated_linear_unit else 1
-        moe_mlp = 2.0 * B * s * (h * spec.num_moe_experts + spec.moe_router_topk * (
-            gated + 1) * h * spec.moe_ffn + (gated + 1) * h * spec.shared_ffn)
+        moe_mlp = 2.0 * B * s * spec.moe_macs
         share = sum(spec.moe_layers) / L
         block += share * (moe_mlp - 2.0 * B * s * 2 * h * f)
     passes = {"none": 3, "selective": 3, "full": 4}[recompute]
@@ -53,13 +51,11 @@ def _hybrid_flops(spec: TransformerSpec, recompute: str) -> float:
     chunk·(groups·state + heads·head width) per token forward and 2.5 times that backward,
     where mamba_ssm recomputes C·Bᵀ as a flash kernel recomputes its scores)."""
     B, s, h, V = spec.global_batch_size, spec.seq_length, spec.hidden_size, spec.vocab_size
-    gated = 2 if spec.gated_linear_unit else 1
     di, heads, N = spec.mamba_inner, spec.mamba_heads, spec.mamba_state_dim
     per_token = {
         "*": 2.0 * (h * spec.qkv_width + spec.q_width * h) + 4.0 * s * spec.q_width,
         "-": 2.0 * (h * spec.mlp_in_width + spec.ffn * h),
-        "E": 2.0 * (h * (spec.num_moe_experts or 0) + spec.moe_router_topk * (gated + 1) * h
-                    * spec.moe_ffn + (gated + 1) * h * spec.shared_ffn),
+        "E": 2.0 * spec.moe_macs,
         "M": 2.0 * (h * spec.mamba_in_width + di * h) + 4.0 * N * di,
     }
     chunk = MAMBA_CHUNK * (spec.mamba_num_groups * N + heads * spec.mamba_head_dim)

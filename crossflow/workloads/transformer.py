@@ -81,6 +81,10 @@ MLA_OPS_NO_Q_LORA: tuple[str, ...] = ("q_proj", "kv_down", "kv_ln", "kv_up")
 #: an MoE layer's routing, before the experts: the router GEMM (h × experts), its softmax
 #: and top-k, the load-balancing loss, and the permutation of the tokens into expert order
 MOE_ROUTER_OPS: tuple[str, ...] = ("router", "router_topk", "aux_loss", "permute")
+#: latent MoE (``moe_latent_size``): Megatron-Core's ``fc1_latent_proj`` takes each token
+#: down to the latent width before the permutation, ``fc2_latent_proj`` back up after the
+#: un-permutation; both replicated over tensor parallelism, like the router
+MOE_LATENT_OPS: tuple[str, str] = ("latent_down", "latent_up")
 #: the grouped expert GEMMs (one kernel for a rank's experts; ``count`` experts, each with
 #: its share of the routed tokens): the simulator re-shards them over expert parallelism.
 #: Their ``expert_tokens`` names the dimension holding the tokens, ``expert_width`` the one
@@ -138,8 +142,10 @@ def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]
         mixer = (("ln1",) + qkv + attention + (("proj_cast",) if fp8 else ())
                  + ("proj", "proj_residual"))
     if "E" in kind:
-        mlp = (MOE_ROUTER_OPS + (("expert_cast",) if fp8 else ())
-               + ("expert_fc1", "expert_act", "expert_fc2", "unpermute")
+        down, up = ((op,) if spec.moe_latent_size else () for op in MOE_LATENT_OPS)
+        mlp = (MOE_ROUTER_OPS[:-1] + down + MOE_ROUTER_OPS[-1:]
+               + (("expert_cast",) if fp8 else ())
+               + ("expert_fc1", "expert_act", "expert_fc2", "unpermute") + up
                + (("shared_fc1", "shared_act", "shared_fc2") if spec.shared_ffn else ()))
     elif "-" in kind:
         mlp = ("mlp1", "swiglu" if spec.gated_linear_unit else "gelu", "mlp2")
@@ -183,14 +189,16 @@ def _attention_params(spec: TransformerSpec) -> int:
 def moe_block_params(spec: TransformerSpec) -> tuple[int, int]:
     """(parameters every rank of a tensor-parallel group shares the usual way, the routed
     experts' parameters) of one MoE block.  The first: attention, layernorms, the router
-    (h × experts) and the shared expert; the second, which expert parallelism divides: each
-    expert's two (three when gated) h × moe_ffn weights, without biases (Megatron-Core's
-    MoE models are built with ``add_bias_linear=False``)."""
-    h, E = spec.hidden_size, spec.num_moe_experts
+    (h × experts), a latent MoE's two h × latent projections and the shared expert; the
+    second, which expert parallelism divides: each expert's two (three when gated)
+    width × moe_ffn weights (width: :attr:`~TransformerSpec.moe_width`), without biases
+    (Megatron-Core's MoE models are built with ``add_bias_linear=False``)."""
+    h, E, w = spec.hidden_size, spec.num_moe_experts, spec.moe_width
     gated = 2 if spec.gated_linear_unit else 1
     shared = (gated + 1) * h * spec.shared_ffn
-    return (_attention_params(spec) + h * E + shared,
-            E * (h * spec.moe_in_width + spec.moe_ffn * h))
+    latent = 2 * h * w if spec.moe_latent_size else 0
+    return (_attention_params(spec) + h * E + latent + shared,
+            E * (w * spec.moe_in_width + spec.moe_ffn * w))
 
 
 def mamba_params(spec: TransformerSpec) -> int:
@@ -366,7 +374,8 @@ class _Block:
                 g.elementwise(n, op, t * h, inputs=2, flops_per_element=DROPOUT_FLOPS + 1,
                               sp="elements")
                 if self.moe:
-                    g.edge(get("unpermute"), n, act)
+                    g.edge(get("latent_up" if self.spec.moe_latent_size else "unpermute"),
+                           n, act)
                     if "shared_fc2" in self.ops:
                         g.edge(get("shared_fc2"), n, act)
                 else:
@@ -532,7 +541,7 @@ class _Block:
     def _moe_node(self, op: str, n: str, get, gp: dict, own: bool) -> None:
         g, t, h, spec = self.g, self.t, self.h, self.spec
         E, k = spec.num_moe_experts, spec.moe_router_topk
-        f, f_in = spec.moe_ffn, spec.moe_in_width
+        f, f_in, w = spec.moe_ffn, spec.moe_in_width, spec.moe_width
         me, rows = self._expert_tokens(), self._rows()
         act = "act"
         if op == "router":  # fp32 logits in Megatron; priced at the activations' type
@@ -544,17 +553,20 @@ class _Block:
         elif op == "aux_loss":
             g.elementwise(n, op, t * E, flops_per_element=AUX_LOSS_FLOPS, sp="elements")
             g.edge(get("router_topk"), n, act)
-        elif op == "permute":  # gather each token's k copies into expert order
-            g.elementwise(n, op, rows * h, flops_per_element=0.0, sp="elements")
+        elif op == "latent_down":
+            g.gemm(n, op, t, h, w, sp="m", params=h * w * own, **gp)
             g.edge(get("ln2"), n, act)
+        elif op == "permute":  # gather each token's k copies into expert order
+            g.elementwise(n, op, rows * w, flops_per_element=0.0, sp="elements")
+            g.edge(get("latent_down" if spec.moe_latent_size else "ln2"), n, act)
             g.edge(get("router_topk"), n, act, t * k * 4)
         elif op == "expert_cast":
-            g.elementwise(n, "fp8_cast", rows * h, inputs=2, outputs=1, precision="fp8",
+            g.elementwise(n, "fp8_cast", rows * w, inputs=2, outputs=1, precision="fp8",
                           flops_per_element=CAST_FLOPS, sp="elements",
                           expert_gathered="elements")
             g.edge(get("permute"), n, act)
         elif op == "expert_fc1":
-            g.gemm(n, op, me, h, f_in, count=E, sp="m", expert_tokens="m",
+            g.gemm(n, op, me, w, f_in, count=E, sp="m", expert_tokens="m",
                    expert_width="n", **gp)
             g.edge(get("expert_cast" if self.fp8 else "permute"), n, act)
         elif op == "expert_act":
@@ -564,12 +576,15 @@ class _Block:
                           sp="elements")
             g.edge(get("expert_fc1"), n, act)
         elif op == "expert_fc2":
-            g.gemm(n, op, me, f, h, count=E, sp="m", expert_tokens="m",
+            g.gemm(n, op, me, f, w, count=E, sp="m", expert_tokens="m",
                    expert_width="k", **gp)
             g.edge(get("expert_act"), n, act)
         elif op == "unpermute":  # the k expert outputs of a token, weighted by its probs
-            g.elementwise(n, op, t * h, inputs=k, flops_per_element=2.0 * k, sp="elements")
+            g.elementwise(n, op, t * w, inputs=k, flops_per_element=2.0 * k, sp="elements")
             g.edge(get("expert_fc2"), n, act)
+        elif op == "latent_up":
+            g.gemm(n, op, t, w, h, sp="m", params=w * h * own, **gp)
+            g.edge(get("unpermute"), n, act)
         elif op == "shared_fc1":
             sf_in = (2 if spec.gated_linear_unit else 1) * spec.shared_ffn
             g.gemm(n, op, t, h, sf_in, tp="n", params=h * sf_in * own, **gp)
@@ -595,22 +610,33 @@ class _Block:
         input, weight-gradient nodes)."""
         g, t, h, p, spec, src = self.g, self.t, self.h, self.prefix, self.spec, self.src
         E, k = spec.num_moe_experts, spec.moe_router_topk
-        f, f_in = spec.moe_ffn, spec.moe_in_width
+        f, f_in, w = spec.moe_ffn, spec.moe_in_width, spec.moe_width
+        latent = bool(spec.moe_latent_size)
         me, rows = self._expert_tokens(), self._rows()
         gp = self.gemm_precision
         gated = spec.gated_linear_unit
         context = g.context
         g.context = {**context, "moe_op": True}
+        wgrads: list[str] = []
+        into = dy
+        if latent:  # the up-projection's gradients first (its output is the layer's)
+            into = g.gemm(p + "latent_up.dX", "latent_up.dX", t, h, w, sp="m", precision=gp)
+            udw = g.gemm(p + "latent_up.dW", "latent_up.dW", w, t, h, batch="k", sp="k",
+                         wgrad=w * h, precision=gp)
+            for node in (into, udw):
+                g.edge(dy, node, "grad")
+            stash(src["unpermute"], udw)
+            wgrads.append(udw)
         # the output gradient goes back to each token's k expert rows, scaled by its probs
-        n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", rows * h, inputs=1,
+        n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", rows * w, inputs=1,
                           flops_per_element=1.0, sp="elements")
-        g.edge(dy, n, "grad")
+        g.edge(into, n, "grad")
         if self.fp8:
-            n = self._dy_cast("expert_fc2", rows * h, n, "sp", expert_gathered="elements")
-        dx2 = g.gemm(p + "expert_fc2.dX", "expert_fc2.dX", me, h, f, count=E, sp="m",
+            n = self._dy_cast("expert_fc2", rows * w, n, "sp", expert_gathered="elements")
+        dx2 = g.gemm(p + "expert_fc2.dX", "expert_fc2.dX", me, w, f, count=E, sp="m",
                      expert_tokens="m", expert_width="n", precision=gp)
-        dw2 = g.gemm(p + "expert_fc2.dW", "expert_fc2.dW", f, me, h, count=E, batch="k",
-                     sp="k", expert_tokens="k", expert_width="m", wgrad=E * f * h,
+        dw2 = g.gemm(p + "expert_fc2.dW", "expert_fc2.dW", f, me, w, count=E, batch="k",
+                     sp="k", expert_tokens="k", expert_width="m", wgrad=E * f * w,
                      precision=gp)
         for node in (dx2, dw2):
             g.edge(n, node, "grad")
@@ -623,18 +649,27 @@ class _Block:
         stash(src["expert_fc1"], a)
         if self.fp8:
             a = self._dy_cast("expert_fc1", rows * f_in, a, "sp")
-        dx1 = g.gemm(p + "expert_fc1.dX", "expert_fc1.dX", me, f_in, h, count=E, sp="m",
+        dx1 = g.gemm(p + "expert_fc1.dX", "expert_fc1.dX", me, f_in, w, count=E, sp="m",
                      expert_tokens="m", expert_width="k", precision=gp)
-        dw1 = g.gemm(p + "expert_fc1.dW", "expert_fc1.dW", h, me, f_in, count=E,
+        dw1 = g.gemm(p + "expert_fc1.dW", "expert_fc1.dW", w, me, f_in, count=E,
                      batch="k", sp="k", expert_tokens="k", expert_width="n",
-                     wgrad=E * h * f_in, precision=gp)
+                     wgrad=E * w * f_in, precision=gp)
         for node in (dx1, dw1):
             g.edge(a, node, "grad")
         stash(src["expert_cast" if self.fp8 else "permute"], dw1)
         # the k gradient copies summed back into token order
-        back = g.elementwise(p + "permute.bwd", "permute.bwd", t * h, inputs=k,
+        back = g.elementwise(p + "permute.bwd", "permute.bwd", t * w, inputs=k,
                              flops_per_element=float(k), sp="elements")
         g.edge(dx1, back, "grad")
+        if latent:  # and through the down-projection to the hidden width
+            ddw = g.gemm(p + "latent_down.dW", "latent_down.dW", h, t, w, batch="k", sp="k",
+                         wgrad=h * w, precision=gp)
+            g.edge(back, ddw, "grad")
+            stash(src["ln2"], ddw)
+            ddx = g.gemm(p + "latent_down.dX", "latent_down.dX", t, w, h, sp="m",
+                         precision=gp)
+            g.edge(back, ddx, "grad")
+            back = ddx
         # router: the probabilities' gradient (softmax backward), then its GEMM
         r = g.elementwise(p + "router_topk.bwd", "softmax.bwd", t * E, inputs=2,
                           flops_per_element=3.0, sp="elements")
@@ -646,7 +681,8 @@ class _Block:
         for node in (rdx, rdw):
             g.edge(r, node, "grad")
         stash(src["ln2"], rdw)
-        grads, wgrads = [back, rdx], [dw2, dw1, rdw]
+        grads = [back, rdx]
+        wgrads += [dw2, dw1, rdw]
         g.context = context
         if spec.shared_ffn:
             sf = spec.shared_ffn
