@@ -98,3 +98,32 @@ def test_a_design_over_memory_lists_the_options_that_make_it_fit(cli):
     code, out, _ = cli("predict", "--workload", "gemm-64k", "--hardware", "v100-sxm2-32gb",
                        "--json")
     assert "fits_with" not in json.loads(out)
+
+
+def test_the_first_fix_runs_as_printed(cli, tmp_path):
+    """The line after the options says how to pass the first one; given back inline as it
+    says, the design fits (an inline mapping takes the strategy name and its degrees)."""
+    base = ("predict", "--workload", "llama3-70b", "--system", "dgx-h100-megatron-core",
+            "--parallelism")
+    code, out, _ = cli(*base, "t4-p4-d4-v5-sp-c2")
+    line = out.splitlines()[-1]
+    assert code == 3 and line == ("  to use the first: --parallelism '{strategy: "
+                                  "t4-p4-d4-v5-sp-c2, use_distributed_optimizer: true}'")
+    code, out, _ = cli(*base, line.split("--parallelism ")[1].strip("'"))
+    assert code == 0 and "strategy      t4-d4-p4-v5-sp-c2" in out
+    # from a file (its strategy name with the same degrees): the option goes into it
+    path = tmp_path / "par.yaml"
+    path.write_text("strategy: t4-p4-d4-v5-sp-c2\n")
+    code, out, _ = cli(*base, str(path))
+    assert out.splitlines()[-1] == (f"  to use the first: add `use_distributed_optimizer: "
+                                    f"true` to {path}")
+    # an inline value that is not a mapping, or a strategy that is none, names the key
+    code, _, err = cli(*base, "{t4-p4")
+    assert code == 2 and "key 'parallelism'" in err and "malformed YAML" in err
+    code, _, err = cli(*base, "{strategy: x4-e2}")
+    assert code == 2 and "key 'strategy' = 'x4-e2': not a strategy name" in err
+    # a file's strategy name carries the same degrees; one given twice, differently, is
+    # refused
+    path.write_text("strategy: t4-p4-d4-v5-sp-c2\ncontext_parallel: 4\n")
+    code, _, err = cli(*base, str(path))
+    assert code == 2 and "gives context_parallel other than the key does" in err

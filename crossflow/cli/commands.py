@@ -71,7 +71,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, default=float))
     else:
         _print_prediction(p)
-        _print_fits(fits)
+        _print_fits(fits, args.parallelism)
     return EXIT_OK if p.feasible else EXIT_INFEASIBLE
 
 
@@ -116,7 +116,7 @@ def _fits_with(args: argparse.Namespace, p) -> list[tuple[dict, object]]:
     return fits
 
 
-def _print_fits(fits: list[tuple[dict, object]]) -> None:
+def _print_fits(fits: list[tuple[dict, object]], parallelism: str) -> None:
     from crossflow.units import fmt_bytes, fmt_time
 
     if not fits:
@@ -127,6 +127,27 @@ def _print_fits(fits: list[tuple[dict, object]]) -> None:
     for text, q in rows:
         print(f"    {text:<{width}}  memory/device {fmt_bytes(q.memory_per_device_bytes):>8}"
               f"  time {fmt_time(q.time_s)}")
+    print(f"  to use the first: {_with_options(parallelism, fits[0][0])}")
+
+
+def _with_options(parallelism: str, options: dict) -> str:
+    """How to pass ``options`` beside the ``--parallelism`` value given: into its file, or
+    as an inline mapping with the strategy name (or the inline mapping given)."""
+    import shlex
+
+    from crossflow.config.base import parse_yaml
+
+    pairs = ", ".join(f"{k}: {str(v).lower()}" for k, v in options.items())
+    text = parallelism.strip()
+    if text.startswith("{"):
+        given = parse_yaml(text, key="parallelism")
+        kept = ", ".join(f"{k}: {v}" for k, v in given.items() if k not in options)
+        inline = "{" + (kept + ", " if kept else "") + pairs + "}"
+    elif text.endswith((".yaml", ".yml")) or "/" in text:
+        return f"add `{pairs}` to {text}"
+    else:
+        inline = "{strategy: " + text + ", " + pairs + "}"
+    return f"--parallelism {shlex.quote(inline)}"
 
 
 def _print_prediction(p) -> None:

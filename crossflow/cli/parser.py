@@ -188,9 +188,11 @@ def _parser() -> argparse.ArgumentParser:
                     "device is used unless --hardware is given")
     pr.add_argument("--parallelism", metavar="PRESET|YAML|STRATEGY",
                     help="distributed workloads: a parallelism preset ("
-                    + ", ".join(preset_names("parallelism")) + "), a YAML file, or a strategy "
+                    + ", ".join(preset_names("parallelism")) + "), a YAML file, a strategy "
                     "string such as RC-4-2-d32-p2, t8-d24-p8-v3-sp or t4-d4-sp-e8 (-c{cp} context, "
-                    "-e{ep} expert, -et{etp} expert-tensor parallelism)")
+                    "-e{ep} expert, -et{etp} expert-tensor parallelism), or a YAML mapping of "
+                    "a file's keys, e.g. '{strategy: t4-d4-sp-e8, "
+                    "use_distributed_optimizer: true}'")
     pr.add_argument("--mapping-order", metavar="ORDER|best",
                     help="device-mapping order, a permutation of kp1-kp2-dp-lp (the first on "
                     "adjacent devices), or 'best' to try all 24 (default: kp1-kp2-dp-lp)")

@@ -243,23 +243,29 @@ def read_text(path: Path) -> str:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping from ``path``; any problem is a ConfigError naming the file."""
     path = Path(path)
-    text = read_text(path)
+    return parse_yaml(read_text(path), file=str(path))
+
+
+def parse_yaml(text: str, *, file: str | None = None, key: str | None = None
+               ) -> dict[str, Any]:
+    """The YAML mapping ``text`` (a file's, named ``file``, or an option's inline value,
+    named ``key``), read as config files are; any problem is a ConfigError naming it."""
+    where_from = {"file": file} if file is not None else {"key": key, "value": text}
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - safe loader subclass
     except RecursionError:
         raise ConfigError("the YAML is nested too deeply (or an alias refers to itself)",
-                          file=str(path)) from None
+                          **where_from) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         what = "YAML refused" if isinstance(exc, _Refused) else "malformed YAML"
-        raise ConfigError(f"{what}{where}: {problem}", file=str(path)) from None
+        raise ConfigError(f"{what}{where}: {problem}", **where_from) from None
     if not isinstance(data, dict):
-        raise ConfigError(
-            f"the file must hold a YAML mapping (key: value lines), but holds {type(data).__name__}",
-            file=str(path),
-        )
+        what = ("the file must hold a YAML mapping (key: value lines)" if file is not None
+                else "an inline value must be a YAML mapping ({key: value, ...})")
+        raise ConfigError(f"{what}, but holds {type(data).__name__}", **where_from)
     return data
 
 

@@ -107,6 +107,23 @@ class ParallelismSpec(Spec):
         """Whether the optimizer state is sharded (``zero1`` or its alias)."""
         return self.zero1 or bool(self.use_distributed_optimizer)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _degrees_in_the_name(cls, data):
+        """A strategy name may carry the degrees of :data:`OPTIONS_GRAMMAR` (``-c2``,
+        ``-e8``, ``-et2``), in a file as on the command line: they become their keys."""
+        name = data.get("strategy") if isinstance(data, dict) else None
+        if not isinstance(name, str) or not _OPTIONS.search(name):
+            return data
+        fields = _name_fields(name, None)
+        clash = sorted(k for k in fields if k != "strategy" and data.get(k, fields[k])
+                       != fields[k])
+        if clash:
+            raise ConfigError(f"the strategy name gives {', '.join(clash)} other than the "
+                              "key does", key="strategy", value=name,
+                              allowed="a degree given once, in the name or as its key")
+        return {**data, **fields}
+
     @model_validator(mode="after")
     def _consistent(self) -> ParallelismSpec:
         if self.context_parallel > 1 and self.strategy is not None:
@@ -208,32 +225,50 @@ OPTIONS_GRAMMAR = ("-c{cp} (context parallelism: d counts data × context ranks)
 def parse_parallelism(source) -> ParallelismSpec:
     """A ParallelismSpec from a spec, a preset name, a file or a mapping — or a bare strategy
     name such as ``RC-4-2-d32-p2`` or ``t8-d24-p8`` (paper / Megatron names), with
-    :data:`OPTIONS_GRAMMAR`'s degrees optionally (``t8-d16-p4-sp-c2``).  The one reader of
-    a parallelism reference (predictions and study files)."""
+    :data:`OPTIONS_GRAMMAR`'s degrees optionally (``t8-d16-p4-sp-c2``), or an inline YAML
+    mapping of a parallelism file's keys (``{strategy: t8-d8-sp-e16,
+    use_distributed_optimizer: true}``; its strategy may carry the same degrees).  The one
+    reader of a parallelism reference (predictions and study files)."""
     if isinstance(source, ParallelismSpec):
         return source
+    if isinstance(source, str) and source.lstrip().startswith("{"):
+        from crossflow.config.base import parse_yaml
+
+        mapping = parse_yaml(source, key="parallelism")
+        return load_spec({"kind": "parallelism", **mapping}, "parallelism")
     try:
         return load_spec(source, "parallelism")
     except ConfigError as not_a_preset:
         if (not isinstance(source, str) or source.endswith((".yaml", ".yml"))
                 or not_a_preset.file):  # a file was found and read: its error is the one
             raise
-        found = [(_OPTION_KEYS[k.lower()], int(v)) for k, v in _OPTIONS.findall(source)]
-        options = dict(found)
-        if len(options) < len(found):
-            raise ConfigError("a degree is given twice", key="parallelism", value=source,
-                              allowed=f"each of {OPTIONS_GRAMMAR} at most once") from None
-        grid = _OPTIONS.sub("", source).strip("-")
-        try:
-            Strategy.parse(grid)
-        except ConfigError as bad:
-            raise ConfigError(
-                "neither a parallelism preset, a file, nor a strategy name",
-                key="parallelism", value=source,
-                allowed=f"{not_a_preset.allowed}; or a strategy: {bad.allowed}; then "
-                        f"optionally {OPTIONS_GRAMMAR}",
-            ) from None
-        return load_spec({"kind": "parallelism", "strategy": grid, **options}, "parallelism")
+        return load_spec({"kind": "parallelism", **_name_fields(source, not_a_preset)},
+                         "parallelism")
+
+
+def _name_fields(source: str, not_a_preset: ConfigError | None) -> dict:
+    """The parallelism keys a strategy name gives: ``strategy`` (its grid) and the degrees
+    of :data:`OPTIONS_GRAMMAR` it carries."""
+    found = [(_OPTION_KEYS[k.lower()], int(v)) for k, v in _OPTIONS.findall(source)]
+    options = dict(found)
+    if len(options) < len(found):
+        raise ConfigError("a degree is given twice", key="parallelism", value=source,
+                          allowed=f"each of {OPTIONS_GRAMMAR} at most once") from None
+    grid = _OPTIONS.sub("", source).strip("-")
+    try:
+        Strategy.parse(grid)
+    except ConfigError as bad:
+        if not_a_preset is None:
+            raise ConfigError("not a strategy name", key="strategy", value=source, allowed=f"a strategy: {bad.allowed}; then "
+                              f"optionally {OPTIONS_GRAMMAR}") from None
+        raise ConfigError(
+            "neither a parallelism preset, a file, nor a strategy name",
+            key="parallelism", value=source,
+            allowed=f"{not_a_preset.allowed}; or a strategy: {bad.allowed}; then "
+                    f"optionally {OPTIONS_GRAMMAR}, or an inline mapping such as "
+                    "'{strategy: t8-d8-sp, use_distributed_optimizer: true}'",
+        ) from None
+    return {"strategy": grid, **options}
 
 
 # Parallelism files (kind may be left out: loader.DEFAULT_KINDS) validate here.
