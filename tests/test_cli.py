@@ -127,3 +127,17 @@ def test_the_first_fix_runs_as_printed(cli, tmp_path):
     path.write_text("strategy: t4-p4-d4-v5-sp-c2\ncontext_parallel: 4\n")
     code, _, err = cli(*base, str(path))
     assert code == 2 and "gives context_parallel other than the key does" in err
+
+
+def test_the_fix_line_of_a_preset_gives_its_keys_inline():
+    """A preset name is no strategy name: the line spells out the preset's keys, and what it
+    prints reads back as the preset with the option added."""
+    from crossflow.cli.commands import _with_options
+    from crossflow.parallel import parse_parallelism
+
+    line = _with_options("gpt3-175b-t8-p8-d24-v3-sp", {"use_distributed_optimizer": True})
+    assert line.startswith("--parallelism '{tensor_parallel: 8, ")
+    got = parse_parallelism(line.split(" ", 1)[1].strip("'"))
+    preset = parse_parallelism("gpt3-175b-t8-p8-d24-v3-sp")
+    assert got.model_dump(exclude={"name"}) == {
+        **preset.model_dump(exclude={"name"}), "use_distributed_optimizer": True}

@@ -122,7 +122,7 @@ def _print_fits(fits: list[tuple[dict, object]], parallelism: str) -> None:
     if not fits:
         return
     print("  fits with (the same design with these parallelism options, Megatron-LM's names):")
-    rows = [(", ".join(f"{k}: {str(v).lower()}" for k, v in o.items()), q) for o, q in fits]
+    rows = [(_yaml_pairs(o), q) for o, q in fits]
     width = max(len(text) for text, _ in rows)
     for text, q in rows:
         print(f"    {text:<{width}}  memory/device {fmt_bytes(q.memory_per_device_bytes):>8}"
@@ -130,24 +130,33 @@ def _print_fits(fits: list[tuple[dict, object]], parallelism: str) -> None:
     print(f"  to use the first: {_with_options(parallelism, fits[0][0])}")
 
 
+def _yaml_pairs(mapping: dict) -> str:
+    """``key: value, ...`` as YAML reads them back (booleans lowercase)."""
+    return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
+                     for k, v in mapping.items())
+
+
 def _with_options(parallelism: str, options: dict) -> str:
     """How to pass ``options`` beside the ``--parallelism`` value given: into its file, or
-    as an inline mapping with the strategy name (or the inline mapping given)."""
+    as an inline mapping of what was given (an inline mapping, a preset's keys, or a
+    strategy name) and the options."""
     import shlex
 
+    from crossflow.config import preset_names
     from crossflow.config.base import parse_yaml
+    from crossflow.parallel import parse_parallelism
 
-    pairs = ", ".join(f"{k}: {str(v).lower()}" for k, v in options.items())
     text = parallelism.strip()
+    if text.endswith((".yaml", ".yml")) or "/" in text:
+        return f"add `{_yaml_pairs(options)}` to {text}"
     if text.startswith("{"):
         given = parse_yaml(text, key="parallelism")
-        kept = ", ".join(f"{k}: {v}" for k, v in given.items() if k not in options)
-        inline = "{" + (kept + ", " if kept else "") + pairs + "}"
-    elif text.endswith((".yaml", ".yml")) or "/" in text:
-        return f"add `{pairs}` to {text}"
+    elif text in preset_names("parallelism"):
+        given = parse_parallelism(text).model_dump(exclude_unset=True, exclude={"name"})
     else:
-        inline = "{strategy: " + text + ", " + pairs + "}"
-    return f"--parallelism {shlex.quote(inline)}"
+        given = {"strategy": text}
+    merged = {k: v for k, v in given.items() if k not in options} | options
+    return f"--parallelism {shlex.quote('{' + _yaml_pairs(merged) + '}')}"
 
 
 def _print_prediction(p) -> None:
