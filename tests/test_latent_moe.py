@@ -52,6 +52,12 @@ def test_the_experts_and_the_projections_carry_the_latent_width():
     assert nodes["router"]["k"] == h and nodes["shared_fc1"]["k"] == h
     for name in ("latent_up.dX", "latent_up.dW", "latent_down.dX", "latent_down.dW"):
         assert name in nodes
+    # every weight gradient of the layer goes to its optimizer step
+    wgrad = {n for n, a in g.nodes(data=True) if a["layer"] == 0 and a.get("wgrad_elements")}
+    into_optimizer = {u for u, v, e in g.edges(data=True)
+                      if e.get("kind") == "wgrad" and g.nodes[v]["layer"] == 0}
+    assert {g.nodes[n]["name"] for n in wgrad - into_optimizer} == set()
+    assert {"latent_up.dW", "latent_down.dW"} <= {g.nodes[n]["name"] for n in into_optimizer}
     # parameters: the router, the two projections and the shared expert beside attention;
     # the experts' weights at the latent width
     owned = sum(a["params"] for _, a in g.nodes(data=True)

@@ -259,8 +259,9 @@ def _name_fields(source: str, not_a_preset: ConfigError | None) -> dict:
         Strategy.parse(grid)
     except ConfigError as bad:
         if not_a_preset is None:
-            raise ConfigError("not a strategy name", key="strategy", value=source, allowed=f"a strategy: {bad.allowed}; then "
-                              f"optionally {OPTIONS_GRAMMAR}") from None
+            raise ConfigError("not a strategy name", key="strategy", value=source,
+                              allowed=f"a strategy: {bad.allowed}; then optionally "
+                                      f"{OPTIONS_GRAMMAR}") from None
         raise ConfigError(
             "neither a parallelism preset, a file, nor a strategy name",
             key="parallelism", value=source,

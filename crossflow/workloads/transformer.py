@@ -617,15 +617,25 @@ class _Block:
         gated = spec.gated_linear_unit
         context = g.context
         g.context = {**context, "moe_op": True}
+
+        def replicated(name: str, d_in: int, d_out: int, grad: str, saved: str,
+                       precision=None) -> tuple[str, str]:
+            """dgrad and wgrad of a d_in -> d_out linear layer every tensor-parallel rank
+            holds whole (the router, the latent projections) on its share of the tokens;
+            its input ``saved`` is kept for the wgrad."""
+            dx = g.gemm(p + name + ".dX", name + ".dX", t, d_out, d_in, sp="m",
+                        precision=precision)
+            dw = g.gemm(p + name + ".dW", name + ".dW", d_in, t, d_out, batch="k", sp="k",
+                        wgrad=d_in * d_out, precision=precision)
+            for node in (dx, dw):
+                g.edge(grad, node, "grad")
+            stash(saved, dw)
+            return dx, dw
+
         wgrads: list[str] = []
         into = dy
         if latent:  # the up-projection's gradients first (its output is the layer's)
-            into = g.gemm(p + "latent_up.dX", "latent_up.dX", t, h, w, sp="m", precision=gp)
-            udw = g.gemm(p + "latent_up.dW", "latent_up.dW", w, t, h, batch="k", sp="k",
-                         wgrad=w * h, precision=gp)
-            for node in (into, udw):
-                g.edge(dy, node, "grad")
-            stash(src["unpermute"], udw)
+            into, udw = replicated("latent_up", w, h, dy, src["unpermute"], gp)
             wgrads.append(udw)
         # the output gradient goes back to each token's k expert rows, scaled by its probs
         n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", rows * w, inputs=1,
@@ -662,25 +672,14 @@ class _Block:
                              flops_per_element=float(k), sp="elements")
         g.edge(dx1, back, "grad")
         if latent:  # and through the down-projection to the hidden width
-            ddw = g.gemm(p + "latent_down.dW", "latent_down.dW", h, t, w, batch="k", sp="k",
-                         wgrad=h * w, precision=gp)
-            g.edge(back, ddw, "grad")
-            stash(src["ln2"], ddw)
-            ddx = g.gemm(p + "latent_down.dX", "latent_down.dX", t, w, h, sp="m",
-                         precision=gp)
-            g.edge(back, ddx, "grad")
-            back = ddx
+            back, ddw = replicated("latent_down", h, w, back, src["ln2"], gp)
+            wgrads.append(ddw)
         # router: the probabilities' gradient (softmax backward), then its GEMM
         r = g.elementwise(p + "router_topk.bwd", "softmax.bwd", t * E, inputs=2,
                           flops_per_element=3.0, sp="elements")
         g.edge(n, r, "grad")
         stash(src["router_topk"], r)
-        rdx = g.gemm(p + "router.dX", "router.dX", t, E, h, sp="m")
-        rdw = g.gemm(p + "router.dW", "router.dW", h, t, E, batch="k", sp="k",
-                     wgrad=h * E)
-        for node in (rdx, rdw):
-            g.edge(r, node, "grad")
-        stash(src["ln2"], rdw)
+        rdx, rdw = replicated("router", h, E, r, src["ln2"])
         grads = [back, rdx]
         wgrads += [dw2, dw1, rdw]
         g.context = context
