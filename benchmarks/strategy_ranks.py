@@ -5,6 +5,7 @@ the split a search screens at decide which strategy it keeps?
     python benchmarks/strategy_ranks.py --study lstm-2560-256-n3-350w \\
         --study-table benchmarks/suite/fresh3.yaml --strategy RC-64-1-d1-p4 \\
         [--runs RUNS_FOLDER] [--driver-prefixes 250,400] [--random 8 --sigma 0.5,1.0 --top 32]
+        [--mixed 60,120 --pool 16]
 
 Every memory-feasible combination of the study is priced in each of its classes of mapping
 orders (its best class counts) at:
@@ -16,7 +17,12 @@ orders (its best class counts) at:
   evaluations (its plan run as ``benchmarks/bench_plan.py`` runs it, seed 0, no jitter);
 * with ``--random N``, N random splits per ``--sigma`` (every logit of the template moved
   by N(0, sigma)), for the template's ``--top`` best combinations only; the rank printed
-  for them is by each one's best over the N splits.
+  for them is by each one's best over the N splits;
+* with ``--mixed 60,120``, the split of the best sample after that many evaluations of a
+  *mixed* CMA-ES: CMA-ES over the split from the template's (step 1 in the natural
+  coordinates), each sample paired with one of the template's ``--pool`` best combinations
+  (each in its best class of orders) drawn at random, as plain CMA-ES samples categoricals
+  beside the split (docs/search-benchmarks.md, "A thirty-sixth round").
 
 Prints the best three strategies and ``--strategy``'s rank at each.
 """
@@ -47,6 +53,9 @@ def main() -> None:
     ap.add_argument("--random", type=int, default=0)
     ap.add_argument("--sigma", default="0.5,1.0")
     ap.add_argument("--top", type=int, default=32)
+    ap.add_argument("--mixed", default="", help="a mixed CMA-ES's best split after these "
+                    "many evaluations, e.g. 60,120")
+    ap.add_argument("--pool", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -64,13 +73,17 @@ def main() -> None:
     x0, d0 = P.start()
     _, combos = _memory_screen(P, x0, d0, None, np.random.default_rng(0), None)
 
+    def priced(x, discrete) -> float:
+        e = evaluate(setup, setup.design(P.params(x, discrete)))
+        return e.values(setup.objectives)[0] if e.feasible else math.inf
+
+    def best_order(x, combo) -> tuple[float, dict]:
+        return min(((priced(x, d), d) for d in (P.with_order(combo, o)
+                                                for o in P.order_classes(combo))),
+                   key=lambda t: t[0])
+
     def value(x, combo) -> float:
-        best = math.inf
-        for order in P.order_classes(combo):
-            e = evaluate(setup, setup.design(P.params(x, P.with_order(combo, order))))
-            if e.feasible:
-                best = min(best, e.values(setup.objectives)[0])
-        return best
+        return best_order(x, combo)[0]
 
     def at(x, among=None) -> dict[str, float]:
         # a strategy's value: its best combination's (other categoricals, e.g. technology)
@@ -123,6 +136,36 @@ def main() -> None:
                 for k, v in at(x, top).items():
                     best[k] = min(best[k], v)
             show(f"best of {args.random} random splits, sigma {sigma:g}", best)
+    if args.mixed:
+        from cmaes import CMA
+
+        from crossflow.search import encoding
+
+        ranked = sorted((c for c in combos if math.isfinite(at_template[c["strategy"]])),
+                        key=lambda c: at_template[c["strategy"]])
+        pool = [best_order(x0, c)[1] for c in ranked[:args.pool]]
+        rng = np.random.default_rng(args.seed)
+        v0 = np.clip(_vector(P, x0), -encoding.SPAN + 1e-6, encoding.SPAN - 1e-6)
+        cma = CMA(mean=v0, sigma=1.0, bounds=np.tile([-encoding.SPAN, encoding.SPAN],
+                                                     (len(v0), 1)), seed=args.seed)
+        marks = sorted(int(n) for n in args.mixed.split(","))
+        used, best = 0, (math.inf, v0, None)
+        while marks:
+            vs = [cma.ask() for _ in range(cma.population_size)]
+            got = []
+            for v in vs:
+                d = pool[int(rng.integers(len(pool)))]
+                got.append(priced(_point(P, v, x0), d))
+                best = min(best, (got[-1], v, d["strategy"]), key=lambda t: t[0])
+            used += len(vs)
+            finite = [g for g in got if math.isfinite(g)]
+            worst = 10 * max(finite) if finite else 1e30
+            cma.tell([(v, g if math.isfinite(g) else worst) for v, g in zip(vs, got,
+                                                                              strict=True)])
+            while marks and used >= marks[0]:
+                marks.pop(0)
+                show(f"mixed CMA-ES's best after {used} ({best[2]})",
+                     at(_point(P, best[1], x0)))
 
 
 if __name__ == "__main__":

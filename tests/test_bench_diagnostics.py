@@ -53,8 +53,14 @@ def test_strategy_ranks_prices_every_strategy_at_each_split():
     out = subprocess.run(
         [sys.executable, str(BENCH / "strategy_ranks.py"), "--study", "gemm-16k-64-n5-hbm3",
          "--strategy", "RC-8-8-d1-p1", "--driver-prefixes", "30", "--random", "2",
-         "--top", "4"], capture_output=True, text=True, check=True).stdout.splitlines()
+         "--top", "4", "--mixed", "12,24", "--pool", "4"],
+        capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0].startswith("template split") and "rank 4 of 8" in out[0]
     assert out[1].startswith("driver after 30 (")
     # the random splits rank the template's 4 best only, each by its best split
-    assert [line.split(" rank ")[1].split(";")[0] for line in out[2:]] == ["4 of 4"] * 2
+    assert [line.split(" rank ")[1].split(";")[0] for line in out[2:4]] == ["4 of 4"] * 2
+    # a mixed CMA-ES's best split after 12 and 24 evaluations (whole generations): every
+    # strategy ranked there
+    assert [line.split(" (")[0] for line in out[4:]] == [
+        "mixed CMA-ES's best after 12", "mixed CMA-ES's best after 24"]
+    assert all("of 8;" in line for line in out[4:])
