@@ -137,19 +137,15 @@ def main() -> None:
                     best[k] = min(best[k], v)
             show(f"best of {args.random} random splits, sigma {sigma:g}", best)
     if args.mixed:
-        from cmaes import CMA
-
-        from crossflow.search import encoding
+        from crossflow.search.samplers.structured._plan import cma_es, told
 
         ranked = sorted((c for c in combos if math.isfinite(at_template[c["strategy"]])),
                         key=lambda c: at_template[c["strategy"]])
         pool = [best_order(x0, c)[1] for c in ranked[:args.pool]]
         rng = np.random.default_rng(args.seed)
-        v0 = np.clip(_vector(P, x0), -encoding.SPAN + 1e-6, encoding.SPAN - 1e-6)
-        cma = CMA(mean=v0, sigma=1.0, bounds=np.tile([-encoding.SPAN, encoding.SPAN],
-                                                     (len(v0), 1)), seed=args.seed)
+        cma = cma_es(P, x0, 1.0, args.seed)
         marks = sorted(int(n) for n in args.mixed.split(","))
-        used, best = 0, (math.inf, v0, None)
+        used, best = 0, (math.inf, cma.mean, None)
         while marks:
             vs = [cma.ask() for _ in range(cma.population_size)]
             got = []
@@ -158,10 +154,7 @@ def main() -> None:
                 got.append(priced(_point(P, v, x0), d))
                 best = min(best, (got[-1], v, d["strategy"]), key=lambda t: t[0])
             used += len(vs)
-            finite = [g for g in got if math.isfinite(g)]
-            worst = 10 * max(finite) if finite else 1e30
-            cma.tell([(v, g if math.isfinite(g) else worst) for v, g in zip(vs, got,
-                                                                              strict=True)])
+            cma.tell(told(vs, got))
             while marks and used >= marks[0]:
                 marks.pop(0)
                 show(f"mixed CMA-ES's best after {used} ({best[2]})",

@@ -845,22 +845,35 @@ def _point(P: Problem, v: np.ndarray, like: Cont) -> Cont:
     return Cont(simplexes, floats)
 
 
+def cma_es(P: Problem, x: Cont, sigma: float, seed: int, popsize: int | None = None):
+    """CMA-ES (Hansen's, the ``cmaes`` package) from the split ``x`` in the natural
+    coordinates of :func:`_vector`, bounded to them."""
+    from cmaes import CMA
+
+    mean = _vector(P, x)
+    bounds = np.tile([-encoding.SPAN, encoding.SPAN], (len(mean), 1))
+    # a mean on a bound has no room to sample around it
+    mean = np.clip(mean, -encoding.SPAN + 1e-6, encoding.SPAN - 1e-6)
+    return CMA(mean=mean, sigma=sigma, bounds=bounds, seed=seed, population_size=popsize)
+
+
+def told(xs: list[np.ndarray], values: list[float]) -> list[tuple[np.ndarray, float]]:
+    """(sample, value) pairs for CMA-ES's ``tell``, an infeasible design (inf) worse than
+    any design of the generation."""
+    finite = [v for v in values if math.isfinite(v)]
+    worst = 10 * max(finite) if finite else 1e30
+    return [(x, v if math.isfinite(v) else worst) for x, v in zip(xs, values, strict=True)]
+
+
 class _Cma:
     """CMA-ES on the budget split of one combination, in the natural coordinates of
     :func:`_vector`."""
 
     def __init__(self, P: Problem, discrete: Mapping[str, Any], x: Cont, fx: float,
                  rng: np.random.Generator, popsize: int | None = None) -> None:
-        from cmaes import CMA
-
         self.P, self.discrete, self.like = P, dict(discrete), x
         self.best, self.value = x, fx
-        mean = _vector(P, x)
-        bounds = np.tile([-encoding.SPAN, encoding.SPAN], (len(mean), 1))
-        # a mean on a bound has no room to sample around it
-        mean = np.clip(mean, -encoding.SPAN + 1e-6, encoding.SPAN - 1e-6)
-        self.cma = CMA(mean=mean, sigma=SIGMA0, bounds=bounds,
-                       seed=int(rng.integers(2**31)), population_size=popsize)
+        self.cma = cma_es(P, x, SIGMA0, int(rng.integers(2**31)), popsize)
         self.idle = 0
 
     def generation(self, ask: _Asker, phase: str):
@@ -871,15 +884,12 @@ class _Cma:
         self.tell(xs, got)
 
     def tell(self, xs: list[np.ndarray], values: list[float]) -> None:
-        finite = [v for v in values if math.isfinite(v)]
-        worst = 10 * max(finite) if finite else 1e30  # infeasible: worse than any design
         improved = False
         for x, v in zip(xs, values, strict=True):
             if v < self.value * (1 - GAIN):
                 self.best, self.value, improved = _point(self.P, x, self.like), v, True
         self.idle = 0 if improved else self.idle + 1
-        self.cma.tell([(x, v if math.isfinite(v) else worst)
-                       for x, v in zip(xs, values, strict=True)])
+        self.cma.tell(told(xs, values))
 
     def stalled(self) -> bool:
         return self.idle >= PATIENCE or self.cma.should_stop()
