@@ -10,7 +10,10 @@ settings on the benchmark suite: the same points and values as a study with the
         --variants '{"all": {"screen_cap": "all"}}'   # the study's trials vs its whole space
 
 Every variant (a name -> :class:`~crossflow.search.samplers.structured.Settings` fields,
-and under ``"exchange"`` keyword arguments of the local search's rules) runs on every selected study of ``benchmarks/suite/studies.yaml`` (without
+under ``"exchange"`` keyword arguments of the local search's rules, under ``"plan"`` the
+plan module's constants; or ``{"cma_alone": SIGMA}``: no plan, CMA-ES alone over the split
+of the template's combination, in the driver's natural coordinates, from the template's
+split with step SIGMA — the driver's own late optimiser as a baseline) runs on every selected study of ``benchmarks/suite/studies.yaml`` (without
 ``--studies``, the 22 with a budget split: a strategy-only study's plan ends with its
 screen, where a study hands over to TPE).  A study's reference is
 the best value any run found, or the suite's cached best-known value when it is lower
@@ -74,6 +77,7 @@ def run(spec, budget: int, seed: int, settings: dict,
     def value(e):
         return e.values(setup.objectives)[0] if e.feasible else math.inf
 
+    cma_sigma = settings.pop("cma_alone", None)
     baseline = setup.baseline_trials()
     values = [value(evaluate(setup, setup.design(p))) if names <= set(p) else math.inf
               for p in baseline]
@@ -95,6 +99,9 @@ def run(spec, budget: int, seed: int, settings: dict,
             w = np.maximum(v, 1e-9) * np.exp(rng.normal(0.0, jitter, len(v)))
             shaken[name] = w / w.sum()
         start = P.params(Cont(shaken, x0.floats), d0)
+    if cma_sigma is not None:
+        x0, d0 = P.start() if start is None else P.split(start)
+        return _cma_alone(setup, P, x0, d0, float(cma_sigma), seed, budget, values, value)
     if searches is not None:
         _traced(_plan, searches, len(values))
     elif hasattr(_plan._Local, "_untraced_advance"):  # a traced task ran in this worker
@@ -123,6 +130,24 @@ def run(spec, budget: int, seed: int, settings: dict,
         except StopIteration:  # the plan has seen the whole (discrete) space
             break
     return values
+
+
+def _cma_alone(setup, P, x0, d0, sigma: float, seed: int, budget: int,
+               values: list[float], value) -> list[float]:
+    """``values`` (the baseline trials') followed by CMA-ES's own until ``budget``: whole
+    generations of :func:`~crossflow.search.samplers.structured._plan.cma_es` from ``x0``
+    with step ``sigma``, each sample a split of the combination ``d0``."""
+    from crossflow.search.objective import evaluate_many
+    from crossflow.search.samplers.structured._plan import _point, cma_es, told
+
+    cma = cma_es(P, x0, sigma, seed)
+    while len(values) < budget:
+        xs = [cma.ask() for _ in range(cma.population_size)]
+        got = [value(e) for e in evaluate_many(
+            setup, [setup.design(P.params(_point(P, x, x0), d0)) for x in xs])]
+        values += got
+        cma.tell(told(xs, got))
+    return values[:budget]
 
 
 def _traced(module, searches: list[dict], offset: int) -> None:

@@ -75,3 +75,19 @@ def test_a_variant_setting_a_constant_the_plan_does_not_have_is_refused(monkeypa
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "'off'" in err and "SIDE_COMPASS" in err and "COMPASS_RACE" in err
+
+
+def test_cma_alone_is_a_reproducible_baseline_after_the_same_baseline_trials():
+    """``{"cma_alone": SIGMA}`` runs CMA-ES alone instead of the plan: the study's baseline
+    trials first (the same values as the plan's run), then whole generations cut to the
+    budget; the same seed gives the same run, another seed another."""
+    from crossflow.search.study import load_study
+
+    first = len(load_study("quickstart").baseline_trials())
+    plain = bench_plan.run("quickstart", 60, 0, {})
+    alone = bench_plan.run("quickstart", 60, 0, {"cma_alone": 1.0})
+    assert len(alone) == 60 and alone[:first] == plain[:first]
+    assert alone[first:] != plain[first:]
+    assert any(math.isfinite(v) for v in alone[first:])
+    assert bench_plan.run("quickstart", 60, 0, {"cma_alone": 1.0}) == alone
+    assert bench_plan.run("quickstart", 60, 1, {"cma_alone": 1.0}) != alone
