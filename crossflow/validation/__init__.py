@@ -30,6 +30,7 @@ __all__ = ["SUITES", "DataSet", "Row", "collect", "measurements_dir", "read_meas
 #: name this package re-exports -> (submodule, its name there)
 _LAZY: dict[str, tuple[str, str]] = {
     "attention_datasets": ("attention", "attention_datasets"),
+    "block_datasets": ("blocks", "block_datasets"),
     "collective_datasets": ("collectives", "collective_datasets"),
     "gemm_datasets": ("gemm", "gemm_datasets"),
     "lstm_datasets": ("lstm", "lstm_datasets"),
@@ -62,13 +63,14 @@ def _lazy(name: str) -> Callable[[], list[DataSet]]:
 
 def _training_sets() -> list[DataSet]:
     from crossflow.validation import megatron_bridge as mb
+    from crossflow.validation.blocks import block_datasets
     from crossflow.validation.lstm import lstm_datasets
     from crossflow.validation.training import training_datasets
     from crossflow.validation.vtrain import vtrain_dataset
 
     return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(),
             mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset(), mb.hybrid_dataset(),
-            *lstm_datasets()]
+            *lstm_datasets(), *block_datasets()]
 
 
 def _ops_sets() -> list[DataSet]:

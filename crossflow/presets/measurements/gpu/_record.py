@@ -98,3 +98,20 @@ def per_call(torch, call, calls: int, repeat: int = 10) -> tuple[list[float], li
         stop.synchronize()
         replay.append(start.elapsed_time(stop) * 1e-3 / calls)
     return eager, replay
+
+
+def kernel_seconds(torch, call, calls: int = 10) -> float:
+    """Seconds of GPU kernels per call of ``call``: every kernel's device time from torch's
+    profiler, summed over ``calls`` calls after 3 warm-up calls, divided by ``calls`` — the
+    device's own time, without the host's dispatch that an event-timed single call
+    includes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) * 1e-6 / calls

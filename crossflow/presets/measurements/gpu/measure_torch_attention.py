@@ -9,8 +9,10 @@ each backend torch offers on the device (FlashAttention-2 and cuDNN fused attent
 * ``bwd``: one backward call of the same attention (dq, dk, dv from dO), the graph retained
   so the same forward serves every timed backward.
 
-Each row is the median of ``--repeat`` CUDA-event-timed runs after 3 warm-up runs, with the
-FLOPs of the products (4·b·h·s²·d forward, 10·b·h·s²·d backward with the scores recomputed;
+Each row is the median of ``--repeat`` CUDA-event-timed runs after 3 warm-up runs
+(``median_s``: what a user timing one call sees, the host's dispatch of a short call
+included) and the kernels' own device time per call from torch's profiler (``kernel_s``,
+:func:`_record.kernel_seconds`: what the kernel model prices), with the FLOPs of the products (4·b·h·s²·d forward, 10·b·h·s²·d backward with the scores recomputed;
 halved under a causal mask) and the rate they give.  A backend that refuses a shape is
 skipped and said so on stderr.  The header names the hardware preset (``# preset: NAME``).
 Written to a temporary file and renamed, so an interrupted run leaves nothing half-written.
@@ -26,9 +28,13 @@ from pathlib import Path
 import _record
 
 #: (batch, query heads, key/value heads, sequence, head dim, causal): GPT-3-like and
-#: Llama-like layers per tensor-parallel rank, with and without grouped-query attention.
+#: Llama-like layers per tensor-parallel rank, with and without grouped-query attention, and
+#: the attention of each block ``measure_torch_block.py`` times.
 SHAPES = (
     (4, 16, 16, 2048, 128, 1),
+    (4, 32, 32, 2048, 128, 1),
+    (2, 32, 8, 4096, 128, 1),
+    (1, 8, 1, 8192, 128, 1),
     (1, 32, 32, 4096, 128, 1),
     (1, 64, 8, 4096, 128, 1),
     (1, 32, 8, 8192, 128, 1),
@@ -41,8 +47,9 @@ def _median_time(torch, call, repeat: int) -> float:
     return statistics.median(_record.timings(torch, call, repeat))
 
 
-def time_shape(torch, shape: tuple[int, ...], repeat: int) -> tuple[float, float]:
-    """Median forward and backward seconds of one attention shape on the active backend."""
+def time_shape(torch, shape: tuple[int, ...], repeat: int) -> tuple[float, ...]:
+    """Median forward and backward seconds of one attention shape on the active backend,
+    then its kernels' device seconds per forward and per backward call."""
     import torch.nn.functional as F
 
     b, h, hkv, s, d, causal = shape
@@ -57,9 +64,13 @@ def time_shape(torch, shape: tuple[int, ...], repeat: int) -> tuple[float, float
     fwd = _median_time(torch, forward, repeat)
     o = forward()
     grad = torch.randn_like(o)
-    bwd = _median_time(
-        torch, lambda: torch.autograd.grad(o, (q, k, v), grad, retain_graph=True), repeat)
-    return fwd, bwd
+
+    def backward():
+        return torch.autograd.grad(o, (q, k, v), grad, retain_graph=True)
+
+    bwd = _median_time(torch, backward, repeat)
+    return (fwd, bwd, _record.kernel_seconds(torch, forward),
+            _record.kernel_seconds(torch, backward))
 
 
 def main() -> int:
@@ -83,21 +94,24 @@ def main() -> int:
         for name, backend in backends.items():
             try:
                 with sdpa_kernel([backend]):
-                    fwd, bwd = time_shape(torch, (b, h, hkv, s, d, causal), args.repeat)
+                    fwd, bwd, fwd_k, bwd_k = time_shape(torch, (b, h, hkv, s, d, causal),
+                                                        args.repeat)
             except RuntimeError as exc:
                 print(f"skipped {name} {(b, h, hkv, s, d, causal)}: {str(exc)[:200]}",
                       file=sys.stderr, flush=True)
                 continue
             scale = 0.5 if causal else 1.0
-            for pass_, t, gemms in (("fwd", fwd, 2), ("bwd", bwd, 5)):
+            for pass_, t, k, gemms in (("fwd", fwd, fwd_k, 2), ("bwd", bwd, bwd_k, 5)):
                 flops = 2.0 * gemms * b * h * s * s * d * scale
                 rows.append(f"{b},{h},{hkv},{s},{d},{causal},{name},{pass_},bf16,"
-                            f"{t:.9g},{flops / t / 1e12:.1f}")
+                            f"{t:.9g},{k:.9g},{flops / k / 1e12:.1f}")
                 print(rows[-1], flush=True)
-    header = _record.header(torch, __file__, f"median of {args.repeat} CUDA-event-timed runs "
-                            "after 3 warm-up runs", args.preset, cudnn=True)
+    header = _record.header(torch, __file__, f"median_s: median of {args.repeat} "
+                            "CUDA-event-timed runs after 3 warm-up runs; kernel_s: the "
+                            "kernels' device time per call from torch.profiler over 10 calls; "
+                            "tflops: FLOPs / kernel_s", args.preset, cudnn=True)
     _record.write_csv(out, header, "batch,heads,kv_heads,seq,head_dim,causal,backend,pass,"
-                      "dtype,median_s,tflops", rows)
+                      "dtype,median_s,kernel_s,tflops", rows)
     return 0
 
 

@@ -1,0 +1,253 @@
+"""Time one transformer block's forward and backward pass on a GPU, written in plain torch.
+
+    python measure_torch_block.py --preset h200-sxm-141gb [--output FILE] [--repeat 20]
+
+Each block is the Megatron-LM layout of a decoder layer, in bf16, on one GPU: a pre-norm
+(LayerNorm or RMSNorm), the QKV projection (queries plus one key and one value per query
+group), rotary embeddings on q and k where the model has them, causal fused attention
+(``scaled_dot_product_attention`` on the cuDNN backend, grouped-query attention through
+``enable_gqa``), the output projection and a residual add; a second pre-norm, the MLP (GELU,
+or SwiGLU: one GEMM to the gate and up projections, SiLU(gate)·up, the down projection) and a
+residual add.  The blocks are GPT-3-style and Llama-3-style layers at sizes of today's runs,
+the slice of a Llama-3 70B layer that one rank of eight-way tensor parallelism computes
+(its GEMMs and attention, without the collectives), and a Mixtral-8x7B-style mixture-of-experts
+layer: a router GEMM, top-k over its logits (softmax over the k kept), the token copies sorted
+by expert, each expert's SwiGLU MLP on its tokens one expert after another, and the copies
+weighted and added back (what a dropless MoE layer does without fused or grouped kernels).
+
+Per block: ``fwd_s``, the median of ``--repeat`` CUDA-event-timed forward calls, and
+``bwd_s``, the median of as many backward calls of one retained graph (input, weight and
+bias gradients; each parameter's gradient reset to None before each call, so gradients are
+written, not accumulated), each after 3 warm-up calls.  The header names the hardware preset
+the rows validate (``# preset: NAME``).  Written to a temporary file and renamed, so an
+interrupted run leaves nothing half-written.
+
+``--profile`` writes instead, per block and pass, every GPU kernel's time per call from
+torch's profiler (``torch_block_kernels_<preset>.csv``): where a block's time goes.
+
+``--device cpu --tiny`` runs every block at a small size on the CPU to check the script
+(nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import _record
+
+#: name: (micro-batch, sequence, hidden, heads, query groups, head dim, MLP width, gated
+#: (SwiGLU), RMSNorm, rotary, biases, experts, top-k; 0 experts: a dense MLP).  Widths from
+#: each model's published configuration (GPT-3 5B: NeMo GPTConfig5B; Llama 3 8B / 70B:
+#: Megatron-Bridge Llama3ModelProvider; Mixtral 8x7B: NeMo MixtralConfig8x7B).
+BLOCKS = {
+    "gpt3-5b": (4, 2048, 4096, 32, 32, 128, 16384, False, False, False, True, 0, 0),
+    "llama3-8b": (1, 8192, 4096, 32, 8, 128, 14336, True, True, True, False, 0, 0),
+    "llama3-8b-b2-s4096": (2, 4096, 4096, 32, 8, 128, 14336, True, True, True, False, 0, 0),
+    "llama3-70b": (1, 4096, 8192, 64, 8, 128, 28672, True, True, True, False, 0, 0),
+    "llama3-70b-tp8-rank": (1, 8192, 8192, 8, 1, 128, 3584, True, True, True, False, 0, 0),
+    "mixtral-8x7b": (1, 4096, 4096, 32, 8, 128, 14336, True, True, True, False, 8, 2),
+}
+COLUMNS = ("block,micro_batch,seq,hidden,heads,query_groups,head_dim,ffn,gated,rmsnorm,rope,"
+           "bias,experts,topk,backend,dtype,fwd_s,bwd_s")
+
+
+def build(torch, shape, device: str, dtype):
+    """The block as a callable x -> y, and its parameters."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    b, s, h, heads, groups, d, ffn, gated, rms, rope, bias, experts, topk = shape
+    norm = (lambda: nn.RMSNorm(h, eps=1e-5)) if rms else (lambda: nn.LayerNorm(h, eps=1e-5))
+    mlp = ({"router": nn.Linear(h, experts, bias=False),
+            "w1": nn.ParameterList(nn.Parameter(torch.randn(h, 2 * ffn) * h ** -0.5)
+                                   for _ in range(experts)),
+            "w2": nn.ParameterList(nn.Parameter(torch.randn(ffn, h) * ffn ** -0.5)
+                                   for _ in range(experts))} if experts else
+           {"fc1": nn.Linear(h, ffn * (2 if gated else 1), bias=bias),
+            "fc2": nn.Linear(ffn, h, bias=bias)})
+    mods = nn.ModuleDict({
+        "norm1": norm(), "qkv": nn.Linear(h, (heads + 2 * groups) * d, bias=bias),
+        "proj": nn.Linear(heads * d, h, bias=bias), "norm2": norm(), **mlp,
+    }).to(device=device, dtype=dtype)
+    if rope:
+        inv = 1.0 / (500000.0 ** (torch.arange(0, d, 2, device=device).float() / d))
+        angles = torch.outer(torch.arange(s, device=device).float(), inv)
+        cos = torch.cat([angles.cos()] * 2, -1).to(dtype)
+        sin = torch.cat([angles.sin()] * 2, -1).to(dtype)
+
+    def rotary(t):
+        half = t.shape[-1] // 2
+        return t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin
+
+    def moe(y):
+        tokens = y.reshape(-1, h)
+        weight, expert = torch.topk(mods["router"](tokens), topk, dim=-1)
+        weight = weight.float().softmax(-1).to(dtype).reshape(-1, 1)
+        slot = expert.reshape(-1).argsort()
+        counts = torch.bincount(expert.reshape(-1), minlength=experts).tolist()
+        outs = []
+        for e, chunk in enumerate(tokens.index_select(0, slot // topk).split(counts)):
+            gate, up = (chunk @ mods["w1"][e]).chunk(2, -1)
+            outs.append((F.silu(gate) * up) @ mods["w2"][e])
+        routed = torch.cat(outs) * weight.index_select(0, slot)
+        return torch.zeros_like(tokens).index_add(0, slot // topk, routed).view_as(y)
+
+    def block(x):
+        y = mods["qkv"](mods["norm1"](x))
+        q, k, v = y.split([heads * d, groups * d, groups * d], -1)
+        q = q.view(b, s, heads, d).transpose(1, 2)
+        k = k.view(b, s, groups, d).transpose(1, 2)
+        v = v.view(b, s, groups, d).transpose(1, 2)
+        if rope:
+            q, k = rotary(q), rotary(k)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=groups != heads)
+        x = x + mods["proj"](o.transpose(1, 2).reshape(b, s, heads * d))
+        if experts:
+            return x + moe(mods["norm2"](x))
+        u = mods["fc1"](mods["norm2"](x))
+        if gated:
+            gate, up = u.chunk(2, -1)
+            u = F.silu(gate) * up
+        else:
+            u = F.gelu(u, approximate="tanh")
+        return x + mods["fc2"](u)
+
+    return block, list(mods.parameters())
+
+
+def measure(torch, shape, device: str, repeat: int) -> tuple[float, float]:
+    """Median forward and backward seconds of one block."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    block, params = build(torch, shape, device, dtype)
+    b, s, h = shape[:3]
+    x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
+    if device != "cuda":  # a check of the script: one call each, plain wall clock
+        t0 = time.perf_counter()
+        y = block(x)
+        t1 = time.perf_counter()
+        y.backward(torch.randn_like(y))
+        return t1 - t0, time.perf_counter() - t1
+    fwd = statistics.median(_record.timings(torch, lambda: block(x), repeat))
+    y = block(x)
+    grad = torch.randn_like(y)
+    inputs = [x, *params]
+
+    def backward():
+        torch.autograd.grad(y, inputs, grad, retain_graph=True)
+
+    bwd = statistics.median(_record.timings(torch, backward, repeat))
+    return fwd, bwd
+
+
+def profile(torch, name: str, shape, calls: int = 5, device: str = "cuda") -> list[str]:
+    """Rows ``block,pass,kernel,launches,us``: each GPU kernel's launches and microseconds
+    per call of the pass, summed over ``calls`` profiled calls after 3 warm-up calls (on the
+    CPU, each op's self time: a check of the script)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    gpu = device == "cuda"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    block, params = build(torch, shape, device, dtype)
+    b, s, h = shape[:3]
+    x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
+    y = block(x)
+    grad = torch.randn_like(y)
+    passes = {"fwd": lambda: block(x),
+              "bwd": lambda: torch.autograd.grad(y, [x, *params], grad, retain_graph=True)}
+    rows = []
+    for pass_, call in passes.items():
+        for _ in range(3):
+            call()
+        sync = torch.cuda.synchronize if gpu else (lambda: None)
+        sync()
+        with profiler(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+            for _ in range(calls):
+                call()
+            sync()
+        for e in prof.key_averages():
+            us = e.self_device_time_total if gpu else e.self_cpu_time_total
+            if us > 0:
+                kernel = e.key.replace(",", ";").replace("\n", " ")[:200]
+                rows.append(f"{name},{pass_},\"{kernel}\",{e.count / calls:g},{us / calls:.2f}")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
+    parser.add_argument("--output", help="CSV to write (default: torch_block_<preset>.csv here)")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--tiny", action="store_true", help="small sizes (a check of the script)")
+    parser.add_argument("--profile", action="store_true",
+                        help="each kernel's time per pass from torch's profiler instead")
+    args = parser.parse_args()
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: nothing measured", file=sys.stderr)
+        return 2
+    if args.profile:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        rows = []
+        for name, shape in BLOCKS.items():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                rows += profile(torch, name, shape)
+            torch.cuda.empty_cache()
+        out = Path(args.output or Path(__file__).with_name(
+            f"torch_block_kernels_{args.preset}.csv"))
+        header = _record.header(torch, __file__, "torch.profiler, CUDA activity: each kernel's "
+                                "self device time summed over 5 calls of the pass after 3 "
+                                "warm-up calls, per call", args.preset, cudnn=True)
+        _record.write_csv(out, header, "block,pass,kernel,launches,us", rows)
+        return 0
+    rows = []
+    for name, shape in BLOCKS.items():
+        if args.tiny:  # 1/16 of the widths, 1/32 of the sequence, the same structure
+            b, s, h, heads, groups, d, ffn, *flags = shape
+            shape = (b, s // 32, h // 16, max(heads // 8, 1), max(groups // 8, 1), d // 4,
+                     ffn // 16, *flags)
+        backend = "cpu"
+        if args.device == "cuda":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            # cuDNN's fused attention, what Transformer Engine runs on Hopper; FlashAttention-2
+            # where cuDNN refuses the shape (said so on stderr and in the row)
+            for backend, kernel in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                                    ("flash", SDPBackend.FLASH_ATTENTION)):
+                try:
+                    with sdpa_kernel(kernel):
+                        fwd, bwd = measure(torch, shape, "cuda", args.repeat)
+                    break
+                except RuntimeError as exc:
+                    print(f"{name}: {backend} attention failed ({exc}); next backend",
+                          file=sys.stderr)
+            else:
+                continue
+            torch.cuda.empty_cache()
+        else:
+            fwd, bwd = measure(torch, shape, "cpu", 1)
+        b, s, h, heads, groups, d, ffn, gated, rms, rope, bias, experts, topk = shape
+        rows.append(f"{name},{b},{s},{h},{heads},{groups},{d},{ffn},{int(gated)},{int(rms)},"
+                    f"{int(rope)},{int(bias)},{experts},{topk},{backend},bf16,{fwd:.9g},"
+                    f"{bwd:.9g}")
+        print(rows[-1], flush=True)
+    if args.device != "cuda":
+        return 0
+    out = Path(args.output or Path(__file__).with_name(f"torch_block_{args.preset}.csv"))
+    header = _record.header(torch, __file__, f"median of {args.repeat} CUDA-event-timed calls "
+                            "after 3 warm-up calls, forward and backward separately; attention "
+                            "on the cuDNN backend", args.preset, cudnn=True)
+    _record.write_csv(out, header, COLUMNS, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
