@@ -11,9 +11,10 @@ core, the backward's two GEMMs per weight — not of a fitted efficiency.  Plain
 each parameter's gradient once (no accumulation into a gradient buffer) and runs unfused
 normalisation, activation and rotary kernels: ``gpu/torch_block_kernels_*.csv`` (the same
 script's ``--profile``) shows where that costs (docs/validation.md, "One transformer block
-on a GPU").  The dense blocks are checked; the mixture-of-experts layer, written as a loop
-over the experts with a host synchronisation for the token counts, is recorded beside them
-(:func:`moe_rows`): it is not what a grouped-GEMM MoE layer runs.
+on a GPU").  The dense blocks are checked; the mixture-of-experts layer, written once as a
+loop over the experts (a host synchronisation for the token counts) and once with grouped
+GEMMs, is recorded beside them (:func:`moe_rows`): its permutation is plain torch's index
+copies, not the fused permutation of a production MoE layer.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ def _rows(arch, rows: list[dict[str, str]]) -> list[Row]:
     out = []
     for r in rows:
         fwd, bwd = predicted(arch, r)
+        experts = (f", {r['experts']} experts top-{r['topk']} ({r['expert_kernels']})"
+                   if r["experts"] != "0" else "")
         label = (f"{r['block']} (b{r['micro_batch']} s{r['seq']} h{r['hidden']} "
-                 f"{r['heads']}/{r['query_groups']} heads ffn {r['ffn']})")
+                 f"{r['heads']}/{r['query_groups']} heads ffn {r['ffn']}{experts})")
         out += [Row(f"{label} forward", fwd, float(r["fwd_s"])),
                 Row(f"{label} backward", bwd, float(r["bwd_s"]))]
     return out

@@ -13,7 +13,10 @@ the slice of a Llama-3 70B layer that one rank of eight-way tensor parallelism c
 (its GEMMs and attention, without the collectives), and a Mixtral-8x7B-style mixture-of-experts
 layer: a router GEMM, top-k over its logits (softmax over the k kept), the token copies sorted
 by expert, each expert's SwiGLU MLP on its tokens one expert after another, and the copies
-weighted and added back (what a dropless MoE layer does without fused or grouped kernels).
+weighted and added back — once with each expert's GEMMs one after another (``loop``: what a
+dropless MoE layer does without grouped kernels, with a host synchronisation for the token
+counts), once with every expert's GEMM in one grouped GEMM (``grouped``: ``torch._grouped_mm``,
+as Megatron-Core's grouped-GEMM experts run, no synchronisation).
 
 Per block: ``fwd_s``, the median of ``--repeat`` CUDA-event-timed forward calls, and
 ``bwd_s``, the median of as many backward calls of one retained graph (input, weight and
@@ -50,23 +53,33 @@ BLOCKS = {
     "llama3-70b": (1, 4096, 8192, 64, 8, 128, 28672, True, True, True, False, 0, 0),
     "llama3-70b-tp8-rank": (1, 8192, 8192, 8, 1, 128, 3584, True, True, True, False, 0, 0),
     "mixtral-8x7b": (1, 4096, 4096, 32, 8, 128, 14336, True, True, True, False, 8, 2),
+    "mixtral-8x7b-grouped": (1, 4096, 4096, 32, 8, 128, 14336, True, True, True, False, 8, 2),
 }
+#: The blocks whose experts run as grouped GEMMs (the other MoE blocks: a loop over experts).
+GROUPED = {"mixtral-8x7b-grouped"}
 COLUMNS = ("block,micro_batch,seq,hidden,heads,query_groups,head_dim,ffn,gated,rmsnorm,rope,"
-           "bias,experts,topk,backend,dtype,fwd_s,bwd_s")
+           "bias,experts,topk,expert_kernels,backend,dtype,fwd_s,bwd_s")
 
 
-def build(torch, shape, device: str, dtype):
-    """The block as a callable x -> y, and its parameters."""
+def build(torch, shape, device: str, dtype, grouped: bool = False):
+    """The block as a callable x -> y, and its parameters (``grouped``: the experts' GEMMs
+    as grouped GEMMs)."""
     import torch.nn.functional as F
     from torch import nn
 
     b, s, h, heads, groups, d, ffn, gated, rms, rope, bias, experts, topk = shape
     norm = (lambda: nn.RMSNorm(h, eps=1e-5)) if rms else (lambda: nn.LayerNorm(h, eps=1e-5))
+    # grouped: one (experts, out, in) tensor per weight, given to the grouped GEMM transposed
+    # (its second operand column-major, as torch._grouped_mm takes it)
     mlp = ({"router": nn.Linear(h, experts, bias=False),
             "w1": nn.ParameterList(nn.Parameter(torch.randn(h, 2 * ffn) * h ** -0.5)
                                    for _ in range(experts)),
             "w2": nn.ParameterList(nn.Parameter(torch.randn(ffn, h) * ffn ** -0.5)
-                                   for _ in range(experts))} if experts else
+                                   for _ in range(experts))} if experts and not grouped else
+           {"router": nn.Linear(h, experts, bias=False),
+            "w1": nn.ParameterList([nn.Parameter(torch.randn(experts, 2 * ffn, h) * h ** -0.5)]),
+            "w2": nn.ParameterList([nn.Parameter(torch.randn(experts, h, ffn) * ffn ** -0.5)])}
+           if experts else
            {"fc1": nn.Linear(h, ffn * (2 if gated else 1), bias=bias),
             "fc2": nn.Linear(ffn, h, bias=bias)})
     mods = nn.ModuleDict({
@@ -88,6 +101,15 @@ def build(torch, shape, device: str, dtype):
         weight, expert = torch.topk(mods["router"](tokens), topk, dim=-1)
         weight = weight.float().softmax(-1).to(dtype).reshape(-1, 1)
         slot = expert.reshape(-1).argsort()
+        if grouped:
+            ends = torch.bincount(expert.reshape(-1), minlength=experts).cumsum(0)
+            ends = ends.to(torch.int32)
+            routed = tokens.index_select(0, slot // topk)
+            gate, up = torch._grouped_mm(routed, mods["w1"][0].transpose(-2, -1),
+                                         offs=ends).chunk(2, -1)
+            routed = torch._grouped_mm(F.silu(gate) * up, mods["w2"][0].transpose(-2, -1),
+                                       offs=ends) * weight.index_select(0, slot)
+            return torch.zeros_like(tokens).index_add(0, slot // topk, routed).view_as(y)
         counts = torch.bincount(expert.reshape(-1), minlength=experts).tolist()
         outs = []
         for e, chunk in enumerate(tokens.index_select(0, slot // topk).split(counts)):
@@ -119,10 +141,11 @@ def build(torch, shape, device: str, dtype):
     return block, list(mods.parameters())
 
 
-def measure(torch, shape, device: str, repeat: int) -> tuple[float, float]:
+def measure(torch, shape, device: str, repeat: int,
+            grouped: bool = False) -> tuple[float, float]:
     """Median forward and backward seconds of one block."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    block, params = build(torch, shape, device, dtype)
+    block, params = build(torch, shape, device, dtype, grouped)
     b, s, h = shape[:3]
     x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
     if device != "cuda":  # a check of the script: one call each, plain wall clock
@@ -143,7 +166,8 @@ def measure(torch, shape, device: str, repeat: int) -> tuple[float, float]:
     return fwd, bwd
 
 
-def profile(torch, name: str, shape, calls: int = 5, device: str = "cuda") -> list[str]:
+def profile(torch, name: str, shape, calls: int = 5, device: str = "cuda",
+            grouped: bool = False) -> list[str]:
     """Rows ``block,pass,kernel,launches,us``: each GPU kernel's launches and microseconds
     per call of the pass, summed over ``calls`` profiled calls after 3 warm-up calls (on the
     CPU, each op's self time: a check of the script)."""
@@ -152,7 +176,7 @@ def profile(torch, name: str, shape, calls: int = 5, device: str = "cuda") -> li
 
     gpu = device == "cuda"
     dtype = torch.bfloat16 if gpu else torch.float32
-    block, params = build(torch, shape, device, dtype)
+    block, params = build(torch, shape, device, dtype, grouped)
     b, s, h = shape[:3]
     x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
     y = block(x)
@@ -198,8 +222,11 @@ def main() -> int:
 
         rows = []
         for name, shape in BLOCKS.items():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                rows += profile(torch, name, shape)
+            try:
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    rows += profile(torch, name, shape, grouped=name in GROUPED)
+            except RuntimeError as exc:
+                print(f"{name}: not profiled ({str(exc)[:300]})", file=sys.stderr)
             torch.cuda.empty_cache()
         out = Path(args.output or Path(__file__).with_name(
             f"torch_block_kernels_{args.preset}.csv"))
@@ -224,7 +251,8 @@ def main() -> int:
                                     ("flash", SDPBackend.FLASH_ATTENTION)):
                 try:
                     with sdpa_kernel(kernel):
-                        fwd, bwd = measure(torch, shape, "cuda", args.repeat)
+                        fwd, bwd = measure(torch, shape, "cuda", args.repeat,
+                                           name in GROUPED)
                     break
                 except RuntimeError as exc:
                     print(f"{name}: {backend} attention failed ({exc}); next backend",
@@ -232,12 +260,15 @@ def main() -> int:
             else:
                 continue
             torch.cuda.empty_cache()
+        elif name in GROUPED:  # torch._grouped_mm runs on Hopper GPUs only
+            continue
         else:
             fwd, bwd = measure(torch, shape, "cpu", 1)
         b, s, h, heads, groups, d, ffn, gated, rms, rope, bias, experts, topk = shape
+        kernels = "none" if not experts else "grouped" if name in GROUPED else "loop"
         rows.append(f"{name},{b},{s},{h},{heads},{groups},{d},{ffn},{int(gated)},{int(rms)},"
-                    f"{int(rope)},{int(bias)},{experts},{topk},{backend},bf16,{fwd:.9g},"
-                    f"{bwd:.9g}")
+                    f"{int(rope)},{int(bias)},{experts},{topk},{kernels},{backend},bf16,"
+                    f"{fwd:.9g},{bwd:.9g}")
         print(rows[-1], flush=True)
     if args.device != "cuda":
         return 0
