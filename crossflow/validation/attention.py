@@ -3,7 +3,9 @@
 * ``gpu/torch_attention_*.csv``: torch's ``scaled_dot_product_attention`` timed by
   ``gpu/measure_torch_attention.py``, forward and backward, on the preset its header names.
   The cuDNN rows are checked (the backend Transformer Engine and recent PyTorch choose on
-  Hopper); the FlashAttention-2 rows are recorded beside them.
+  Hopper); the FlashAttention-2 rows are recorded beside them.  Each row's kernels' device
+  time (``kernel_s``, from torch's profiler) is what is checked and fitted: the kernel layer
+  prices the device, and a software profile's host layer the dispatch.
 
 ``python -m crossflow.validation.attention FILE`` fits the preset's ``attention`` block to a
 file: per pass, the share of peak and the time per query row that minimise the squared
