@@ -8,9 +8,8 @@ import collections
 import re
 
 from crossflow.predict import load_hardware
-from crossflow.sim.training import _passes
 from crossflow.validation import collect
-from crossflow.validation.blocks import block_datasets, block_spec, moe_rows
+from crossflow.validation.blocks import block_datasets, block_passes, moe_rows
 from crossflow.validation.dataset import measurements_dir, read_preset_measurements
 
 
@@ -51,8 +50,7 @@ def test_each_passs_gemms_and_attention_agree_with_the_profiled_kernels():
     for r in rows:
         if r["experts"] != "0":
             continue
-        blocks, _ = _passes(arch, block_spec(r), 1, False, lambda kind, nbytes: 0.0)
-        (forward, backward), = blocks.values()
+        forward, backward = block_passes(arch, r)
         for name, p in (("fwd", forward), ("bwd", backward)):
             gemm = kernels[(r["block"], name, "gemm")]
             assert abs((p.compute - p.attention) / gemm - 1) <= 0.15, (r["block"], name)

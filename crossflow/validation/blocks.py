@@ -45,11 +45,17 @@ def block_spec(r: dict[str, str]) -> TransformerSpec:
         attention_backend="flash", causal=True)
 
 
+def block_passes(arch, r: dict[str, str]):
+    """CrossFlow's forward and backward PassTimes of the measured block on ``arch`` (one GPU:
+    no collective is ever priced)."""
+    blocks, _ = _passes(arch, block_spec(r), 1, False, lambda kind, nbytes: 0.0)
+    (forward, backward), = blocks.values()
+    return forward, backward
+
+
 def predicted(arch, r: dict[str, str]) -> tuple[float, float]:
     """CrossFlow's forward and backward seconds of the measured block on ``arch``."""
-    spec = block_spec(r)
-    blocks, _ = _passes(arch, spec, 1, False, lambda kind, nbytes: 0.0)
-    (forward, backward), = blocks.values()
+    forward, backward = block_passes(arch, r)
     return forward.total, backward.total
 
 
