@@ -100,18 +100,25 @@ def per_call(torch, call, calls: int, repeat: int = 10) -> tuple[list[float], li
     return eager, replay
 
 
-def kernel_seconds(torch, call, calls: int = 10) -> float:
-    """Seconds of GPU kernels per call of ``call``: every kernel's device time from torch's
-    profiler, summed over ``calls`` calls after 3 warm-up calls, divided by ``calls`` — the
-    device's own time, without the host's dispatch that an event-timed single call
-    includes."""
+def profiled(torch, call, calls: int, gpu: bool = True):
+    """torch's profiler over ``calls`` calls of ``call`` after 3 warm-up calls: its
+    ``key_averages()``, one entry per kernel (per op's CPU self time with ``gpu`` False, a
+    check of a script on a machine without one)."""
     from torch.profiler import ProfilerActivity, profile
 
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
     for _ in range(3):
         call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             call()
-        torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) * 1e-6 / calls
+        sync()
+    return prof.key_averages()
+
+
+def kernel_seconds(torch, call, calls: int = 10) -> float:
+    """Seconds of GPU kernels per call of ``call``: every kernel's device time from torch's
+    profiler (:func:`profiled`), summed and divided by ``calls`` — the device's own time,
+    without the host's dispatch that an event-timed single call includes."""
+    return sum(e.self_device_time_total for e in profiled(torch, call, calls)) * 1e-6 / calls

@@ -71,15 +71,14 @@ def build(torch, shape, device: str, dtype, grouped: bool = False):
     norm = (lambda: nn.RMSNorm(h, eps=1e-5)) if rms else (lambda: nn.LayerNorm(h, eps=1e-5))
     # grouped: one (experts, out, in) tensor per weight, given to the grouped GEMM transposed
     # (its second operand column-major, as torch._grouped_mm takes it)
+    def weights(rows: int, cols: int) -> nn.ParameterList:
+        if grouped:
+            return nn.ParameterList([nn.Parameter(torch.randn(experts, cols, rows) * rows ** -0.5)])
+        return nn.ParameterList(nn.Parameter(torch.randn(rows, cols) * rows ** -0.5)
+                                for _ in range(experts))
+
     mlp = ({"router": nn.Linear(h, experts, bias=False),
-            "w1": nn.ParameterList(nn.Parameter(torch.randn(h, 2 * ffn) * h ** -0.5)
-                                   for _ in range(experts)),
-            "w2": nn.ParameterList(nn.Parameter(torch.randn(ffn, h) * ffn ** -0.5)
-                                   for _ in range(experts))} if experts and not grouped else
-           {"router": nn.Linear(h, experts, bias=False),
-            "w1": nn.ParameterList([nn.Parameter(torch.randn(experts, 2 * ffn, h) * h ** -0.5)]),
-            "w2": nn.ParameterList([nn.Parameter(torch.randn(experts, h, ffn) * ffn ** -0.5)])}
-           if experts else
+            "w1": weights(h, 2 * ffn), "w2": weights(ffn, h)} if experts else
            {"fc1": nn.Linear(h, ffn * (2 if gated else 1), bias=bias),
             "fc2": nn.Linear(ffn, h, bias=bias)})
     mods = nn.ModuleDict({
@@ -101,21 +100,21 @@ def build(torch, shape, device: str, dtype, grouped: bool = False):
         weight, expert = torch.topk(mods["router"](tokens), topk, dim=-1)
         weight = weight.float().softmax(-1).to(dtype).reshape(-1, 1)
         slot = expert.reshape(-1).argsort()
+        counts = torch.bincount(expert.reshape(-1), minlength=experts)
+        routed = tokens.index_select(0, slot // topk)
         if grouped:
-            ends = torch.bincount(expert.reshape(-1), minlength=experts).cumsum(0)
-            ends = ends.to(torch.int32)
-            routed = tokens.index_select(0, slot // topk)
+            ends = counts.cumsum(0).to(torch.int32)
             gate, up = torch._grouped_mm(routed, mods["w1"][0].transpose(-2, -1),
                                          offs=ends).chunk(2, -1)
             routed = torch._grouped_mm(F.silu(gate) * up, mods["w2"][0].transpose(-2, -1),
-                                       offs=ends) * weight.index_select(0, slot)
-            return torch.zeros_like(tokens).index_add(0, slot // topk, routed).view_as(y)
-        counts = torch.bincount(expert.reshape(-1), minlength=experts).tolist()
-        outs = []
-        for e, chunk in enumerate(tokens.index_select(0, slot // topk).split(counts)):
-            gate, up = (chunk @ mods["w1"][e]).chunk(2, -1)
-            outs.append((F.silu(gate) * up) @ mods["w2"][e])
-        routed = torch.cat(outs) * weight.index_select(0, slot)
+                                       offs=ends)
+        else:
+            outs = []
+            for e, chunk in enumerate(routed.split(counts.tolist())):
+                gate, up = (chunk @ mods["w1"][e]).chunk(2, -1)
+                outs.append((F.silu(gate) * up) @ mods["w2"][e])
+            routed = torch.cat(outs)
+        routed = routed * weight.index_select(0, slot)
         return torch.zeros_like(tokens).index_add(0, slot // topk, routed).view_as(y)
 
     def block(x):
@@ -141,28 +140,32 @@ def build(torch, shape, device: str, dtype, grouped: bool = False):
     return block, list(mods.parameters())
 
 
-def measure(torch, shape, device: str, repeat: int,
-            grouped: bool = False) -> tuple[float, float]:
-    """Median forward and backward seconds of one block."""
+def passes(torch, shape, device: str, grouped: bool = False):
+    """``{"fwd": call, "bwd": call}`` of one block: its forward on one input, and the backward
+    of one retained graph to the input, weight and bias gradients."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     block, params = build(torch, shape, device, dtype, grouped)
     b, s, h = shape[:3]
     x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
-    if device != "cuda":  # a check of the script: one call each, plain wall clock
-        t0 = time.perf_counter()
-        y = block(x)
-        t1 = time.perf_counter()
-        y.backward(torch.randn_like(y))
-        return t1 - t0, time.perf_counter() - t1
-    fwd = statistics.median(_record.timings(torch, lambda: block(x), repeat))
     y = block(x)
     grad = torch.randn_like(y)
-    inputs = [x, *params]
+    return {"fwd": lambda: block(x),
+            "bwd": lambda: torch.autograd.grad(y, [x, *params], grad, retain_graph=True)}
 
-    def backward():
-        torch.autograd.grad(y, inputs, grad, retain_graph=True)
 
-    bwd = statistics.median(_record.timings(torch, backward, repeat))
+def measure(torch, shape, device: str, repeat: int,
+            grouped: bool = False) -> tuple[float, float]:
+    """Median forward and backward seconds of one block."""
+    calls = passes(torch, shape, device, grouped)
+    if device != "cuda":  # a check of the script: one call each, plain wall clock
+        out = []
+        for call in calls.values():
+            t0 = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - t0)
+        return out[0], out[1]
+    fwd, bwd = (statistics.median(_record.timings(torch, call, repeat))
+                for call in calls.values())
     return fwd, bwd
 
 
@@ -171,29 +174,10 @@ def profile(torch, name: str, shape, calls: int = 5, device: str = "cuda",
     """Rows ``block,pass,kernel,launches,us``: each GPU kernel's launches and microseconds
     per call of the pass, summed over ``calls`` profiled calls after 3 warm-up calls (on the
     CPU, each op's self time: a check of the script)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as profiler
-
     gpu = device == "cuda"
-    dtype = torch.bfloat16 if gpu else torch.float32
-    block, params = build(torch, shape, device, dtype, grouped)
-    b, s, h = shape[:3]
-    x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
-    y = block(x)
-    grad = torch.randn_like(y)
-    passes = {"fwd": lambda: block(x),
-              "bwd": lambda: torch.autograd.grad(y, [x, *params], grad, retain_graph=True)}
     rows = []
-    for pass_, call in passes.items():
-        for _ in range(3):
-            call()
-        sync = torch.cuda.synchronize if gpu else (lambda: None)
-        sync()
-        with profiler(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
-            for _ in range(calls):
-                call()
-            sync()
-        for e in prof.key_averages():
+    for pass_, call in passes(torch, shape, device, grouped).items():
+        for e in _record.profiled(torch, call, calls, gpu):
             us = e.self_device_time_total if gpu else e.self_cpu_time_total
             if us > 0:
                 kernel = e.key.replace(",", ";").replace("\n", " ")[:200]
