@@ -13,7 +13,9 @@ Every variant (a name -> :class:`~crossflow.search.samplers.structured.Settings`
 under ``"exchange"`` keyword arguments of the local search's rules, under ``"plan"`` the
 plan module's constants; or ``{"cma_alone": SIGMA}``: no plan, CMA-ES alone over the split
 of the template's combination, in the driver's natural coordinates, from the template's
-split with step SIGMA — the driver's own late optimiser as a baseline) runs on every selected study of ``benchmarks/suite/studies.yaml`` (without
+split with step SIGMA — the driver's own late optimiser as a baseline; ``{"cma_alone":
+{"sigma": SIGMA, "lr_adapt": true}}`` passes the other keys to ``cmaes.CMA``) runs on
+every selected study of ``benchmarks/suite/studies.yaml`` (without
 ``--studies``, the 22 with a budget split: a strategy-only study's plan ends with its
 screen, where a study hands over to TPE).  A study's reference is
 the best value any run found, or the suite's cached best-known value when it is lower
@@ -101,7 +103,9 @@ def run(spec, budget: int, seed: int, settings: dict,
         start = P.params(Cont(shaken, x0.floats), d0)
     if cma_sigma is not None:
         x0, d0 = P.start() if start is None else P.split(start)
-        return _cma_alone(setup, P, x0, d0, float(cma_sigma), seed, budget, values, value)
+        options = dict(cma_sigma) if isinstance(cma_sigma, dict) else {"sigma": cma_sigma}
+        return _cma_alone(setup, P, x0, d0, float(options.pop("sigma", 1.0)), seed, budget,
+                          values, value, options)
     if searches is not None:
         _traced(_plan, searches, len(values))
     elif hasattr(_plan._Local, "_untraced_advance"):  # a traced task ran in this worker
@@ -133,14 +137,15 @@ def run(spec, budget: int, seed: int, settings: dict,
 
 
 def _cma_alone(setup, P, x0, d0, sigma: float, seed: int, budget: int,
-               values: list[float], value) -> list[float]:
+               values: list[float], value, options: dict | None = None) -> list[float]:
     """``values`` (the baseline trials') followed by CMA-ES's own until ``budget``: whole
     generations of :func:`~crossflow.search.samplers.structured._plan.cma_es` from ``x0``
-    with step ``sigma``, each sample a split of the combination ``d0``."""
+    with step ``sigma`` (and ``options`` for ``cmaes.CMA``), each sample a split of the
+    combination ``d0``."""
     from crossflow.search.objective import evaluate_many
     from crossflow.search.samplers.structured._plan import _point, cma_es, told
 
-    cma = cma_es(P, x0, sigma, seed)
+    cma = cma_es(P, x0, sigma, seed, **(options or {}))
     while len(values) < budget:
         xs = [cma.ask() for _ in range(cma.population_size)]
         got = [value(e) for e in evaluate_many(

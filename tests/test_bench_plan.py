@@ -91,3 +91,8 @@ def test_cma_alone_is_a_reproducible_baseline_after_the_same_baseline_trials():
     assert any(math.isfinite(v) for v in alone[first:])
     assert bench_plan.run("quickstart", 60, 0, {"cma_alone": 1.0}) == alone
     assert bench_plan.run("quickstart", 60, 1, {"cma_alone": 1.0}) != alone
+    # the mapping form is the same run, and passes its other keys to cmaes.CMA
+    assert bench_plan.run("quickstart", 60, 0, {"cma_alone": {"sigma": 1.0}}) == alone
+    adapted = bench_plan.run("quickstart", 60, 0, {"cma_alone": {"sigma": 1.0,
+                                                                 "lr_adapt": True}})
+    assert adapted[:first] == alone[:first] and adapted[first:] != alone[first:]

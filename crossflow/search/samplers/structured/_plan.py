@@ -845,16 +845,19 @@ def _point(P: Problem, v: np.ndarray, like: Cont) -> Cont:
     return Cont(simplexes, floats)
 
 
-def cma_es(P: Problem, x: Cont, sigma: float, seed: int, popsize: int | None = None):
+def cma_es(P: Problem, x: Cont, sigma: float, seed: int, popsize: int | None = None,
+           **options: Any):
     """CMA-ES (Hansen's, the ``cmaes`` package) from the split ``x`` in the natural
-    coordinates of :func:`_vector`, bounded to them."""
+    coordinates of :func:`_vector`, bounded to them; ``options`` go to ``cmaes.CMA`` (the
+    benchmarks' baselines try its variants, e.g. ``lr_adapt``)."""
     from cmaes import CMA
 
     mean = _vector(P, x)
     bounds = np.tile([-encoding.SPAN, encoding.SPAN], (len(mean), 1))
     # a mean on a bound has no room to sample around it
     mean = np.clip(mean, -encoding.SPAN + 1e-6, encoding.SPAN - 1e-6)
-    return CMA(mean=mean, sigma=sigma, bounds=bounds, seed=seed, population_size=popsize)
+    return CMA(mean=mean, sigma=sigma, bounds=bounds, seed=seed, population_size=popsize,
+               **options)
 
 
 def told(xs: list[np.ndarray], values: list[float]) -> list[tuple[np.ndarray, float]]:
