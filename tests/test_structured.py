@@ -1255,3 +1255,61 @@ def test_a_space_with_nothing_continuous_ends_with_a_descent_to_a_local_optimum(
     assert phases[0] == "screen" and phases[-1] == "descent"
     assert best == 1.0
     assert n < len(pool)            # a descent, not the whole space
+
+
+def _ranged(params: dict) -> dict:
+    """quickstart's workload and chip with ``params`` (numeric ranges) searched beside the
+    budget split."""
+    return {"kind": "study", "name": "ranged", "workload": "gemm-8192",
+            "hardware": "deepflow-case-study", "objectives": ["iteration_time_s"],
+            "sampler": "structured", "seed": 0, "n_trials": 60,
+            "search_space": {"simplexes": {"area": ["core", "registers", "L1", "L2",
+                                                    "dram_ctrl"],
+                                           "power": ["core", "registers", "L1", "L2",
+                                                     "dram_ctrl"]},
+                             "params": params}}
+
+
+def test_integer_ranges_are_searched_as_ordered_coordinates_not_screened():
+    """An integer range (``tdp_W: {low: 150, high: 450}``) is a coordinate of the split's
+    search, as a float range is, not a discrete choice screened value by value (256
+    evaluations before the split moved); a hardware size starts at its middle, a log range
+    moves in its logarithm, and a point's parameters are on the range's grid."""
+    setup = load_study(_ranged({"tdp_W": {"low": 150, "high": 450},
+                                "chip_area_mm2": {"low": 300, "high": 800, "step": 10},
+                                "node_area_mm2": {"low": 1000, "high": 4000, "log": True}}))
+    P = Problem(setup)
+    assert not P.discrete and [d.name for d in P.floats] == [
+        "tdp_W", "chip_area_mm2", "node_area_mm2"]
+    x0, d0 = P.start()
+    params = P.params(x0, d0)
+    assert params["chip_area_mm2"] == 550 and isinstance(params["chip_area_mm2"], int)
+    log_coord = next(c for c in P.coords if c.name == "node_area_mm2")
+    assert (log_coord.low, log_coord.high) == pytest.approx((math.log(1000), math.log(4000)))
+    # any coordinate value decodes to the grid, inside the range
+    for u in (-5.0, 299.0, 301.4, 304.9, 555.0, 2000.0):
+        moved = Cont(x0.simplexes, {**x0.floats, "chip_area_mm2": u})
+        value = P.params(moved, d0)["chip_area_mm2"]
+        assert isinstance(value, int) and 300 <= value <= 800 and value % 10 == 0
+    assert P.params(Cont(x0.simplexes, {**x0.floats, "chip_area_mm2": 304.9}),
+                    d0)["chip_area_mm2"] == 300
+    # the round trip keeps a point where it is
+    again = P.split(params)
+    assert P.params(*again) == params
+    # the plan's first batch is one combination, not one per watt
+    phase, batch = next(plan(P, seed=0, records=[]))
+    assert len(batch) == 1 and phase == "screen"
+
+
+def test_a_power_range_study_searches_the_split_from_the_first_trials(tmp_path):
+    """With the power budget an integer range, the driver's 60 trials go on past a screen of
+    one combination into the split's search and beat the template's design by far (when
+    each watt was a combination to screen, all 60 were the template's split at other
+    watts, 9.90 ms at best, against 6.1-6.8 ms now)."""
+    setup = load_study(_ranged({"tdp_W": {"low": 150, "high": 450}}))
+    study = _run(setup, tmp_path, 60).study
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert sum(t.user_attrs.get(PHASE) == "screen" for t in trials) <= 1
+    best = min((t for t in trials if is_feasible(t)), key=lambda t: t.value)
+    assert isinstance(best.params["tdp_W"], int) and 150 <= best.params["tdp_W"] <= 450
+    assert best.value < 0.75 * trials[0].value

@@ -18,7 +18,7 @@ from crossflow.config.loader import load_spec
 from crossflow.errors import ConfigError
 from crossflow.parallel import Strategy
 from crossflow.search.keys import OBJECTIVES
-from crossflow.search.knobs import TECHNOLOGY_DIMS, template_hardware
+from crossflow.search.knobs import SCALAR_DIMS, TECHNOLOGY_DIMS, template_hardware
 from crossflow.search.locations import default_storage, default_tracking_uri, is_url, redact
 from crossflow.search.space import STRATEGY, Design, SearchSpace, SearchSpaceSpec, resolve
 from crossflow.search.storage import make_storage
@@ -140,12 +140,21 @@ class StudySetup:
 
     def start_params(self) -> dict[str, Any]:
         """A whole point of the space at the template's own design (:meth:`baseline_params`):
-        every other dimension at its first choice, a float range at its middle."""
+        every other dimension at its first choice, but a hardware size (``tdp_W``,
+        ``chip_area_mm2``, ...) at the middle of its range, integer or float: its first
+        value would start a search at one end of it.  A micro-batch size range starts at its
+        smallest, the one that divides every batch."""
         params = self.baseline_params()
         for dim in self.space.dimensions:
-            if dim.name not in params:
-                params[dim.name] = ((dim.low + dim.high) / 2 if dim.kind == "float"
-                                    else dim.values()[0])
+            if dim.name in params:
+                continue
+            if dim.kind == "float":
+                params[dim.name] = (dim.low + dim.high) / 2
+            elif dim.kind == "int" and dim.name in SCALAR_DIMS:
+                values = dim.values()
+                params[dim.name] = values[len(values) // 2]
+            else:
+                params[dim.name] = dim.values()[0]
         return params
 
     def baseline_trials(self) -> list[dict[str, Any]]:

@@ -3,11 +3,17 @@
 A **point** is a full parameter dict of the study (Optuna's names and values).  The driver
 splits it in two:
 
-* the **discrete part** — every categorical or integer dimension (strategy, mapping order,
-  technology, micro-batch size, …);
+* the **discrete part** — every categorical dimension (strategy, mapping order,
+  technology, a list of micro-batch sizes, …);
 * the **continuous part** — a :class:`Cont`: one fraction vector per budget simplex (the
   searched components then the slack, summing to 1: the decoded softmax of
-  :mod:`crossflow.search.encoding`) and the float ranges, in their own units.
+  :mod:`crossflow.search.encoding`) and the numeric ranges — float and integer alike, in
+  their own units or, for a log range, their logarithm; an integer range is rounded to its
+  step only when a point becomes parameters (:meth:`Problem.params`).  A range is ordered,
+  so it is searched by moves, as Optuna's CMA-ES searches an ``IntDistribution``: screened
+  value by value as a discrete choice, a ``tdp_W`` of 150-450 W spent the first 256
+  evaluations (the screen's cap) on the template's split at other watts before the split
+  was searched (docs/search-benchmarks.md, "Integer ranges").
 
 Moves of a simplex coordinate are *exchanges*: component i is scaled by ``exp(s)`` and the
 others (slack included) share what it gains or gives up in proportion, so the point stays
@@ -66,6 +72,22 @@ class Coord:
         return f"{self.block}.{self.name}" if self.index >= 0 else self.name
 
 
+def _inward(d, value: float) -> float:
+    """A numeric range's value as its coordinate: the value, or its log for a log range."""
+    return math.log(float(value)) if d.log else float(value)
+
+
+def _outward(d, u: float) -> int | float:
+    """The parameter value of a range's coordinate ``u`` (clipped to the range; an integer
+    range's, or a stepped one's, on its grid)."""
+    v = min(d.high, max(d.low, math.exp(u) if d.log else u))
+    step = d.step or (1 if d.kind == "int" else None)
+    if step:
+        top = d.low + math.floor((d.high - d.low) / step + 1e-9) * step
+        v = min(top, d.low + round((v - d.low) / step) * step)
+    return int(round(v)) if d.kind == "int" else float(v)
+
+
 class Problem:
     """A study's space, split for the driver, with its objective's structure."""
 
@@ -73,11 +95,13 @@ class Problem:
         self.setup = setup
         space = setup.space
         self.simplexes = {s.name: s for s in space.simplexes}
-        self.discrete = [d for d in space.dimensions if d.kind != "float"]
-        self.floats = [d for d in space.dimensions if d.kind == "float"]
+        self.discrete = [d for d in space.dimensions if d.kind == "categorical"]
+        #: the numeric ranges (float and int), each a coordinate of the continuous part
+        self.floats = [d for d in space.dimensions if d.kind != "categorical"]
         self.coords: list[Coord] = [
             Coord(s.name, c, i) for s in space.simplexes for i, c in enumerate(s.components)]
-        self.coords += [Coord("float", d.name, -1, d.low, d.high) for d in self.floats]
+        self.coords += [Coord("float", d.name, -1, _inward(d, d.low), _inward(d, d.high))
+                        for d in self.floats]
         self.has_order = any(d.name == MAPPING_ORDER for d in self.discrete)
         self.has_strategy = any(d.name == STRATEGY for d in self.discrete)
         self._edge_cache: dict[tuple, list[float]] = {}
@@ -95,7 +119,7 @@ class Problem:
             values = [base[p] for p in s.param_names] if all(
                 p in base for p in s.param_names) else [0.0] * len(s.param_names)
             simplexes[name] = np.array(encoding.decode(values))
-        floats = {d.name: float(base[d.name]) for d in self.floats}
+        floats = {d.name: _inward(d, base[d.name]) for d in self.floats}
         discrete = {d.name: base[d.name] for d in self.discrete}
         return Cont(simplexes, floats), discrete
 
@@ -106,7 +130,7 @@ class Problem:
             x = np.maximum(cont.simplexes[name], 0.0)
             out.update(zip(s.param_names, encoding.encode(list(x / x.sum())), strict=True))
         for d in self.floats:
-            out[d.name] = float(min(d.high, max(d.low, cont.floats[d.name])))
+            out[d.name] = _outward(d, cont.floats[d.name])
         out.update(discrete)
         return out
 
@@ -159,7 +183,7 @@ class Problem:
         """The inverse of :meth:`params`."""
         simplexes = {name: np.array(encoding.decode([params[p] for p in s.param_names]))
                      for name, s in self.simplexes.items()}
-        floats = {d.name: float(params[d.name]) for d in self.floats}
+        floats = {d.name: _inward(d, params[d.name]) for d in self.floats}
         return Cont(simplexes, floats), {d.name: params[d.name] for d in self.discrete}
 
     # ---- discrete structure -------------------------------------------------------------
