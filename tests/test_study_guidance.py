@@ -299,3 +299,47 @@ def test_a_study_whose_progress_reader_goes_away_runs_to_its_trials(tmp_path):
     study = optuna.load_study(study_name="quickstart",
                               storage=make_storage(str(tmp_path / "q.journal")))
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 40
+
+
+def test_a_study_with_no_feasible_design_says_why(tmp_path, monkeypatch, cli):
+    """A 1.2B-parameter transformer on one case-study chip (over its DRAM at every split,
+    the DRAM devices being bound by the perimeter): ``study run``, ``show`` and ``best``
+    each say what every trial ran into, grouped by reason, and the trial nearest to
+    feasible with its numbers — not only that there is no feasible design."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "big.yaml").write_text("""\
+kind: study
+name: big-on-one-chip
+workload: {kind: transformer, name: gpt-1792, num_layers: 24, hidden_size: 1792,
+           num_attention_heads: 16, seq_length: 1024, vocab_size: 51200,
+           global_batch_size: 8, micro_batch_size: 1, precision: fp16,
+           activation_recompute: full}
+hardware: deepflow-case-study
+overrides: {logic_node: N5}
+search_space: {simplexes: {area: [core, L1, L2, dram_ctrl]}}
+objectives: [iteration_time_s]
+sampler: structured
+seed: 0
+n_trials: 12
+""")
+    code, out, err = cli("study", "run", "big.yaml", "--no-tracking")
+    assert code == 0, err
+    assert "every one of the 12 finished trials is infeasible:" in out
+    assert "12 × memory per device … GB exceeds the … GB of DRAM" in out
+    assert "nearest to feasible: trial " in out and "18.4 GB exceeds the 17.18 GB" in out
+    code, out, err = cli("study", "show", "big.yaml")
+    assert code == 0 and "no feasible trial yet" in out and "nearest to feasible" in out
+    code, out, err = cli("study", "best", "big.yaml")
+    assert code == 3 and "12 × memory per device" in err
+
+
+def test_the_infeasibility_digest_is_only_for_a_study_with_no_feasible_trial():
+    """One feasible trial is enough for a best design: then no digest."""
+    infeasible = create_trial(values=[1.0], user_attrs={"feasible": False,
+                                                        "infeasible_reason": "memory per "
+                                                        "device 3 GB exceeds the 2 GB"},
+                              constraints={"infeasibility": 0.5})
+    assert studies.infeasibility([infeasible])["reasons"] == [
+        {"reason": "memory per device … GB exceeds the … GB", "trials": 1}]
+    assert studies.infeasibility([infeasible, _trial(2.0, True)]) is None
+    assert studies.infeasibility([]) is None

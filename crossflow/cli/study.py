@@ -96,6 +96,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
     design = studies.best_design(setup, study, trial)
     if design is None:
         print(f"{setup.name}: no feasible trial yet", file=sys.stderr)
+        why = studies.infeasibility(study.get_trials(deepcopy=False))
+        print("\n".join(studies.infeasibility_lines(why)), file=sys.stderr)
         return EXIT_INFEASIBLE
     if args.export:
         written = studies.export_design(design, args.export, overwrite=args.force)
@@ -166,6 +168,11 @@ def _print_best(setup, design, full: bool = False, *, study=None, picked: bool =
     it, ``--storage`` included)."""
     if design is None:
         print("  no feasible design yet")
+        if study is not None:
+            from crossflow.search.study import infeasibility, infeasibility_lines
+
+            why = infeasibility(study.get_trials(deepcopy=False))
+            print("\n".join(infeasibility_lines(why, indent="    ")))
         return
     from crossflow.search.study import design_lines, pareto_position
 

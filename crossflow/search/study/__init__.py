@@ -39,6 +39,8 @@ from crossflow.search.study.results import (
     best_trials,
     design_lines,
     export_design,
+    infeasibility,
+    infeasibility_lines,
     is_feasible,
     list_studies,
     pareto_front,
@@ -52,7 +54,7 @@ from crossflow.search.study.spec import OBJECTIVES, SAMPLER_NAMES, StudySpec
 
 __all__ = [
     "OBJECTIVES", "SAMPLER_NAMES", "Launch", "Progress", "RunResult", "StudySetup",
-    "StudySpec", "best_design", "check_launch", "check_seed", "check_study", "check_tracking_uri", "best_trial", "best_trials", "design_lines", "export_design", "is_feasible",
+    "StudySpec", "best_design", "check_launch", "check_seed", "check_study", "check_tracking_uri", "best_trial", "best_trials", "design_lines", "export_design", "infeasibility", "infeasibility_lines", "is_feasible",
     "complete_line", "join_study", "list_studies", "load_study", "make_storage", "next_steps", "open_study", "pareto_front",
     "pareto_position",
     "resume_command", "run_study", "study_summary", "summary_lines", "template_document",

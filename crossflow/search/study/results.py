@@ -311,6 +311,7 @@ def summary_lines(s: Mapping[str, Any]) -> list[str]:
         lines.append("  phases      " + ", ".join(f"{k} {v}" for k, v in s["phases"].items()))
     if not s["best"]:
         lines.append("  best        no feasible trial yet")
+        lines += infeasibility_lines(s.get("infeasible"), indent="              ")
     for i, b in enumerate(s["best"]):
         values = ", ".join(f"{k} {v:.6g}" for k, v in b["values"].items())
         head = "best" if i == 0 else ""
@@ -326,6 +327,46 @@ def summary_lines(s: Mapping[str, Any]) -> list[str]:
                      + (f" ({designs} designs)" if designs != s["pareto_size"] else "")
                      + (f", the first {len(s['best'])} above" if s["pareto_size"]
                         > len(s["best"]) else ""))
+    return lines
+
+
+def infeasibility(trials) -> dict[str, Any] | None:
+    """Why a study's finished trials cannot run, for a study with no feasible one: its
+    reasons grouped by their wording with the numbers left out (``memory per device … GB
+    exceeds the … GB of DRAM``), most frequent first, and the trial nearest to feasible
+    (the smallest :data:`~crossflow.search.keys.CONSTRAINT`: how far over memory) with its
+    reason in full.  None when some trial is feasible or none has finished."""
+    import re
+    from collections import Counter
+
+    done = [t for t in trials if keys.FEASIBLE in t.user_attrs]
+    if not done or any(t.user_attrs[keys.FEASIBLE] for t in done):
+        return None
+
+    def shape(reason: str) -> str:
+        # the first clause; every number in it one ellipsis
+        head = re.split(r" \(|; ", reason, maxsplit=1)[0]
+        return re.sub(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", "…", head)
+
+    reasons = Counter(shape(str(t.user_attrs.get(keys.REASON, "infeasible"))) for t in done)
+    nearest = min(done, key=lambda t: (float((getattr(t, "constraints", None) or {}).get(
+        keys.CONSTRAINT, 1.0)), t.number))
+    return {"trials": len(done),
+            "reasons": [{"reason": r, "trials": n} for r, n in reasons.most_common()],
+            "nearest": {"trial": nearest.number,
+                        "reason": str(nearest.user_attrs.get(keys.REASON, "infeasible"))}}
+
+
+def infeasibility_lines(why: Mapping[str, Any] | None, indent: str = "  ") -> list[str]:
+    """The lines that say why no trial is feasible (:func:`infeasibility`)."""
+    if not why:
+        return []
+    lines = [f"{indent}every one of the {why['trials']} finished trials is infeasible:"]
+    lines += [f"{indent}  {r['trials']:>6} × {r['reason']}" for r in why["reasons"][:5]]
+    if len(why["reasons"]) > 5:
+        lines.append(f"{indent}  ({len(why['reasons']) - 5} more kinds of reason)")
+    near = why["nearest"]
+    lines.append(f"{indent}nearest to feasible: trial {near['trial']}: {near['reason']}")
     return lines
 
 
@@ -376,6 +417,7 @@ def study_summary(setup: StudySetup, study) -> dict[str, Any]:
                                 for r in study.user_attrs.get(keys.DRIVER_MEMORY, [])),
         "phases": dict(Counter(t.user_attrs[keys.PHASE] for t in trials
                                if keys.PHASE in t.user_attrs)),
+        "infeasible": infeasibility(trials) if not best else None,
     }
 
 
