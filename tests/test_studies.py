@@ -502,3 +502,7 @@ def test_a_design_prints_its_values_as_a_parallelism_file_takes_them():
     assert "core 0.473" in lines[1]
     assert lines[2].endswith("expert_parallel 16, use_distributed_optimizer true, "
                              "sequence_parallel false")
+    # a size searched as a float range reads as the number it is, not a fraction
+    sizes = design_lines({"technology": {"tdp_W": 450.0, "chip_area_mm2": 712.5,
+                                         "logic_node": "N5"}})
+    assert sizes[0].endswith("tdp_W 450, chip_area_mm2 712.5, logic_node N5")

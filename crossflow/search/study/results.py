@@ -286,10 +286,13 @@ def design_lines(design: Mapping[str, Any], *, full: bool = True) -> list[str]:
 
 
 def _shown(v: Any) -> str:
-    """A design value as a YAML file takes it: fractions to three decimals, booleans as
-    ``true`` / ``false`` (what a parallelism file or ``--parallelism`` expects)."""
+    """A design value as a YAML file takes it: fractions to three decimals, sizes as they
+    are, booleans as ``true`` / ``false`` (what a parallelism file or ``--parallelism``
+    expects)."""
     if isinstance(v, bool):
         return str(v).lower()
+    if isinstance(v, float) and abs(v) >= 10:  # a size (450 W, 800 mm²), not a fraction
+        return f"{v:g}"
     return f"{v:.3f}" if isinstance(v, float) else f"{v}"
 
 
