@@ -241,3 +241,20 @@ def test_a_strategy_only_space_is_searched_whole_past_its_memory_verdicts(tmp_pa
     assert [x["seed"] for x in r["searches"]] == [0]  # exhaustive: one search, not three
     assert (f"every one of the {len(fits)} order classes that fit in memory screened "
             f"({len(every) - len(fits)} do not fit") in how_known(r)
+
+
+def test_a_numeric_range_is_searched_with_the_split_not_enumerated(tmp_path):
+    """``tdp_W: {low: 150, high: 450}`` (an integer range) is a continuous parameter of the
+    reference's search, as of the driver's, rounded to whole watts when evaluated: one
+    combination is screened (not one per watt), and the best point is on the grid."""
+    setup = load_study({
+        "kind": "study", "name": "bk-range", "workload": "gemm-8192",
+        "hardware": "deepflow-case-study", "objectives": ["iteration_time_s"],
+        "sampler": "structured", "seed": 0, "n_trials": 50,
+        "search_space": {"simplexes": {"area": ["core", "L1", "L2"]},
+                         "params": {"tdp_W": {"low": 150, "high": 450}}}})
+    assert "tdp_W" in bk._continuous(setup.space)
+    r = bk.best_known(setup, root=tmp_path, **SMALL)
+    assert r["discrete_total"] == 1
+    tdp = r["params"]["tdp_W"]
+    assert isinstance(tdp, int) and 150 <= tdp <= 450

@@ -280,20 +280,28 @@ def _searches(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
 
 def _continuous(space) -> list[str]:
     """The names of the space's continuous parameters: every simplex's encoded shares, then
-    the float ranges."""
+    the numeric ranges (float and integer: an integer range is searched as a number and
+    rounded to its grid when evaluated, as the structured driver does, not enumerated)."""
     return ([p for s in space.simplexes for p in s.param_names]
-            + [d.name for d in space.dimensions if d.kind == "float"])
+            + [d.name for d in space.dimensions if d.kind != "categorical"])
 
 
 class _Counter:
-    """The objective on parameter dicts (inf when infeasible), counting evaluations."""
+    """The objective on parameter dicts (inf when infeasible), counting evaluations; a
+    numeric range's value is put on its grid first (the best point is kept so)."""
 
     def __init__(self, setup) -> None:
         self.setup, self.n = setup, 0
         self.best = (math.inf, None)
+        self._ranges = [d for d in setup.space.dimensions if d.kind != "categorical"]
+
+    def _gridded(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {**params, **{d.name: d.on_grid(params[d.name]) for d in self._ranges
+                             if d.name in params}}
 
     def __call__(self, params: Mapping[str, Any]) -> float:
         self.n += 1
+        params = self._gridded(params)
         ev = evaluate(self.setup, self.setup.design(params))
         value = ev.values(self.setup.objectives)[0] if ev.feasible else math.inf
         if value < self.best[0]:
@@ -305,7 +313,7 @@ class _Counter:
         the same chip share every kernel price and memory check); one evaluation each."""
         out: list[float] = []
         for i in range(0, len(points), chunk):
-            part = points[i:i + chunk]
+            part = [self._gridded(p) for p in points[i:i + chunk]]
             evs = evaluate_many(self.setup, [self.setup.design(p) for p in part])
             for params, ev in zip(part, evs, strict=True):
                 self.n += 1
@@ -321,8 +329,8 @@ def _search(setup, opts: Mapping[str, Any], progress: bool) -> dict[str, Any]:
     rng = np.random.default_rng(opts["seed"])
     space = setup.space
     f = _Counter(setup)
-    discrete = [d for d in space.dimensions if d.kind != "float"]
-    floats = [d for d in space.dimensions if d.kind == "float"]
+    discrete = [d for d in space.dimensions if d.kind == "categorical"]
+    floats = [d for d in space.dimensions if d.kind != "categorical"]   # numeric ranges
     cont_names = _continuous(space)
 
     base = setup.baseline_params()

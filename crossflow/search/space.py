@@ -365,6 +365,16 @@ class Dimension:
                                    step=int(self.step or 1))
         return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
 
+    def on_grid(self, value: float) -> int | float:
+        """A number as this range's parameter value: clipped to the range, an integer
+        range's (or a stepped one's) on its grid."""
+        v = min(self.high, max(self.low, float(value)))
+        step = self.step or (1 if self.kind == "int" else None)
+        if step:
+            top = self.low + math.floor((self.high - self.low) / step + 1e-9) * step
+            v = min(top, self.low + round((v - self.low) / step) * step)
+        return int(round(v)) if self.kind == "int" else float(v)
+
     def values(self) -> tuple[Any, ...]:
         """Every value (categoricals and int ranges; empty for a float range)."""
         if self.kind == "categorical":

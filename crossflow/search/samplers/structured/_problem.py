@@ -80,12 +80,7 @@ def _inward(d, value: float) -> float:
 def _outward(d, u: float) -> int | float:
     """The parameter value of a range's coordinate ``u`` (clipped to the range; an integer
     range's, or a stepped one's, on its grid)."""
-    v = min(d.high, max(d.low, math.exp(u) if d.log else u))
-    step = d.step or (1 if d.kind == "int" else None)
-    if step:
-        top = d.low + math.floor((d.high - d.low) / step + 1e-9) * step
-        v = min(top, d.low + round((v - d.low) / step) * step)
-    return int(round(v)) if d.kind == "int" else float(v)
+    return d.on_grid(math.exp(min(u, 700.0)) if d.log else u)
 
 
 class Problem:
