@@ -343,7 +343,7 @@ def infeasibility(trials) -> dict[str, Any] | None:
     from collections import Counter
 
     done = [t for t in trials if keys.FEASIBLE in t.user_attrs]
-    if not done or any(t.user_attrs[keys.FEASIBLE] for t in done):
+    if not done or any(is_feasible(t) for t in done):  # the best design's own test
         return None
 
     def shape(reason: str) -> str:
