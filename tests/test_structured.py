@@ -1273,8 +1273,8 @@ def _ranged(params: dict) -> dict:
 def test_integer_ranges_are_searched_as_ordered_coordinates_not_screened():
     """An integer range (``tdp_W: {low: 150, high: 450}``) is a coordinate of the split's
     search, as a float range is, not a discrete choice screened value by value (256
-    evaluations before the split moved); a hardware size starts at its middle, a log range
-    moves in its logarithm, and a point's parameters are on the range's grid."""
+    evaluations before the split moved); a hardware size starts at its middle (a log range
+    at its geometric middle), a log range moves in its logarithm, and a point's parameters are on the range's grid."""
     setup = load_study(_ranged({"tdp_W": {"low": 150, "high": 450},
                                 "chip_area_mm2": {"low": 300, "high": 800, "step": 10},
                                 "node_area_mm2": {"low": 1000, "high": 4000, "log": True}}))
@@ -1284,6 +1284,9 @@ def test_integer_ranges_are_searched_as_ordered_coordinates_not_screened():
     x0, d0 = P.start()
     params = P.params(x0, d0)
     assert params["chip_area_mm2"] == 550 and isinstance(params["chip_area_mm2"], int)
+    # a log range starts at the middle of its logarithm, as Optuna's CMA-ES starts one
+    logged = load_study(_ranged({"chip_area_mm2": {"low": 200, "high": 800, "log": True}}))
+    assert logged.start_params()["chip_area_mm2"] == 400
     log_coord = next(c for c in P.coords if c.name == "node_area_mm2")
     assert (log_coord.low, log_coord.high) == pytest.approx((math.log(1000), math.log(4000)))
     # any coordinate value decodes to the grid, inside the range

@@ -8,6 +8,7 @@ directory, as MLflow does; a YAML file named in a study is also looked for besid
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,14 +142,18 @@ class StudySetup:
     def start_params(self) -> dict[str, Any]:
         """A whole point of the space at the template's own design (:meth:`baseline_params`):
         every other dimension at its first choice, but a hardware size (``tdp_W``,
-        ``chip_area_mm2``, ...) at the middle of its range, integer or float: its first
-        value would start a search at one end of it.  A micro-batch size range starts at its
+        ``chip_area_mm2``, ...) at the middle of its range, integer or float (a log range
+        at the geometric middle): its first value would start a search at one end of it.  A micro-batch size range starts at its
         smallest, the one that divides every batch."""
         params = self.baseline_params()
         for dim in self.space.dimensions:
             if dim.name in params:
                 continue
-            if dim.kind == "float":
+            if dim.log and (dim.kind == "float" or dim.name in SCALAR_DIMS):
+                # the middle of the coordinate a search moves it in (its logarithm), as
+                # Optuna's CMA-ES starts a log range
+                params[dim.name] = dim.on_grid(math.sqrt(dim.low * dim.high))
+            elif dim.kind == "float":
                 params[dim.name] = (dim.low + dim.high) / 2
             elif dim.kind == "int" and dim.name in SCALAR_DIMS:
                 values = dim.values()
