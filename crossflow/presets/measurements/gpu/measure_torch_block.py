@@ -1,6 +1,7 @@
 """Time one transformer block's forward and backward pass on a GPU, written in plain torch.
 
     python measure_torch_block.py --preset h200-sxm-141gb [--output FILE] [--repeat 20]
+        [--set dev|heldout] [--profile]
 
 Each block is the Megatron-LM layout of a decoder layer, in bf16, on one GPU: a pre-norm
 (LayerNorm or RMSNorm), the QKV projection (queries plus one key and one value per query
@@ -55,6 +56,26 @@ BLOCKS = {
     "mixtral-8x7b": (1, 4096, 4096, 32, 8, 128, 14336, True, True, True, False, 8, 2),
     "mixtral-8x7b-grouped": (1, 4096, 4096, 32, 8, 128, 14336, True, True, True, False, 8, 2),
 }
+#: Blocks written down before the model priced them (``--set heldout``): other published
+#: shapes — a head dimension of 64, 96 and 256, attention wider than the hidden size, GPT-2
+#: and GPT-3-style small blocks, tensor-parallel ranks of Llama-3 8B and 405B — a check of
+#: the dense rows above that nothing was fitted to.  Widths from each model's published
+#: configuration (Hugging Face config.json of Qwen2.5-7B, Mistral-NeMo-12B, Gemma-2-9B,
+#: Phi-3-mini, GPT-2 XL; GPT-3 1.3B: Brown et al. 2020, table 2.1; Llama 3: Megatron-Bridge
+#: Llama3ModelProvider), with SwiGLU / GELU as the block above writes them and no biases
+#: but GPT's.
+HELD_OUT = {
+    "qwen2.5-7b": (1, 4096, 3584, 28, 4, 128, 18944, True, True, True, False, 0, 0),
+    "mistral-nemo-12b": (1, 4096, 5120, 32, 8, 128, 14336, True, True, True, False, 0, 0),
+    "gemma2-9b-d256": (1, 4096, 3584, 16, 8, 256, 14336, True, True, True, False, 0, 0),
+    "phi3-mini-d96": (2, 4096, 3072, 32, 32, 96, 8192, True, True, True, False, 0, 0),
+    "gpt2-xl": (8, 1024, 1600, 25, 25, 64, 6400, False, False, False, True, 0, 0),
+    "gpt3-1.3b": (8, 2048, 2048, 16, 16, 128, 8192, False, False, False, True, 0, 0),
+    "llama3-8b-tp2-rank": (1, 8192, 4096, 16, 4, 128, 7168, True, True, True, False, 0, 0),
+    "llama3-405b-tp8-rank": (1, 8192, 16384, 16, 1, 128, 6656, True, True, True, False, 0, 0),
+}
+#: ``--set`` name -> (blocks, the file-name part after ``torch_block``).
+SETS = {"dev": (BLOCKS, ""), "heldout": (HELD_OUT, "_heldout")}
 #: The blocks whose experts run as grouped GEMMs (the other MoE blocks: a loop over experts).
 GROUPED = {"mixtral-8x7b-grouped"}
 COLUMNS = ("block,micro_batch,seq,hidden,heads,query_groups,head_dim,ffn,gated,rmsnorm,rope,"
@@ -194,7 +215,10 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="small sizes (a check of the script)")
     parser.add_argument("--profile", action="store_true",
                         help="each kernel's time per pass from torch's profiler instead")
+    parser.add_argument("--set", default="dev", choices=tuple(SETS),
+                        help="the blocks: dev (the checked rows) or heldout (HELD_OUT)")
     args = parser.parse_args()
+    blocks, part = SETS[args.set]
 
     import torch
 
@@ -205,7 +229,7 @@ def main() -> int:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         rows = []
-        for name, shape in BLOCKS.items():
+        for name, shape in blocks.items():
             try:
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     rows += profile(torch, name, shape, grouped=name in GROUPED)
@@ -213,14 +237,14 @@ def main() -> int:
                 print(f"{name}: not profiled ({str(exc)[:300]})", file=sys.stderr)
             torch.cuda.empty_cache()
         out = Path(args.output or Path(__file__).with_name(
-            f"torch_block_kernels_{args.preset}.csv"))
+            f"torch_block_kernels{part}_{args.preset}.csv"))
         header = _record.header(torch, __file__, "torch.profiler, CUDA activity: each kernel's "
                                 "self device time summed over 5 calls of the pass after 3 "
                                 "warm-up calls, per call", args.preset, cudnn=True)
         _record.write_csv(out, header, "block,pass,kernel,launches,us", rows)
         return 0
     rows = []
-    for name, shape in BLOCKS.items():
+    for name, shape in blocks.items():
         if args.tiny:  # 1/16 of the widths, 1/32 of the sequence, the same structure
             b, s, h, heads, groups, d, ffn, *flags = shape
             shape = (b, s // 32, h // 16, max(heads // 8, 1), max(groups // 8, 1), d // 4,
@@ -256,7 +280,7 @@ def main() -> int:
         print(rows[-1], flush=True)
     if args.device != "cuda":
         return 0
-    out = Path(args.output or Path(__file__).with_name(f"torch_block_{args.preset}.csv"))
+    out = Path(args.output or Path(__file__).with_name(f"torch_block{part}_{args.preset}.csv"))
     header = _record.header(torch, __file__, f"median of {args.repeat} CUDA-event-timed calls "
                             "after 3 warm-up calls, forward and backward separately; attention "
                             "on the cuDNN backend", args.preset, cudnn=True)
