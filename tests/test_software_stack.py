@@ -98,6 +98,28 @@ def test_memory_passes_scale_the_bytes_of_that_op_only():
     assert ops.softmax(twice, 8192, 8192).time_s == ops.softmax(a100, 8192, 8192).time_s
 
 
+def test_rope_and_swiglu_passes_reach_a_training_steps_kernels():
+    """A profile's ``memory_passes.rope`` and ``.swiglu`` price the transformer's rotary and
+    gated-activation nodes (forward and backward), not only the op-level validation: the
+    Llama-style block's pass grows by exactly the extra bytes of those nodes, and a
+    GPT-style block (neither op) does not move."""
+    from dataclasses import replace
+
+    from crossflow.predict import load_hardware
+    from crossflow.validation.blocks import block_passes
+
+    h200 = load_hardware("h200-sxm-141gb")
+    eager = replace(h200, memory_passes={"rope": 3.0, "swiglu": 2.0})
+    llama = {"block": "l", "micro_batch": "1", "seq": "4096", "hidden": "4096", "heads": "32",
+             "query_groups": "8", "head_dim": "128", "ffn": "14336", "gated": "1",
+             "rope": "1", "experts": "0", "topk": "0", "dtype": "bf16"}
+    gpt = {**llama, "gated": "0", "rope": "0"}
+    for one, many in zip(block_passes(h200, llama), block_passes(eager, llama), strict=True):
+        assert many.memory > 1.3 * one.memory and many.compute == one.compute
+    for one, many in zip(block_passes(h200, gpt), block_passes(eager, gpt), strict=True):
+        assert many.total == one.total
+
+
 def test_ll_protocol_wins_small_messages_and_simple_large_ones():
     simple = Group(8, 200e9, step_latency_s=8e-6, launch_s=10e-6)
     both = Group(8, 200e9, step_latency_s=8e-6, launch_s=10e-6, ll_step_latency_s=0.5e-6,

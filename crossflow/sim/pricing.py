@@ -24,9 +24,9 @@ def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> tuple[floa
     elif op == "layernorm":
         r = ops.layernorm(arch, *shape, precision)
     elif op == "elementwise":
-        elements, inputs, outputs, flops = shape
+        elements, inputs, outputs, flops, name = shape
         r = ops.elementwise(arch, elements, precision, inputs=inputs, outputs=outputs,
-                            flops_per_element=flops)
+                            flops_per_element=flops, name=name)
     elif op == "embedding":
         tokens, hidden, _vocab = shape
         r = ops.embedding(arch, tokens, hidden, precision)
@@ -37,10 +37,20 @@ def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> tuple[floa
     return r.time_s, r.energy_J
 
 
+#: Elementwise nodes a software profile's ``memory_passes`` prices by their own name (forward
+#: and backward: ``rope``, ``rope.bwd``); every other elementwise node is ``elementwise``.
+OWN_PASSES = frozenset({"rope", "swiglu"})
+
+
 def kernel_key(attrs: Mapping) -> tuple[str, tuple, str]:
-    """``(op, sharded shape, precision)``: what the price of a graph node depends on."""
+    """``(op, sharded shape, precision)``: what the price of a graph node depends on (an
+    elementwise node's shape ends with the name its memory passes are looked up by)."""
     op = attrs["op"]
-    return op, tuple(attrs[k] for k in SHAPE_KEYS[op]), attrs["precision"]
+    shape = tuple(attrs[k] for k in SHAPE_KEYS[op])
+    if op == "elementwise":
+        base = str(attrs.get("name", "")).split(".")[0]
+        shape += (base if base in OWN_PASSES else "elementwise",)
+    return op, shape, attrs["precision"]
 
 
 def node_cost_key(arch: MicroArch, key: tuple[str, tuple, str]) -> tuple[float, float]:
