@@ -31,13 +31,32 @@ def test_the_dense_blocks_meet_their_tolerance():
     model was built and priced without any change to it) are each a data set of their own
     within the same tolerance."""
     sets = {ds.name.rsplit("(", 1)[1].rstrip(")"): ds for ds in block_datasets()}
-    assert sorted(sets) == ["torch_block_h200-sxm-141gb", "torch_block_heldout_h200-sxm-141gb"]
-    assert len(sets["torch_block_h200-sxm-141gb"].rows) == 10
-    assert len(sets["torch_block_heldout_h200-sxm-141gb"].rows) == 16
+    dev, held = "torch_block_h200-sxm-141gb", "torch_block_heldout_h200-sxm-141gb"
+    eager = ", PyTorch-eager passes"
+    assert sorted(sets) == [dev, dev + eager, held, held + eager]
+    assert len(sets[dev].rows) == 10 and len(sets[held].rows) == 16
     names = [d.name for d in collect("training")]
     for ds in sets.values():
         assert ds.passed, ds.render()
         assert ds.name in names
+
+
+def test_pytorch_eager_passes_learnt_on_an_a100_narrow_the_h200_blocks_error():
+    """The unfused rotary embedding and SiLU·mul of PyTorch eager, as fitted to Vidur's A100
+    op times (vidur-a100-dgx: 2 passes each), move every Llama-style row toward its
+    measurement on both files, leave the GPT-style rows as they were, and lower each file's
+    MAPE by at least a point and a half (10.9 -> 8.8 %, held out 11.6 -> 9.3 %)."""
+    sets = {ds.name: ds for ds in block_datasets()}
+    for name, bare in sets.items():
+        if name.endswith("passes)"):
+            continue
+        eager = sets[name[:-1] + ", PyTorch-eager passes)"]
+        assert eager.mape <= bare.mape - 0.015, name
+        for b, e in zip(bare.rows, eager.rows, strict=True):
+            if b.label.startswith(("gpt", "gpt2")):
+                assert e.predicted == b.predicted, b.label
+            else:  # too fast on the bare preset, nearer with the passes
+                assert b.error < e.error < 0.05, b.label
     # the MoE layer written as a loop over experts is recorded, not checked
     assert len(moe_rows()) == 4 and all(r.label.startswith("mixtral") for r in moe_rows())
 

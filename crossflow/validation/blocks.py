@@ -15,10 +15,19 @@ on a GPU").  The dense blocks are checked; the mixture-of-experts layer, written
 loop over the experts (a host synchronisation for the token counts) and once with grouped
 GEMMs, is recorded beside them (:func:`moe_rows`): its permutation is plain torch's index
 copies, not the fused permutation of a production MoE layer.
+
+Each file is checked twice: on the bare preset, and with the unfused rotary embedding and
+SiLU·mul of PyTorch eager as the ``vidur-a100-dgx`` software profile prices them (its
+``memory_passes.rope`` and ``.swiglu``, fitted to Vidur's per-op times on an A100 and
+nothing here): whether what was learnt of eager PyTorch on one GPU and code base carries to
+another.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from crossflow.config.loader import load_spec
 from crossflow.config.workload import TransformerSpec
 from crossflow.predict import load_hardware
 from crossflow.sim.training import _passes
@@ -28,6 +37,16 @@ from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_pr
 #: is GEMMs and fused attention whose kernels are each within ~10 % (the matmul and attention
 #: data sets of the same device).
 BLOCK_MAX_MAPE, BLOCK_MIN_SPEARMAN = 0.15, 0.9
+#: The software profile whose PyTorch-eager passes the second check of each file uses, and
+#: the ops taken from it (plain torch here fuses its norms: torch's own LayerNorm and
+#: RMSNorm kernels, where Vidur's code ran RMSNorm as several ops).
+EAGER_SYSTEM, EAGER_OPS = "vidur-a100-dgx", ("rope", "swiglu")
+
+
+def eager_passes() -> dict[str, float]:
+    """The memory passes of :data:`EAGER_OPS` in :data:`EAGER_SYSTEM`'s software profile."""
+    passes = load_spec(EAGER_SYSTEM, "systems").software.memory_passes
+    return {op: getattr(passes, op) for op in EAGER_OPS}
 
 
 def block_spec(r: dict[str, str]) -> TransformerSpec:
@@ -87,12 +106,19 @@ def moe_rows() -> list[Row]:
 
 def block_datasets() -> list[DataSet]:
     sets = []
+    eager = eager_passes()
+    passes = ", ".join(f"{op} {v:g}" for op, v in eager.items())
     for path, preset, rows in _files():
-        out = _rows(load_hardware(preset), [r for r in rows if r["experts"] == "0"])
-        sets.append(DataSet(
-            name=f"training: one transformer block, plain torch on GPU ({path.stem})",
-            source=f"{path.relative_to(measurements_dir())} on preset {preset}, no "
-                   "software profile",
-            quantity="time_s", rows=tuple(out),
-            max_mape=BLOCK_MAX_MAPE, min_spearman=BLOCK_MIN_SPEARMAN))
+        bare = load_hardware(preset)
+        dense = [r for r in rows if r["experts"] == "0"]
+        for arch, name, source in (
+                (bare, "", "no software profile"),
+                (replace(bare, memory_passes={**bare.memory_passes, **eager}),
+                 ", PyTorch-eager passes",
+                 f"memory passes {passes} from {EAGER_SYSTEM}, fitted to Vidur's A100 ops")):
+            sets.append(DataSet(
+                name=f"training: one transformer block, plain torch on GPU ({path.stem}{name})",
+                source=f"{path.relative_to(measurements_dir())} on preset {preset}, {source}",
+                quantity="time_s", rows=tuple(_rows(arch, dense)),
+                max_mape=BLOCK_MAX_MAPE, min_spearman=BLOCK_MIN_SPEARMAN))
     return sets
