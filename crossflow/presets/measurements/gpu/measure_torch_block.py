@@ -29,6 +29,10 @@ interrupted run leaves nothing half-written.
 ``--profile`` writes instead, per block and pass, every GPU kernel's time per call from
 torch's profiler (``torch_block_kernels_<preset>.csv``): where a block's time goes.
 
+``--set heldout`` times the blocks of :data:`HELD_OUT` instead — other published shapes,
+measured after the model had been compared with the rows above, a check nothing was fitted
+to (``torch_block_heldout_<preset>.csv``, ``torch_block_kernels_heldout_<preset>.csv``).
+
 ``--device cpu --tiny`` runs every block at a small size on the CPU to check the script
 (nothing is written).
 """
