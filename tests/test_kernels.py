@@ -193,3 +193,42 @@ def test_the_presets_attention_block_is_the_fit_to_its_measurements():
     assert fitted["backward_efficiency"] == pytest.approx(kernel.backward_efficiency, abs=5e-4)
     assert fitted["forward_row_ns"] * 1e-9 == pytest.approx(kernel.forward_row_s, rel=1e-3)
     assert fitted["backward_row_ns"] * 1e-9 == pytest.approx(kernel.backward_row_s, rel=1e-3)
+
+
+def test_the_presets_head_dimension_table_is_the_fit_to_its_measurements():
+    from crossflow.validation.attention import REFERENCE_HEAD_DIM, fit_head_dims
+    from crossflow.validation.dataset import measurements_dir
+
+    fitted = fit_head_dims(
+        measurements_dir() / "gpu" / "torch_attention_head_dims_h200-sxm-141gb.csv")
+    kernel = load_hardware("h200-sxm-141gb").attention_kernel
+    assert [d for d, _, _ in kernel.head_dims] == sorted(fitted) == [64, 96, 128, 192, 256]
+    for d, forward, backward in kernel.head_dims:
+        assert (forward, backward) == pytest.approx(fitted[d], abs=5e-4)
+    assert fitted[REFERENCE_HEAD_DIM] == (1.0, 1.0)
+    # the H100 carries the H200's kernels (same die and clocks)
+    assert load_hardware("h100-sxm5-80gb").attention_kernel.head_dims == kernel.head_dims
+
+
+def test_attention_efficiency_follows_the_head_dimension_table():
+    """Measured head dimensions take their own multipliers; between two, the multiplier is
+    interpolated in log(head dim); beyond the table, the nearest end's; without a table, 1.
+    cuDNN's backward at head dimension 192 runs at 0.57 of its 128-wide rate, and the priced
+    kernel follows it."""
+    h200 = load_hardware("h200-sxm-141gb")
+    kernel = h200.attention_kernel
+    table = {d: (f, b) for d, f, b in kernel.head_dims}
+    assert kernel.head_dim_factor(192, False) == table[192][1] < 0.6
+    assert kernel.head_dim_factor(32, True) == table[64][0]
+    assert kernel.head_dim_factor(512, False) == table[256][1]
+    between = kernel.head_dim_factor(160, False)  # log-midway is ~157
+    assert min(table[128][1], table[192][1]) < between < max(table[128][1], table[192][1])
+    assert replace(kernel, head_dims=()).head_dim_factor(192, False) == 1.0
+
+    def product_time(arch, d):
+        return ops.fused_attention(arch, 16, 8192, d, 5, 1).compute_time_s
+
+    plain = replace(h200, attention_kernel=replace(kernel, head_dims=()))
+    rows_s = 16 * 8192 * kernel.backward_row_s
+    assert (product_time(h200, 192) - rows_s) == pytest.approx(
+        (product_time(plain, 192) - rows_s) / table[192][1])

@@ -12,6 +12,7 @@ through the arch layer, which re-exports them (docs/architecture.md, "Layers").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
@@ -43,6 +44,26 @@ class AttentionKernel:
     backward_efficiency: float
     forward_row_s: float
     backward_row_s: float
+    #: (head dim, forward, backward): the efficiencies' multipliers at the head dimensions
+    #: measured, sorted — a library picks its kernel's tiles per head dimension, and its
+    #: backward especially reaches less of the peak off the dimension it is tuned for
+    head_dims: tuple[tuple[int, float, float], ...] = ()
+
+    def head_dim_factor(self, head_dim: int, forward: bool) -> float:
+        """The efficiency's multiplier at ``head_dim``: a measured dimension's own,
+        interpolated in log(head dim) between the two measured around it, the nearest
+        one's beyond them (1 where nothing was measured)."""
+        table = self.head_dims
+        if not table:
+            return 1.0
+        col = 1 if forward else 2
+        if head_dim <= table[0][0]:
+            return table[0][col]
+        for lo, hi in zip(table, table[1:], strict=False):
+            if head_dim <= hi[0]:
+                w = math.log(head_dim / lo[0]) / math.log(hi[0] / lo[0])
+                return lo[col] + w * (hi[col] - lo[col])
+        return table[-1][col]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -218,7 +239,8 @@ class MicroArch:
                 "forward_efficiency": self.attention_kernel.forward_efficiency,
                 "backward_efficiency": self.attention_kernel.backward_efficiency,
                 "forward_row_s": self.attention_kernel.forward_row_s,
-                "backward_row_s": self.attention_kernel.backward_row_s}),
+                "backward_row_s": self.attention_kernel.backward_row_s,
+                "head_dims": [list(t) for t in self.attention_kernel.head_dims]}),
             "memory": [
                 {
                     "name": m.name,

@@ -86,6 +86,11 @@ class AttentionSpec(Spec):
     backward_efficiency: Fraction
     forward_row_s: NonNegative
     backward_row_s: NonNegative
+    #: head dimension -> [forward, backward] multipliers of the two efficiencies
+    head_dim_efficiency: dict[Annotated[int, Field(gt=0)],
+                              Annotated[list[Annotated[float, Field(gt=0)]],
+                                        Field(min_length=2, max_length=2)]] = Field(
+        default_factory=dict)
 
 
 class MicroArchSpec(Spec):
@@ -159,7 +164,9 @@ class MicroArchSpec(Spec):
             },
             kernel_launch_s=self.kernel_launch_s,
             attention_kernel=(None if self.attention is None else AttentionKernel(
-                **self.attention.model_dump())),
+                **self.attention.model_dump(exclude={"head_dim_efficiency"}),
+                head_dims=tuple(sorted((d, *f) for d, f in
+                                       self.attention.head_dim_efficiency.items())))),
             energy_J_per_flop=dict(c.energy_J_per_FLOP),
             dataflow=c.dataflow,
             accumulator_fraction=c.accumulator_fraction,

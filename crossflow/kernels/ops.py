@@ -167,7 +167,8 @@ def fused_attention(arch: MicroArch, heads: int, seq: int, head_dim: int, gemms:
     rows_time = 0.0
     if arch.attention_efficiency is None and kernel is not None:
         # the device's measured kernels: a share of peak, plus a fixed time per query row
-        efficiency = kernel.forward_efficiency if forward else kernel.backward_efficiency
+        efficiency = ((kernel.forward_efficiency if forward else kernel.backward_efficiency)
+                      * kernel.head_dim_factor(head_dim, forward))
         rows_time = heads * seq * (kernel.forward_row_s if forward else kernel.backward_row_s)
     else:
         efficiency = (arch.attention_efficiency

@@ -19,6 +19,7 @@ ones; at the bound, the time per row alone is fitted.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,9 @@ from crossflow.workloads.graph import attention_flops
 ATTENTION_MAX_MAPE, ATTENTION_MIN_SPEARMAN = 0.12, 0.9
 BACKEND = "cudnn"
 PASSES = {"fwd": 2, "bwd": 5}  # products per pass (ops.fused_attention's ``gemms``)
+#: The head dimension of the rows the preset's shares and row times are fitted to (all but
+#: four of them): a head-dimension table is relative to it.
+REFERENCE_HEAD_DIM = 128
 
 
 def _rows(path: Path) -> tuple[str, list[dict[str, str]]]:
@@ -91,10 +95,43 @@ def fit(path: Path) -> dict[str, float]:
     return out
 
 
+def fit_head_dims(path: Path) -> dict[int, tuple[float, float]]:
+    """Head dimension -> (forward, backward) multipliers of the preset's two efficiencies
+    (its ``attention.head_dim_efficiency``), fitted to a file of several head dimensions
+    (``measure_torch_attention.py --set head-dims``) with the preset's shares and row times
+    as they are: per dimension and pass, the one multiplier m that minimises the squared
+    relative error of FLOPs / (peak · share · m) + rows · t, in closed form in 1/m, divided
+    by the multiplier of the file's :data:`REFERENCE_HEAD_DIM` rows."""
+    preset, rows = _rows(path)
+    arch = load_hardware(preset)
+    kernel = replace(arch.attention_kernel, head_dims=())
+    out: dict[int, list[float]] = {}
+    for i, pass_ in enumerate(("fwd", "bwd")):
+        share, row_s = ((kernel.forward_efficiency, kernel.forward_row_s) if pass_ == "fwd"
+                        else (kernel.backward_efficiency, kernel.backward_row_s))
+        for d in sorted({int(r["head_dim"]) for r in rows}):
+            mine = [r for r in rows if r["pass"] == pass_ and int(r["head_dim"]) == d]
+            measured = np.array([_measured(r) for r in mine])
+            products = np.array([attention_flops(*_shape(r)) / arch.peak_flops[r["dtype"]]
+                                 / share for r in mine]) / measured
+            rest = np.array([_shape(r)[0] * _shape(r)[1] * row_s for r in mine]) / measured
+            inverse = float(products @ (1.0 - rest) / (products @ products))
+            out.setdefault(d, [1.0, 1.0])[i] = 1.0 / inverse
+    # relative to the file's own 128-wide rows, which the preset's shares were fitted at:
+    # the table carries the head dimension's effect, not the runs' drift between files
+    ref = out.get(REFERENCE_HEAD_DIM, [1.0, 1.0])
+    return {d: (f / ref[0], b / ref[1]) for d, (f, b) in out.items()}
+
+
 def _main() -> None:  # pragma: no cover - a maintenance script
     for arg in sys.argv[1:] or [str(p) for p in
                                 sorted(measurements_dir().glob("gpu/torch_attention_*.csv"))]:
         print(arg)
+        if "head_dims" in Path(arg).stem:
+            print("  head_dim_efficiency:")
+            for d, (f, b) in fit_head_dims(Path(arg)).items():
+                print(f"    {d}: [{f:.3f}, {b:.3f}]")
+            continue
         for key, value in fit(Path(arg)).items():
             print(f"  {key}: {value:.3g}")
 

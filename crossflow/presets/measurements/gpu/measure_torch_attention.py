@@ -1,6 +1,7 @@
 """Time fused (flash) attention through torch's scaled_dot_product_attention on a GPU.
 
     python measure_torch_attention.py --preset h200-sxm-141gb [--output FILE] [--repeat 20]
+        [--set blocks|head-dims]
 
 For each shape (batch, query heads, key/value heads, sequence, head dimension, causal) and
 each backend torch offers on the device (FlashAttention-2 and cuDNN fused attention), bf16:
@@ -42,6 +43,16 @@ SHAPES = (
     (1, 32, 32, 4096, 128, 0),
 )
 
+#: ``--set head-dims``: attention about 4096 wide (query heads × head dimension) at head
+#: dimensions 64 to 256 — GPT-2/GPT-OSS, Phi-3, Llama, DeepSeek's MLA query-key, Gemma — at
+#: 8192 tokens in sequences of 2048 to 8192, causal, with a key/value head per query head
+#: and per eight.
+_HEADS = {64: 64, 96: 40, 128: 32, 192: 24, 256: 16}
+HEAD_DIMS = tuple((8192 // s, h, kv, s, d, 1) for d, h in _HEADS.items()
+                  for s in (2048, 4096, 8192) for kv in (h, h // 8))
+#: ``--set`` name -> (shapes, the file-name part after ``torch_attention``).
+SETS = {"blocks": (SHAPES, ""), "head-dims": (HEAD_DIMS, "_head_dims")}
+
 
 def _median_time(torch, call, repeat: int) -> float:
     return statistics.median(_record.timings(torch, call, repeat))
@@ -79,7 +90,10 @@ def main() -> int:
     parser.add_argument("--output",
                         help="CSV to write (default: torch_attention_<preset>.csv here)")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--set", default="blocks", choices=tuple(SETS),
+                        help="the shapes: blocks (SHAPES) or head-dims (HEAD_DIMS)")
     args = parser.parse_args()
+    shapes, part = SETS[args.set]
 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -87,10 +101,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing measured", file=sys.stderr)
         return 2
-    out = Path(args.output or Path(__file__).with_name(f"torch_attention_{args.preset}.csv"))
+    out = Path(args.output or Path(__file__).with_name(
+        f"torch_attention{part}_{args.preset}.csv"))
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
     rows = []
-    for b, h, hkv, s, d, causal in SHAPES:
+    for b, h, hkv, s, d, causal in shapes:
         for name, backend in backends.items():
             try:
                 with sdpa_kernel([backend]):
