@@ -7,18 +7,21 @@
   time (``kernel_s``, from torch's profiler) is what is checked and fitted: the kernel layer
   prices the device, and a software profile's host layer the dispatch.
 
-``python -m crossflow.validation.attention FILE`` fits the preset's ``attention`` block to a
-file: per pass, the share of peak and the time per query row that minimise the squared
-relative error (a linear least-squares problem: time = FLOPs / (peak · share) + rows · t).
-The share is bounded by the device's GEMM efficiency: a kernel made of matrix products does
-not sustain more of the peak than the device's best matmul, and an unbounded fit to
-sequences of 2K-8K tokens would carry a share above it (0.91 forward on the H200) to longer
-ones; at the bound, the time per row alone is fitted.
+``python -m crossflow.validation.attention [FILE ...]`` fits the preset's ``attention`` block
+to the files (default: every one): per pass, the share of peak and the time per query row
+that minimise the squared relative error over the rows at :data:`REFERENCE_HEAD_DIM` (a
+linear least-squares problem: time = FLOPs / (peak · share) + rows · t), then the
+head-dimension table from a file of several head dimensions (:func:`fit_head_dims`).  The
+share is bounded by the device's GEMM efficiency: a kernel made of matrix products does not
+sustain more of the peak than the device's best matmul.  Sequences of 2K-8K tokens alone
+put too much of the rate's rise in the row term and carry a share too high to longer ones
+(0.718 forward, 128K tokens priced 21 % too fast), so the fit takes 2K-128K together.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,10 +75,26 @@ def attention_datasets() -> list[DataSet]:
     return sets
 
 
-def fit(path: Path) -> dict[str, float]:
-    """The preset's ``attention`` block fitted to one measurement file."""
-    preset, rows = _rows(path)
-    arch = load_hardware(preset)
+def _files(preset: str | None = None) -> list[Path]:
+    """Every attention measurement file (of ``preset``'s device, when given)."""
+    paths = sorted(measurements_dir().glob("gpu/torch_attention_*.csv"))
+    return [p for p in paths if preset is None or _rows(p)[0] == preset]
+
+
+def fit(paths: Path | Sequence[Path] | None = None) -> dict[str, float]:
+    """The preset's ``attention`` shares and row times, fitted to the rows at
+    :data:`REFERENCE_HEAD_DIM` of ``paths`` (one file or several of one preset; default:
+    every file of the first one's preset, the H200's).  The other head dimensions are the
+    head-dimension table's (:func:`fit_head_dims`)."""
+    if paths is None:
+        paths = _files()
+    paths = [paths] if isinstance(paths, Path) else list(paths)
+    presets = {_rows(p)[0] for p in paths}
+    if len(presets) != 1:
+        raise ValueError(f"one device's files at a time, got presets {sorted(presets)}")
+    arch = load_hardware(presets.pop())
+    rows = [r for p in paths for r in _rows(p)[1]
+            if int(r["head_dim"]) == REFERENCE_HEAD_DIM]
     out: dict[str, float] = {}
     for pass_, name in (("fwd", "forward"), ("bwd", "backward")):
         mine = [r for r in rows if r["pass"] == pass_]
@@ -124,16 +143,15 @@ def fit_head_dims(path: Path) -> dict[int, tuple[float, float]]:
 
 
 def _main() -> None:  # pragma: no cover - a maintenance script
-    for arg in sys.argv[1:] or [str(p) for p in
-                                sorted(measurements_dir().glob("gpu/torch_attention_*.csv"))]:
-        print(arg)
-        if "head_dims" in Path(arg).stem:
-            print("  head_dim_efficiency:")
-            for d, (f, b) in fit_head_dims(Path(arg)).items():
+    paths = [Path(a) for a in sys.argv[1:]] or _files()
+    print("attention:  # fitted to " + ", ".join(p.name for p in paths))
+    for key, value in fit(paths).items():
+        print(f"  {key}: {value:.4g}")
+    for path in paths:
+        if "head_dims" in path.stem:
+            print(f"  head_dim_efficiency:  # {path.name}")
+            for d, (f, b) in fit_head_dims(path).items():
                 print(f"    {d}: [{f:.3f}, {b:.3f}]")
-            continue
-        for key, value in fit(Path(arg)).items():
-            print(f"  {key}: {value:.3g}")
 
 
 if __name__ == "__main__":

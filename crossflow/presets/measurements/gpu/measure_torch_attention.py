@@ -1,7 +1,7 @@
 """Time fused (flash) attention through torch's scaled_dot_product_attention on a GPU.
 
     python measure_torch_attention.py --preset h200-sxm-141gb [--output FILE] [--repeat 20]
-        [--set blocks|head-dims]
+        [--set blocks|head-dims|long]
 
 For each shape (batch, query heads, key/value heads, sequence, head dimension, causal) and
 each backend torch offers on the device (FlashAttention-2 and cuDNN fused attention), bf16:
@@ -50,8 +50,14 @@ SHAPES = (
 _HEADS = {64: 64, 96: 40, 128: 32, 192: 24, 256: 16}
 HEAD_DIMS = tuple((8192 // s, h, kv, s, d, 1) for d, h in _HEADS.items()
                   for s in (2048, 4096, 8192) for kv in (h, h // 8))
+#: ``--set long``: one sequence of 16K to 128K tokens, the lengths context parallelism splits
+#: — a Llama-3-8B-like attention (32 query heads, 8 key/value heads, head dimension 128),
+#: causal, and at 32K tokens without the mask and at head dimensions 64 and 192; a check of
+#: the constants fitted at 2K-8K tokens.
+LONG = (tuple((1, 32, 8, s, 128, 1) for s in (16384, 32768, 65536, 131072))
+        + ((1, 32, 8, 32768, 128, 0), (1, 64, 8, 32768, 64, 1), (1, 24, 3, 32768, 192, 1)))
 #: ``--set`` name -> (shapes, the file-name part after ``torch_attention``).
-SETS = {"blocks": (SHAPES, ""), "head-dims": (HEAD_DIMS, "_head_dims")}
+SETS = {"blocks": (SHAPES, ""), "head-dims": (HEAD_DIMS, "_head_dims"), "long": (LONG, "_long")}
 
 
 def _median_time(torch, call, repeat: int) -> float:
@@ -91,7 +97,7 @@ def main() -> int:
                         help="CSV to write (default: torch_attention_<preset>.csv here)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--set", default="blocks", choices=tuple(SETS),
-                        help="the shapes: blocks (SHAPES) or head-dims (HEAD_DIMS)")
+                        help="the shapes: blocks (SHAPES), head-dims (HEAD_DIMS) or long (LONG)")
     args = parser.parse_args()
     shapes, part = SETS[args.set]
 
