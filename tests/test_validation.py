@@ -35,6 +35,25 @@ def test_cpu_numpy_gemms_within_tolerance():
         assert ds.mape <= 0.25, ds.render()
 
 
+def test_a_blocks_linear_layers_are_priced_by_their_kernel_time_whatever_the_layout():
+    """Forward (x·Wᵀ), input gradient (dy·W), weight gradient (dyᵀ·x) and the bare
+    row-major matmul of ten linear layers on an H200: within the GPU tolerance on the
+    kernels' device time, and no layout priced more than 5 points off the others on
+    average (cuBLAS runs them at much the same rate)."""
+    import statistics
+
+    from crossflow.validation.gemm import linear_sets
+
+    (ds,) = linear_sets()
+    assert len(ds.rows) == 40 and ds.passed, ds.render()
+    by_pass: dict[str, list[float]] = {}
+    for r in ds.rows:
+        by_pass.setdefault(r.label.split()[1], []).append(r.error)
+    assert sorted(by_pass) == ["dgrad", "fwd", "matmul", "wgrad"]
+    means = [statistics.mean(v) for v in by_pass.values()]
+    assert max(means) - min(means) <= 0.05, means
+
+
 def test_spearman_handles_ties_and_order():
     assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)

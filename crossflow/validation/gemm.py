@@ -5,6 +5,10 @@
   1 thread and all cores, fp32 and fp64, on the CPU preset the file names in its header.
 * ``gpu/torch_matmul_*.csv``: torch matmuls timed on a GPU by ``gpu/measure_torch_matmul.py``
   (present when a session had a GPU), on the preset its header names.
+* ``gpu/torch_linear_*.csv``: a transformer block's linear layers — forward, input and
+  weight gradient, and the forward as a bare matmul — timed by
+  ``gpu/measure_torch_linear.py``; each row's kernels' device time (``kernel_s``, torch's
+  profiler) is checked, as the kernel layer prices the device alone.
 """
 
 from __future__ import annotations
@@ -87,5 +91,21 @@ def gpu_sets() -> list[DataSet]:
                        floor_s=FRAMEWORK_FLOOR_S)
 
 
+def linear_sets() -> list[DataSet]:
+    sets = []
+    for path in sorted(measurements_dir().glob("gpu/torch_linear_*.csv")):
+        preset, rows = read_preset_measurements(path)
+        arch = load_hardware(preset)
+        out = [Row(f"{r['layer']} {r['pass']} {r['m']}x{r['k']}x{r['n']} {r['dtype']}",
+                   gemm(arch, int(r["m"]), int(r["k"]), int(r["n"]), r["dtype"]).time_s,
+                   float(r["kernel_s"])) for r in rows]
+        sets.append(DataSet(
+            name=f"gemm: transformer linear layers, torch on GPU, kernel time ({path.stem})",
+            source=f"{path.relative_to(measurements_dir())} on preset {preset}",
+            quantity="time_s", rows=tuple(out),
+            max_mape=GPU_MAX_MAPE, min_spearman=GPU_MIN_SPEARMAN))
+    return sets
+
+
 def gemm_datasets() -> list[DataSet]:
-    return [a100_msweep(), *cpu_sets(), *gpu_sets()]
+    return [a100_msweep(), *cpu_sets(), *gpu_sets(), *linear_sets()]
