@@ -52,8 +52,10 @@ def a100_msweep() -> DataSet:
 
 
 def _timed_sets(pattern: str, label: str, max_mape: float, min_rho: float,
-                floor_s: float = 0.0) -> list[DataSet]:
-    """One data set per measurement file; each prediction is at least ``floor_s``."""
+                floor_s: float = 0.0, measured: str = "best_s") -> list[DataSet]:
+    """One data set per measurement file, each row's ``measured`` column against the
+    prediction (at least ``floor_s``); a file's ``threads`` and ``layer``/``pass`` columns,
+    where it has them, name the row too."""
     sets = []
     for path in sorted(measurements_dir().glob(pattern)):
         preset, rows = read_preset_measurements(path)
@@ -68,7 +70,9 @@ def _timed_sets(pattern: str, label: str, max_mape: float, min_rho: float,
             m, k, n = int(r["m"]), int(r["k"]), int(r["n"])
             predicted = max(gemm(by_threads[threads], m, k, n, precision).time_s, floor_s)
             tag = f" {threads}t" if "threads" in r else ""
-            out.append(Row(f"{m}x{k}x{n} {precision}{tag}", predicted, float(r["best_s"])))
+            where = f"{r['layer']} {r['pass']} " if "layer" in r else ""
+            out.append(Row(f"{where}{m}x{k}x{n} {precision}{tag}", predicted,
+                           float(r[measured])))
         sets.append(DataSet(
             name=f"gemm: {label} ({path.stem})",
             source=f"{path.relative_to(measurements_dir())} on preset {preset}",
@@ -92,19 +96,9 @@ def gpu_sets() -> list[DataSet]:
 
 
 def linear_sets() -> list[DataSet]:
-    sets = []
-    for path in sorted(measurements_dir().glob("gpu/torch_linear_*.csv")):
-        preset, rows = read_preset_measurements(path)
-        arch = load_hardware(preset)
-        out = [Row(f"{r['layer']} {r['pass']} {r['m']}x{r['k']}x{r['n']} {r['dtype']}",
-                   gemm(arch, int(r["m"]), int(r["k"]), int(r["n"]), r["dtype"]).time_s,
-                   float(r["kernel_s"])) for r in rows]
-        sets.append(DataSet(
-            name=f"gemm: transformer linear layers, torch on GPU, kernel time ({path.stem})",
-            source=f"{path.relative_to(measurements_dir())} on preset {preset}",
-            quantity="time_s", rows=tuple(out),
-            max_mape=GPU_MAX_MAPE, min_spearman=GPU_MIN_SPEARMAN))
-    return sets
+    # the kernels' device time: the kernel layer prices the device alone
+    return _timed_sets("gpu/torch_linear_*.csv", "transformer linear layers, torch on GPU, "
+                       "kernel time", GPU_MAX_MAPE, GPU_MIN_SPEARMAN, measured="kernel_s")
 
 
 def gemm_datasets() -> list[DataSet]:
