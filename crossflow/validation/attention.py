@@ -83,17 +83,17 @@ def _files(preset: str | None = None) -> list[Path]:
 
 def fit(paths: Path | Sequence[Path] | None = None) -> dict[str, float]:
     """The preset's ``attention`` shares and row times, fitted to the rows at
-    :data:`REFERENCE_HEAD_DIM` of ``paths`` (one file or several of one preset; default:
-    every file of the first one's preset, the H200's).  The other head dimensions are the
-    head-dimension table's (:func:`fit_head_dims`)."""
+    :data:`REFERENCE_HEAD_DIM` of ``paths`` (one file or several, all of one preset;
+    default: every attention file, which today are all the H200's).  The other head
+    dimensions are the head-dimension table's (:func:`fit_head_dims`)."""
     if paths is None:
         paths = _files()
-    paths = [paths] if isinstance(paths, Path) else list(paths)
-    presets = {_rows(p)[0] for p in paths}
+    loaded = [_rows(p) for p in ([paths] if isinstance(paths, Path) else paths)]
+    presets = {preset for preset, _ in loaded}
     if len(presets) != 1:
         raise ValueError(f"one device's files at a time, got presets {sorted(presets)}")
     arch = load_hardware(presets.pop())
-    rows = [r for p in paths for r in _rows(p)[1]
+    rows = [r for _, file_rows in loaded for r in file_rows
             if int(r["head_dim"]) == REFERENCE_HEAD_DIM]
     out: dict[str, float] = {}
     for pass_, name in (("fwd", "forward"), ("bwd", "backward")):
@@ -133,7 +133,8 @@ def fit_head_dims(path: Path) -> dict[int, tuple[float, float]]:
             measured = np.array([_measured(r) for r in mine])
             products = np.array([attention_flops(*_shape(r)) / arch.peak_flops[r["dtype"]]
                                  / share for r in mine]) / measured
-            rest = np.array([_shape(r)[0] * _shape(r)[1] * row_s for r in mine]) / measured
+            rest = np.array([heads * seq * row_s for heads, seq, *_ in map(_shape, mine)]
+                            ) / measured
             inverse = float(products @ (1.0 - rest) / (products @ products))
             out.setdefault(d, [1.0, 1.0])[i] = 1.0 / inverse
     # relative to the file's own 128-wide rows, which the preset's shares were fitted at:
