@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 
 from crossflow.arch.microarch import MicroArch
+from crossflow.config.system import MemoryPassesSpec
 from crossflow.kernels import ops
 from crossflow.kernels.gemm import gemm
 from crossflow.workloads.graph import SHAPE_KEYS
@@ -38,8 +39,9 @@ def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> tuple[floa
 
 
 #: Elementwise nodes a software profile's ``memory_passes`` prices by their own name (forward
-#: and backward: ``rope``, ``rope.bwd``); every other elementwise node is ``elementwise``.
-OWN_PASSES = frozenset({"rope", "swiglu"})
+#: and backward: ``rope``, ``rope.bwd``): its keys that are no op kind of their own (rope,
+#: swiglu); every other elementwise node is ``elementwise``.
+OWN_PASSES = frozenset(MemoryPassesSpec.model_fields) - frozenset(SHAPE_KEYS)
 
 
 def kernel_key(attrs: Mapping) -> tuple[str, tuple, str]:
