@@ -10,7 +10,7 @@ forward is also timed as that bare matmul (``matmul``), for comparison.  Per pro
 median of ``--repeat`` CUDA-event-timed calls after 3 warm-up calls (``median_s``) and the
 kernels' device time per call from torch's profiler (``kernel_s``,
 :func:`_record.kernel_seconds`), with its rate.  The shapes are the linear layers of the
-blocks ``measure_torch_block.py`` times (8192 tokens).  Written to a temporary file and
+blocks ``measure_torch_block.py`` times (8192 tokens; GPT-3 1.3B's 16384).  Written to a temporary file and
 renamed, so an interrupted run leaves nothing half-written.
 """
 
