@@ -53,7 +53,7 @@ def test_pytorch_eager_passes_learnt_on_an_a100_narrow_the_h200_blocks_error():
         eager = sets[name[:-1] + ", PyTorch-eager passes)"]
         assert eager.mape <= bare.mape - 0.015, name
         for b, e in zip(bare.rows, eager.rows, strict=True):
-            if b.label.startswith(("gpt", "gpt2")):
+            if b.label.startswith("gpt"):  # GPT-3 and GPT-2 blocks: no rotary, no SwiGLU
                 assert e.predicted == b.predicted, b.label
             else:  # too fast on the bare preset, nearer with the passes
                 assert b.error < e.error < 0.05, b.label
