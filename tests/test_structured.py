@@ -436,6 +436,9 @@ class _ToyProblem(Problem):
             return [0.05 * k for k in range(1, 20)]
         return [0.15] if coord.name == "sram" else []
 
+    def wave_shakes(self, cont, discrete, bases):
+        return []           # the toy's core is no AGE's: no bundles, no waves
+
 
 def _toy(cont: Cont) -> float:
     """Time of a toy chip: compute in whole units of 5 % of the area (a cliff at every
@@ -1316,3 +1319,32 @@ def test_a_power_range_study_searches_the_split_from_the_first_trials(tmp_path):
     best = min((t for t in trials if is_feasible(t)), key=lambda t: t.value)
     assert isinstance(best.params["tdp_W"], int) and 150 <= best.params["tdp_W"] <= 450
     assert best.value < 0.75 * trials[0].value
+
+
+def test_a_shake_moves_the_core_to_the_wave_edges_near_its_bundle_count():
+    """Besides each share halved and doubled, the first batch of a shake holds the
+    incumbent with its core at each wave edge the lattice builds (:data:`_plan.WAVES`), at
+    those bundle counts exactly."""
+    from crossflow.arch.cliffs import quantities_at
+    from crossflow.search.lattice import AreaLattice, wave_edges
+    from crossflow.search.samplers.structured import _plan
+
+    setup = load_study("quickstart")
+    P = Problem(setup)
+    x, d = P.start()
+    lattice = AreaLattice(setup, P.params(x, d))
+    edges = [n for n in wave_edges(lattice.bundles, _plan.WAVES)
+             if lattice.with_bundles(n) is not None]
+    assert edges
+    lead = _plan._Local(P, d, x, 1.0, np.random.default_rng(0))
+    lead.done = True
+    gen = _plan._shake(P, _plan._Asker(P), lead, np.random.default_rng(0),
+                       list(_plan.KICKS))
+    phase, first = next(gen)
+
+    def bundles(p):
+        return quantities_at(setup.template, setup.overrides(setup.design(p)))["core.bundles"]
+
+    assert phase == _plan.VNS
+    assert set(edges) <= {bundles(p) for p in first}
+    assert len(first) == len(_plan._shakes(P, x, list(_plan.KICKS))) + len(edges)

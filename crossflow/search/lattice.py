@@ -11,13 +11,14 @@ count vector over budget, or one no area step builds, has no point (``None``), f
 without a model evaluation.
 
 The best-known search uses it for its exhaustive box around its optimum
-(:mod:`crossflow.search.best_known`, phase 6).
+(:mod:`crossflow.search.best_known`, phase 6); the ``structured`` driver for its wave-edge
+shakes (:func:`wave_edges`, :meth:`AreaLattice.with_bundles`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crossflow.arch.cliffs import quantities_at, steps, unit_quantity
@@ -39,6 +40,30 @@ def thresholds(template, overrides: Mapping[str, Any], component: str,
             for n in range(st.below + 1, st.above + 1):   # a jump of several units at once
                 out.setdefault(n, st.fraction)
     return out
+
+
+def wave_edges(bundles: int, bases: Sequence[int], *, waves: int = 8, reach: float = 1.6,
+               limit: int = 6) -> list[int]:
+    """Core-bundle counts near ``bundles`` at which a GEMM's work tiles fill whole waves.
+
+    A GEMM deals its T work tiles to the n bundles in ceil(T / n) waves
+    (:mod:`crossflow.kernels.gemm`), so its time jumps where that count does: one bundle
+    fewer than ceil(T / w) costs a whole wave.  Tiles are powers of two, so T is a power
+    of two times the odd parts of the GEMM's sides (``bases``: 1 for 4096, 3 for 1536 or
+    12288).  Returns the counts ceil(base·2^j / w) for w up to ``waves`` (one bundle off
+    such an edge costs at least 1/``waves`` of the GEMM's time), within a factor ``reach``
+    of ``bundles`` (``bundles`` itself excluded), the ``limit`` nearest by ratio.
+    """
+    found: set[int] = set()
+    for base in bases:
+        tiles = base
+        while tiles <= bundles * reach * waves:
+            for w in range(1, waves + 1):
+                n = -(-tiles // w)
+                if bundles / reach <= n <= bundles * reach and n != bundles:
+                    found.add(n)
+            tiles *= 2
+    return sorted(found, key=lambda n: (abs(math.log(n / bundles)), n))[:limit]
 
 
 class AreaLattice:
@@ -148,3 +173,16 @@ class AreaLattice:
             fr[self.absorber] = left
         return {**self.params, **self.simplex.params_for(
             {c: fr.get(c, self.area[c]) for c in self.simplex.components})}
+
+    def with_bundles(self, n: int) -> dict[str, Any] | None:
+        """The study parameters of the design with ``n`` core bundles and the point's other
+        coarse counts — or, where that is over budget, each of those one unit fewer in turn,
+        then all of them scaled by bundles / n (a chip of more bundles with about as many
+        units in all); None when none of these builds."""
+        others = [c for c in self.coarse if c != "core"]
+        for fewer in ({}, *({c: self.counts[c] - 1} for c in others),
+                      {c: max(1, round(self.counts[c] * self.bundles / n)) for c in others}):
+            p = self.point({"core": n, **fewer})
+            if p is not None:
+                return p
+        return None

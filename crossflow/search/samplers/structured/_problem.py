@@ -304,6 +304,20 @@ class Problem:
         # a hair above the threshold: the encoding's round trip must not lose the unit
         return self.with_share(moved, coord, target * (1 + 1e-9) / share)
 
+    def wave_shakes(self, cont: Cont, discrete: Mapping[str, Any],
+                    bases: Sequence[int]) -> list[Cont]:
+        """``cont`` with its core at each wave edge near its bundle count
+        (:func:`crossflow.search.lattice.wave_edges` of ``bases``), each built exactly on
+        the area lattice (:meth:`~crossflow.search.lattice.AreaLattice.with_bundles`); []
+        where the study has no area lattice or no core bundles."""
+        from crossflow.search.lattice import AreaLattice, wave_edges
+
+        lattice = AreaLattice(self.setup, self.params(cont, discrete))
+        if not lattice.ok or "core" not in lattice.counts:
+            return []
+        built = (lattice.with_bundles(n) for n in wave_edges(lattice.bundles, bases))
+        return [self.split(p)[0] for p in built if p is not None]
+
     def _edges(self, cont: Cont, coord: Coord, discrete: Mapping[str, Any],
                donor: Coord | None = None) -> list[float]:
         """Step thresholds of ``coord`` on the line a move from ``cont`` follows (sorted;
