@@ -47,16 +47,19 @@ def test_the_table_makes_at_least_24_loadable_studies_split_by_the_written_rule(
     assert suite.select(STUDIES, "checking") == halves["checking"]
 
 
-@pytest.mark.parametrize("table", ["fresh.yaml", "fresh2.yaml"])
+FRESH = ["fresh.yaml", "fresh2.yaml", "fresh3.yaml", "fresh4.yaml"]
+
+
+@pytest.mark.parametrize("table", FRESH)
 def test_the_new_studies_load_and_are_none_of_the_suites(table):
     """benchmarks/suite/fresh*.yaml: twelve studies each, written after the rules were
     chosen, the generalisation checks of docs/search-benchmarks.md; each loads, and none is
-    a suite study or the other set's."""
+    a suite study or another set's."""
     from crossflow.search.study import load_study
 
     fresh = suite.load_table(REPO / "benchmarks" / "suite" / table)
     others = {s["name"] for s in STUDIES}
-    for name in {"fresh.yaml", "fresh2.yaml"} - {table}:
+    for name in set(FRESH) - {table}:
         others |= {s["name"] for s in suite.load_table(REPO / "benchmarks" / "suite" / name)}
     assert len(fresh) == 12
     assert not {s["name"] for s in fresh} & others
