@@ -1,5 +1,6 @@
-"""What the GPU measurement scripts beside this file share: the CSV header that records
-where and how a file was measured, and the write that leaves nothing half-written.
+"""What the GPU measurement scripts beside this file share: their common arguments, the
+refusal without a GPU, the CSV header that records where and how a file was measured, and
+the write that leaves nothing half-written.
 
 The scripts run as ``python measure_X.py`` from this folder on a machine with a GPU (the
 project need not be installed there), so this is a plain module beside them.
@@ -7,11 +8,32 @@ project need not be installed there), so this is a plain module beside them.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+
+def arguments(doc: str, stem: str, repeat: int | None = 20) -> argparse.ArgumentParser:
+    """A parser with every script's arguments: ``--preset`` (the hardware preset the rows
+    validate), ``--output`` (default ``<stem>_<preset>.csv`` beside the script) and, unless
+    ``repeat`` is None, ``--repeat`` (timed calls per measurement, default ``repeat``)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
+    parser.add_argument("--output", help=f"CSV to write (default: {stem}_<preset>.csv here)")
+    if repeat is not None:
+        parser.add_argument("--repeat", type=int, default=repeat)
+    return parser
+
+
+def no_cuda(torch) -> bool:
+    """True (having said so on stderr) when torch sees no CUDA device: nothing to measure."""
+    if torch.cuda.is_available():
+        return False
+    print("no CUDA device: nothing measured", file=sys.stderr)
+    return True
 
 
 def header(torch, script: str, timing: str, preset: str | None = None,

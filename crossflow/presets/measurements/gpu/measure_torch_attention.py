@@ -21,7 +21,6 @@ Written to a temporary file and renamed, so an interrupted run leaves nothing ha
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -91,11 +90,7 @@ def time_shape(torch, shape: tuple[int, ...], repeat: int) -> tuple[float, ...]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
-    parser.add_argument("--output",
-                        help="CSV to write (default: torch_attention_<preset>.csv here)")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser = _record.arguments(__doc__, "torch_attention")
     parser.add_argument("--set", default="blocks", choices=tuple(SETS),
                         help="the shapes: blocks (SHAPES), head-dims (HEAD_DIMS) or long (LONG)")
     args = parser.parse_args()
@@ -104,8 +99,7 @@ def main() -> int:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    if _record.no_cuda(torch):
         return 2
     out = Path(args.output or Path(__file__).with_name(
         f"torch_attention{part}_{args.preset}.csv"))

@@ -39,7 +39,6 @@ to (``torch_block_heldout_<preset>.csv``, ``torch_block_kernels_heldout_<preset>
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -211,10 +210,7 @@ def profile(torch, name: str, shape, calls: int = 5, device: str = "cuda",
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
-    parser.add_argument("--output", help="CSV to write (default: torch_block_<preset>.csv here)")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser = _record.arguments(__doc__, "torch_block")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--tiny", action="store_true", help="small sizes (a check of the script)")
     parser.add_argument("--profile", action="store_true",
@@ -226,8 +222,7 @@ def main() -> int:
 
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    if args.device == "cuda" and _record.no_cuda(torch):
         return 2
     if args.profile:
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -10,13 +10,12 @@ forward is also timed as that bare matmul (``matmul``), for comparison.  Per pro
 median of ``--repeat`` CUDA-event-timed calls after 3 warm-up calls (``median_s``) and the
 kernels' device time per call from torch's profiler (``kernel_s``,
 :func:`_record.kernel_seconds`), with its rate.  The shapes are the linear layers of the
-blocks ``measure_torch_block.py`` times (8192 tokens; GPT-3 1.3B's 16384).  Written to a temporary file and
-renamed, so an interrupted run leaves nothing half-written.
+blocks ``measure_torch_block.py`` times (8192 tokens; GPT-3 1.3B's 16384).  Written to a
+temporary file and renamed, so an interrupted run leaves nothing half-written.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -51,16 +50,12 @@ def products(torch, tokens: int, k: int, n: int):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
-    parser.add_argument("--output", help="CSV to write (default: torch_linear_<preset>.csv here)")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser = _record.arguments(__doc__, "torch_linear")
     args = parser.parse_args()
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    if _record.no_cuda(torch):
         return 2
     rows = []
     for layer, tokens, k, n in LAYERS:

@@ -22,7 +22,6 @@ temporary file and renamed, so an interrupted run leaves nothing half-written.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -96,16 +95,12 @@ def time_iteration(torch, params, loss, repeat: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
-    parser.add_argument("--output", help="CSV to write (default: torch_lstm_<preset>.csv here)")
-    parser.add_argument("--repeat", type=int, default=10)
+    parser = _record.arguments(__doc__, "torch_lstm", repeat=10)
     args = parser.parse_args()
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    if _record.no_cuda(torch):
         return 2
     out = Path(args.output or Path(__file__).with_name(f"torch_lstm_{args.preset}.csv"))
     rows = []

@@ -14,7 +14,6 @@ temporary file and renamed at the end, so an interrupted run leaves nothing half
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -52,17 +51,13 @@ def time_matmul(torch, m: int, k: int, n: int, precision: str, repeat: int) -> f
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
-    parser.add_argument("--output", help="CSV to write (default: torch_matmul_<preset>.csv here)")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser = _record.arguments(__doc__, "torch_matmul")
     parser.add_argument("--precisions", default="fp32,tf32,fp16,bf16,fp8")
     args = parser.parse_args()
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    if _record.no_cuda(torch):
         return 2
     out = Path(args.output or Path(__file__).with_name(f"torch_matmul_{args.preset}.csv"))
     header = _record.header(torch, __file__, f"best of {args.repeat} CUDA-event-timed runs "

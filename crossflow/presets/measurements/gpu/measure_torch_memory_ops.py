@@ -14,7 +14,6 @@ temporary file and renamed, so an interrupted run leaves nothing half-written.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -51,16 +50,12 @@ def _ops(torch, n: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", required=True, help="hardware preset these rows validate")
-    parser.add_argument("--output",
-                        help="CSV to write (default: torch_memory_ops_<preset>.csv here)")
+    parser = _record.arguments(__doc__, "torch_memory_ops", repeat=None)
     args = parser.parse_args()
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    if _record.no_cuda(torch):
         return 2
     out = Path(args.output or Path(__file__).with_name(f"torch_memory_ops_{args.preset}.csv"))
     b = 2  # bf16

@@ -30,8 +30,7 @@ def main() -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing measured", file=sys.stderr)
+    if _record.no_cuda(torch):
         return 2
     out = Path(args.output or Path(__file__).with_name(f"torch_stream_{args.preset}.csv"))
     n, q = args.elements, 3.0

@@ -66,8 +66,8 @@ Phases (every point yielded is one model evaluation, one trial):
    A local search that ends at a new incumbent shakes it (:func:`_shake`, variable
    neighbourhood search): each budget share halved and doubled in turn, and the core moved
    to the bundle counts near its own where a GEMM's tiles fill whole waves (:data:`WAVES`),
-   the local search for a while from each shake, best shake first, and the first that beats the incumbent
-   leads (run to its end, shaken again).  When no shake wins and the run gained, it runs
+   the local search for a while from each shake, best shake first, and the first that
+   beats the incumbent leads (run to its end, shaken again).  When no shake wins and the run gained, it runs
    again from its best point; when a run gains nothing, the race's losers go on where they
    stopped, best first, each the same way (a multi-start local search whose starts the
    race ranked).  When every one has ended, variable neighbourhood search from the
@@ -656,10 +656,10 @@ def _shake(P: Problem, ask: _Asker, lead: _Local, rng: np.random.Generator,
            factors: list[float], limit: int | None = None):
     """Variable neighbourhood search's shake and local search (Mladenovic and Hansen,
     Comput. Oper. Res. 24(11), 1997): every simplex share of the incumbent multiplied by
-    each of ``factors`` and its core at each wave edge (:data:`WAVES`; one batch), then, best shake first (the ``limit`` best, when
-    given), the local search for KICK_EVALS evaluations per coordinate from each; the
-    first that beats the incumbent is returned (its search goes on as the lead), None when
-    none does."""
+    each of ``factors``, and its core at each wave edge (:data:`WAVES`; one batch), then,
+    best shake first (the ``limit`` best, when given), the local search for KICK_EVALS
+    evaluations per coordinate from each; the first that beats the incumbent is returned
+    (its search goes on as the lead), None when none does."""
     x, fx = lead.best, lead.value
     xs = [y for _, _, y in _shakes(P, x, factors)]
     if WAVES:
