@@ -179,6 +179,29 @@ def test_a_cached_optimum_is_stale_once_the_model_changes(monkeypatch):
     assert bk.cache_key(setup, bk.SETTINGS) != key
 
 
+def test_the_fingerprint_follows_the_models_code_and_data_not_the_measurement_scripts(
+        tmp_path):
+    """Editing a module of the model or a measured data file changes the fingerprint (the
+    cached optima are searched again); editing a script that records measurements, or a
+    module of the search itself, does not."""
+    files = {"kernels/gemm.py": "a = 1\n", "presets/hardware/x.yaml": "a: 1\n",
+             "presets/measurements/gpu/measure_x.py": "print(1)\n",
+             "presets/measurements/gpu/x.csv": "a\n1\n", "search/driver.py": "b = 1\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    first = bk.fingerprint(tmp_path)
+    for rel, moves in (("presets/measurements/gpu/measure_x.py", False),
+                       ("search/driver.py", False), ("kernels/gemm.py", True),
+                       ("presets/hardware/x.yaml", True),
+                       ("presets/measurements/gpu/x.csv", True)):
+        before = bk.fingerprint(tmp_path)
+        with (tmp_path / rel).open("a") as f:
+            f.write("# edited\n")
+        assert (bk.fingerprint(tmp_path) != before) is moves, rel
+    assert bk.fingerprint(tmp_path) != first
+
+
 def test_same_class_carries_an_order_to_another_strategy(tiny):
     """A mapping order carried to another strategy: the same dimensions of size > 1 in the
     same sequence, as the order the space prices for that class."""

@@ -207,13 +207,21 @@ def cache_key(setup, settings: Mapping[str, Any]) -> str:
 def model_fingerprint() -> str:
     """A hash of the model's code and shipped data (every module below ``search`` and every
     preset): a cached optimum is stale as soon as the model it was found with changes,
-    whatever the package version says."""
-    root = Path(__file__).resolve().parents[1]
+    whatever the package version says.  The scripts that record the measurements
+    (``presets/measurements/**/*.py``, run by hand on a GPU or CPU, never imported by the
+    model) are left out: editing one changes no prediction, and it made every cached
+    optimum stale."""
+    return fingerprint(Path(__file__).resolve().parents[1])
+
+
+def fingerprint(root: Path) -> str:
+    """:func:`model_fingerprint` of the package tree at ``root``."""
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
         if (path.is_file() and path.suffix in (".py", ".yaml", ".csv")
                 and not rel.startswith(("search/", "reports/", "cli/"))
+                and not (rel.startswith("presets/measurements/") and path.suffix == ".py")
                 and "__pycache__" not in rel):
             h.update(rel.encode())
             h.update(path.read_bytes())
