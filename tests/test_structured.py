@@ -57,7 +57,12 @@ def test_screen_skips_memory_infeasible_strategies_and_records_them(lstm_screen)
     assert all(r["need_bytes"] > r["capacity_bytes"] > 0 for r in rejected)
     evaluated = {t.params["strategy"] for t in study.trials if SLOT in t.system_attrs}
     assert evaluated and not evaluated & rejected_names       # never evaluated in full
-    assert evaluated | rejected_names == strategies            # every strategy accounted for
+    P = Problem(setup)
+    x0, _ = P.start()
+    fits = {c["strategy"] for c, v in zip(P.combos(), P.memory_checks(x0, P.combos()),
+                                          strict=True) if v is None or v.feasible}
+    assert fits | rejected_names == strategies                 # every strategy accounted for
+    assert evaluated <= fits
     # a rejected strategy really is over memory at the template's split
     bad = next(iter(rejected_names))
     trial = next(t for t in study.trials if SLOT in t.system_attrs)
@@ -68,23 +73,37 @@ def test_screen_skips_memory_infeasible_strategies_and_records_them(lstm_screen)
 
 
 def test_screen_covers_every_order_class_of_the_best_strategies(lstm_screen):
+    """paper-lstm-512 has more strategies than SCREEN_DESCENT: the descent that follows the
+    screen's subset ends at a strategy whose every order class it has priced, each once."""
     setup, study = lstm_screen
+    screened = [t for t in study.trials if t.user_attrs.get(PHASE) in ("screen", "descent")]
+    assert {t.user_attrs.get(PHASE) for t in study.trials} >= {"screen", "descent", "race"}
+    best = min((t for t in screened if is_feasible(t)), key=lambda t: t.value)
+    strategy = best.params["strategy"]
+    orders = [order_representative(strategy, t.params["mapping_order"])
+              for t in screened if t.params["strategy"] == strategy]
+    assert set(orders) == {rep for rep, _ in order_classes(strategy)}
+    assert len(orders) == len(set(orders))  # one order per class
+
+
+def test_a_study_that_sets_the_screen_cap_screens_every_order_class_of_the_best(tmp_path):
+    """With ``screen_cap`` set, the screen is that many combinations (here every one) and
+    the order classes of the ``top_k`` best, not a descent."""
+    setup = load_study("paper-lstm-512")
+    study = _run(setup, tmp_path, 250, sampler_options={"screen_cap": 256}).study
     screened = [t for t in study.trials if t.user_attrs.get(PHASE) in ("screen", "orders")]
     assert {t.user_attrs.get(PHASE) for t in study.trials} >= {"screen", "orders", "race"}
+    assert "descent" not in {t.user_attrs.get(PHASE) for t in study.trials}
     best = sorted((t for t in screened if is_feasible(t)), key=lambda t: t.value)
     top = []
     for t in best:
         if t.params["strategy"] not in top:
             top.append(t.params["strategy"])
     for strategy in top[:Settings.top_k]:
-        seen = {order_representative(strategy, t.params["mapping_order"])
-                for t in screened if t.params["strategy"] == strategy}
-        assert seen == {rep for rep, _ in order_classes(strategy)}, strategy
-    # and one order per class: no two evaluations of one strategy in the same class
-    for strategy in top[:Settings.top_k]:
-        orders = [order_representative(strategy, t.params["mapping_order"])
-                  for t in screened if t.params["strategy"] == strategy]
-        assert len(orders) == len(set(orders))
+        seen = [order_representative(strategy, t.params["mapping_order"])
+                for t in screened if t.params["strategy"] == strategy]
+        assert set(seen) == {rep for rep, _ in order_classes(strategy)}, strategy
+        assert len(seen) == len(set(seen))  # one order per class
 
 
 def test_search_improves_on_the_screen_and_on_the_template(lstm_screen):
@@ -1348,3 +1367,38 @@ def test_a_shake_moves_the_core_to_the_wave_edges_near_its_bundle_count():
     assert phase == _plan.VNS
     assert set(edges) <= {bundles(p) for p in first}
     assert len(first) == len(_plan._shakes(P, x, list(_plan.KICKS))) + len(edges)
+
+
+def test_many_combinations_are_screened_by_a_descent_from_a_small_seeded_subset():
+    """lstm-4k-64-n3 (a budget split, a kernel-parallel strategy and a mapping order on 64
+    devices) has more memory-feasible combinations than SCREEN_DESCENT: the plan prices a
+    seeded subset of that many at the start split, then descends over every combination
+    from the subset's best.  Fed a value that grows with the number of choices a point
+    differs from one combination the subset does not hold, the descent reaches it, and the
+    race starts from it, after fewer evaluations than the combinations number."""
+    from crossflow.search.samplers.structured import _plan
+    from crossflow.search.samplers.structured._neighbours import distance, parts
+
+    P = Problem(_suite_study("lstm-4k-64-n3"))
+    x0, _ = P.start()
+    names = {d.name for d in P.discrete} - {"mapping_order"}
+    pool = [c for c, v in zip(P.combos(), P.memory_checks(x0, P.combos()), strict=True)
+            if v is None or v.feasible]
+    assert len(pool) > _plan.SCREEN_DESCENT > 0
+    gen = plan(P, seed=0, records=[])
+    phase, batch = next(gen)
+    assert phase == "screen" and len(batch) == _plan.SCREEN_DESCENT
+    screened = [{k: p[k] for k in names} for p in batch]
+    target = next(c for c in pool[::-1] if all(distance(parts(c), parts(s)) >= 2
+                                                for s in screened))
+
+    def f(point):
+        return 1.0 + distance(parts({k: point[k] for k in names}), parts(target))
+
+    n, phases = 0, []
+    while phase in ("screen", "descent"):
+        phases.append(phase)
+        n += len(batch)
+        phase, batch = gen.send([f(p) for p in batch])
+    assert set(phases) == {"screen", "descent"} and n < len(pool)
+    assert {k: batch[0][k] for k in names} == target      # the probes' (or race's) pair

@@ -24,6 +24,11 @@ Phases (every point yielded is one model evaluation, one trial):
 3. **Order classes**: the ``top_k`` best combinations in one order of every other class,
    and more combinations, best first, until those orders number a quarter of the screen
    (``ORDERS_SHARE``).
+   Where a budget split is searched and more than :data:`SCREEN_DESCENT` combinations fit
+   in memory, phases 2 and 3 are instead a seeded subset of that many combinations and a
+   variable neighbourhood descent over every combination in every order class from the
+   subset's best (:func:`_screen_descent`): a few dozen evaluations instead of a hundred
+   or two, which the race and the search have.
    A space with nothing continuous ends the plan there, after every other order class of
    every combination when ``screen_cap`` is ``all``, and otherwise after variable
    neighbourhood descents over the combinations (:func:`_descend`) from the best of the
@@ -329,6 +334,23 @@ KICK_EVALS = 20
 #: the mean 3.63 -> 3.47 %; six studies gained 0.5-2.8 points, none lost 0.1; bases (1,)
 #: and (1, 3, 5) gained less (docs/search-benchmarks.md, "A forty-first round").
 WAVES: tuple[int, ...] = (1, 3)
+#: Where a budget split is searched and more combinations than this fit in memory (and the
+#: study leaves ``screen_cap`` at its default), the screen is a seeded subset of this many
+#: and one variable neighbourhood descent over every combination in every order class from
+#: its best (:func:`_screen_descent`), instead of every combination and the order classes
+#: of the best: the descent sees that ``RC-64-16`` is next to ``RC-128-8`` and reaches the
+#: best combinations at the start split in a third to a half of the evaluations, which the
+#: race and the search then have.  On the six budget tables (76 studies, three runs each;
+#: only the twelve LSTM strategy studies, 73-184 combinations, change) the mean gap at 300
+#: evaluations went 10.38 -> 8.59 % and the worst 125 -> 72 % (nine studies 0.5-62 points
+#: nearer, none further); at 1000 the median 1.20 -> 1.25 % (tuning half 1.19 -> 1.30 %,
+#: checking 1.22 % both), one study 1.3 points nearer, two 2.5-3.4 further (they had
+#: reached their best strategy from a probe of the second bracket that the descent's
+#: contenders took away).  On the sixth set, untouched, ``lstm-3584-512-n3-hbm3`` went
+#: 55.1 -> 25.6 % at 300 and 16.5 -> 0.41 % at 1000.  Subsets of 32 and 64 did less, and
+#: a second descent from the next screened point out of reach of the first cost at 300
+#: (docs/search-benchmarks.md, "A forty-second round").  0 turns it off.
+SCREEN_DESCENT = 16
 
 
 def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
@@ -345,7 +367,11 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     # 1. memory screen; 2. screen at the start split; 3. order classes of the best
     cap = S.cap(bool(P.coords))
     every, feasible = _memory_screen(P, x0, d0, cap, rng, records)
-    value, order, ranking = yield from _screen(P, ask, x0, d0, feasible, S.top_k)
+    if P.coords and S.screen_cap is None and 0 < SCREEN_DESCENT < len(every):
+        feasible, value, order, ranking = yield from _screen_descent(P, ask, x0, d0, every,
+                                                                     rng)
+    else:
+        value, order, ranking = yield from _screen(P, ask, x0, d0, feasible, S.top_k)
     if not P.coords:
         # nothing continuous to search: with ``screen_cap: all``, every other order class
         # too, else a descent over the combinations; the plan ends there (the sampler hands
@@ -467,13 +493,19 @@ def _memory_screen(P: Problem, x0: Cont, d0: Mapping[str, Any], cap: int | None,
                    {"need_bytes": verdict.need_bytes,
                     "capacity_bytes": verdict.capacity_bytes})
             records.append({**combo, **why})
-    every = feasible
-    if cap is not None and len(feasible) > cap:
-        keep = [c for c in feasible if c == own]
-        others = [c for c in feasible if c != own]
-        picks = rng.choice(len(others), size=cap - len(keep), replace=False)
-        feasible = keep + [others[i] for i in sorted(picks)]
-    return every, feasible
+    return feasible, (_subset(feasible, own, cap, rng) if cap is not None else feasible)
+
+
+def _subset(combos: list[dict[str, Any]], own: dict[str, Any], n: int,
+            rng: np.random.Generator) -> list[dict[str, Any]]:
+    """A seeded subset of ``n`` of ``combos`` (all of them when they are no more), the
+    start's own combination ``own`` always in."""
+    if len(combos) <= n:
+        return combos
+    keep = [c for c in combos if c == own]
+    others = [c for c in combos if c != own]
+    picks = rng.choice(len(others), size=n - len(keep), replace=False)
+    return keep + [others[i] for i in sorted(picks)]
 
 
 def _screen(P: Problem, ask: _Asker, x0: Cont, d0: Mapping[str, Any],
@@ -522,6 +554,36 @@ def _race(P: Problem, ask: _Asker, S: Settings,
     return runs, runs[alive[0]], compass
 
 
+def _screen_descent(P: Problem, ask: _Asker, x0: Cont, d0: Mapping[str, Any],
+                    every: list[dict[str, Any]], rng: np.random.Generator):
+    """Phases 2 and 3 where the combinations are many (:data:`SCREEN_DESCENT`): a seeded
+    subset of them at the start split, each in one mapping order (the start's own for its
+    own combination), then a variable neighbourhood descent (:func:`_vnd`) over every
+    combination in every order class from the subset's best.  Returns the combinations
+    priced (the descent's neighbourhoods), each one's best value and order, and their
+    ranking, as :func:`_screen` does for the combinations it is given."""
+    own = dict(without_order(d0))
+    mine = d0.get(MAPPING_ORDER)
+    points = [P.with_order(c, mine if c == own and mine is not None else P.canonical_order(c))
+              for c in _subset(every, own, SCREEN_DESCENT, rng)]
+    got = yield from ask(SCREEN, x0, points)
+    seen = {_pair_key(p): (p, v) for p, v in zip(points, got, strict=True)}
+    j = int(np.argmin(got))
+    if math.isfinite(got[j]):
+        parts = [neighbours.parts(c) for c in every]
+        yield from _vnd(P, ask, x0, every, parts, points[j], seen)
+    best: dict[str, tuple[float, Any, dict[str, Any]]] = {}
+    for p, v in seen.values():
+        c = dict(without_order(p))
+        k = _pair_key(c)
+        if k not in best or v < best[k][0]:
+            best[k] = (v, p.get(MAPPING_ORDER), c)
+    combos = list(best.values())
+    value = {i: v for i, (v, _, _) in enumerate(combos)}
+    order = {i: o for i, (_, o, _) in enumerate(combos)}
+    return ([c for _, _, c in combos], value, order, sorted(value, key=value.__getitem__))
+
+
 def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
              starts: list[dict[str, Any]]):
     """Multi-start variable neighbourhood descent over the combinations (a space with
@@ -542,9 +604,9 @@ def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
 
 
 def _vnd(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]], parts: list[dict],
-         start: dict[str, Any]):
+         start: dict[str, Any], seen: dict[str, tuple[dict[str, Any], float]] | None = None):
     """A variable neighbourhood descent from ``start`` (Hansen and Mladenovic); returns
-    where it ends.  The first neighbourhood of the incumbent: every point of ``pool`` at
+    where it ends, and records every point it prices, with its value, in ``seen``.  The first neighbourhood of the incumbent: every point of ``pool`` at
     distance 1 or 2 (:func:`._neighbours.between`: the choices a combination differs in,
     one more for a mapping order outside the incumbent's class — so one choice changed in
     another order class, or two, as a strategy keeps its device count by moving a factor
@@ -561,6 +623,8 @@ def _vnd(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]], parts: li
         low = DESCENT_REACH[near - 1] if near else 0
         batch = [point for point, d in away if low < d <= DESCENT_REACH[near]]
         got = yield from ask(DESCENT, x, batch)
+        if seen is not None:
+            seen.update((_pair_key(p), (p, v)) for p, v in zip(batch, got, strict=True))
         j = int(np.argmin(got)) if got else -1
         if j >= 0 and better(got[j], fbest):
             best, fbest, near = batch[j], got[j], 0
