@@ -149,8 +149,9 @@ class Settings:
 
     #: combinations priced in the first screen (a seeded subset beyond); ``"all"``: every
     #: one at once, and in a space with nothing continuous every order class of each;
-    #: None: :data:`SCREEN_CAP` where there is a budget split to search after the screen,
-    #: :data:`TPE_START` where the screen only starts TPE off
+    #: None: :data:`SCREEN_CAP` where there is a budget split to search after the screen
+    #: (and where more than :data:`SCREEN_DESCENT` combinations fit, that many and a
+    #: descent instead), :data:`TPE_START` where the screen only starts TPE off
     screen_cap: int | Literal["all"] | None = None
     #: best combinations priced in every class of mapping orders
     top_k: int = 4
