@@ -343,9 +343,9 @@ WAVES: tuple[int, ...] = (1, 3)
 #: best combinations at the start split in a third to a half of the evaluations, which the
 #: race and the search then have.  On the six budget tables (76 studies, three runs each;
 #: only the twelve LSTM strategy studies, 73-184 combinations, change) the mean gap at 300
-#: evaluations went 10.38 -> 8.59 % and the worst 125 -> 72 % (nine studies 0.5-62 points
+#: evaluations went 10.39 -> 8.59 % and the worst 125 -> 73 % (nine studies 0.5-62 points
 #: nearer, none further); at 1000 the median 1.20 -> 1.25 % (tuning half 1.19 -> 1.30 %,
-#: checking 1.22 % both), one study 1.3 points nearer, two 2.5-3.4 further (they had
+#: checking 1.22 % both), one study 2.1 points nearer, three 2.9-3.1 further (two had
 #: reached their best strategy from a probe of the second bracket that the descent's
 #: contenders took away).  On the sixth set, untouched, ``lstm-3584-512-n3-hbm3`` went
 #: 55.1 -> 25.6 % at 300 and 16.5 -> 0.41 % at 1000.  Subsets of 32 and 64 did less, and
