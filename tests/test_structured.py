@@ -1296,7 +1296,8 @@ def test_integer_ranges_are_searched_as_ordered_coordinates_not_screened():
     """An integer range (``tdp_W: {low: 150, high: 450}``) is a coordinate of the split's
     search, as a float range is, not a discrete choice screened value by value (256
     evaluations before the split moved); a hardware size starts at its middle (a log range
-    at its geometric middle), a log range moves in its logarithm, and a point's parameters are on the range's grid."""
+    at its geometric middle), a log range moves in its logarithm, and a point's parameters
+    are on the range's grid."""
     setup = load_study(_ranged({"tdp_W": {"low": 150, "high": 450},
                                 "chip_area_mm2": {"low": 300, "high": 800, "step": 10},
                                 "node_area_mm2": {"low": 1000, "high": 4000, "log": True}}))

@@ -71,18 +71,17 @@ Phases (every point yielded is one model evaluation, one trial):
    A local search that ends at a new incumbent shakes it (:func:`_shake`, variable
    neighbourhood search): each budget share halved and doubled in turn, and the core moved
    to the bundle counts near its own where a GEMM's tiles fill whole waves (:data:`WAVES`),
-   the local search for a while from each shake, best shake first, and the first that
-   beats the incumbent leads (run to its end, shaken again).  When no shake wins and the run gained, it runs
-   again from its best point; when a run gains nothing, the race's losers go on where they
-   stopped, best first, each the same way (a multi-start local search whose starts the
-   race ranked).  When every one has ended, variable neighbourhood search from the
-   incumbent again, shares halved and doubled, then quartered and quadrupled.  The best
-   design known often sits in another basin of the AGE's whole units than the one a local
-   search settles in (on three single-chip studies of the
-   suite, about half the L1 banks with the power split following): one share moved a long
-   way, the others adapting to it by local search, reaches such a basin, where no move of
-   the local search's size does (docs/search-benchmarks.md, "An eleventh round" and "A
-   twelfth round").
+   the local search for a while from each shake, best shake first, and the first that beats
+   the incumbent leads (run to its end, shaken again).  When no shake wins and the run
+   gained, it runs again from its best point; when a run gains nothing, the race's losers
+   go on where they stopped, best first, each the same way (a multi-start local search
+   whose starts the race ranked).  When every one has ended, variable neighbourhood search
+   from the incumbent again, shares halved and doubled, then quartered and quadrupled.  The
+   best design known often sits in another basin of the AGE's whole units than the one a
+   local search settles in (on three single-chip studies of the suite, about half the L1
+   banks with the power split following): one share moved a long way, the others adapting
+   to it by local search, reaches such a basin, where no move of the local search's size
+   does (docs/search-benchmarks.md, "An eleventh round" and "A twelfth round").
    Where no mapping order is searched, the compass, when it won the race, runs until its
    step is spent and the local search goes on from its end; when it lost, it goes on once
    the winner's first local search has ended, and the local search goes on from the
@@ -101,7 +100,7 @@ design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its ch
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
 
-One module of ~920 lines, the schedule with the run objects it drives (:class:`_Local`,
+One module of ~980 lines, the schedule with the run objects it drives (:class:`_Local`,
 :class:`_Compass`, :class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a
 variant by setting this module's constants and its ``exchange`` for one run, and the run
 objects read them from here; split, each variant would have to be set in two modules.
@@ -348,9 +347,9 @@ WAVES: tuple[int, ...] = (1, 3)
 #: checking 1.22 % both), one study 2.1 points nearer, three 2.9-3.1 further (two had
 #: reached their best strategy from a probe of the second bracket that the descent's
 #: contenders took away).  On the sixth set, untouched, ``lstm-3584-512-n3-hbm3`` went
-#: 55.1 -> 25.6 % at 300 and 16.5 -> 0.41 % at 1000.  Subsets of 32 and 64 did less, and
-#: a second descent from the next screened point out of reach of the first cost at 300
-#: (docs/search-benchmarks.md, "A forty-second round").  0 turns it off.
+#: 55.1 -> 25.6 % at 300 and 16.5 -> 0.41 % at 1000.  Subsets of 8 and 24 were no better,
+#: 32 and 64 worse, and a second descent from the next screened point out of reach of the
+#: first cost at 300 (docs/search-benchmarks.md, "A forty-second round").  0 turns it off.
 SCREEN_DESCENT = 16
 
 
@@ -607,7 +606,8 @@ def _descend(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]],
 def _vnd(P: Problem, ask: _Asker, x: Cont, pool: list[dict[str, Any]], parts: list[dict],
          start: dict[str, Any], seen: dict[str, tuple[dict[str, Any], float]] | None = None):
     """A variable neighbourhood descent from ``start`` (Hansen and Mladenovic); returns
-    where it ends, and records every point it prices, with its value, in ``seen``.  The first neighbourhood of the incumbent: every point of ``pool`` at
+    where it ends (and puts every point it prices, with its value, in ``seen`` when
+    given).  The first neighbourhood of the incumbent: every point of ``pool`` at
     distance 1 or 2 (:func:`._neighbours.between`: the choices a combination differs in,
     one more for a mapping order outside the incumbent's class — so one choice changed in
     another order class, or two, as a strategy keeps its device count by moving a factor
