@@ -13,7 +13,10 @@ So the driver (:mod:`._plan`) is built from standard parts:
 1. an exact screen of the discrete choices at the start split — memory-only checks first
    (no evaluation; the rejected ones are stored on the study as
    ``structured.memory_rejected``), then every feasible combination in one mapping order,
-   then every class of equivalent mapping orders for the best few;
+   then every class of equivalent mapping orders for the best few — or, where more than
+   16 fit, a seeded 16 of them and a variable neighbourhood descent over every
+   combination and order class from their best (the descent of the strategy-only spaces,
+   below);
 2. axial probes of the best combination's split (one budget component raised to half and to
    four fifths of its simplex: the axial design of mixture experiments), which find the
    basins a local search from the template's split does not reach;
