@@ -59,8 +59,7 @@ def test_screen_skips_memory_infeasible_strategies_and_records_them(lstm_screen)
     assert evaluated and not evaluated & rejected_names       # never evaluated in full
     P = Problem(setup)
     x0, _ = P.start()
-    fits = {c["strategy"] for c, v in zip(P.combos(), P.memory_checks(x0, P.combos()),
-                                          strict=True) if v is None or v.feasible}
+    fits = {c["strategy"] for c in _fitting(P, x0)}
     assert fits | rejected_names == strategies                 # every strategy accounted for
     assert evaluated <= fits
     # a rejected strategy really is over memory at the template's split
@@ -347,6 +346,14 @@ def _plan_points(P, settings):
             _, batch = gen.send([1.0] * len(batch))
     except StopIteration:
         return points
+
+
+def _fitting(P, x):
+    """The combinations of ``P`` that fit in memory at the split ``x``, as the driver's
+    memory screen finds them."""
+    from crossflow.search.objective import fitting
+
+    return fitting(P.combos(), P.memory_checks(x, P.combos()))[0]
 
 
 def _suite_study(name: str):
@@ -1205,8 +1212,7 @@ def test_the_descent_reaches_a_strategy_that_is_better_only_in_another_order_cla
 
     P = Problem(load_study("gpt3-175b-a100"))
     x0, _ = P.start()
-    pool = [c for c, v in zip(P.combos(), P.memory_checks(x0, P.combos()), strict=True)
-            if v is None or v.feasible]
+    pool = _fitting(P, x0)
     target = next(c for c in pool[len(pool) // 2:]
                   if len(P.order_classes(c)) > 2 and "-v" in c["strategy"])
     right = P.order_classes(target)[1]          # not the canonical order: no screen sees it
@@ -1236,8 +1242,7 @@ def test_the_descent_starts_again_from_a_screened_point_out_of_the_first_ones_re
 
     P = Problem(load_study("gpt3-175b-a100"))
     x0, _ = P.start()
-    pool = [c for c, v in zip(P.combos(), P.memory_checks(x0, P.combos()), strict=True)
-            if v is None or v.feasible]
+    pool = _fitting(P, x0)
     _, screen = next(plan(P, seed=0, records=[]))
 
     def combo(point):
@@ -1264,8 +1269,7 @@ def test_a_space_with_nothing_continuous_ends_with_a_descent_to_a_local_optimum(
 
     P = Problem(load_study("gpt3-175b-a100"))
     x0, _ = P.start()
-    pool = [c for c, v in zip(P.combos(), P.memory_checks(x0, P.combos()), strict=True)
-            if v is None or v.feasible]
+    pool = _fitting(P, x0)
     target = parts(pool[len(pool) // 2])
 
     def f(point):
@@ -1383,8 +1387,7 @@ def test_many_combinations_are_screened_by_a_descent_from_a_small_seeded_subset(
     P = Problem(_suite_study("lstm-4k-64-n3"))
     x0, _ = P.start()
     names = {d.name for d in P.discrete} - {"mapping_order"}
-    pool = [c for c, v in zip(P.combos(), P.memory_checks(x0, P.combos()), strict=True)
-            if v is None or v.feasible]
+    pool = _fitting(P, x0)
     assert len(pool) > _plan.SCREEN_DESCENT > 0
     gen = plan(P, seed=0, records=[])
     phase, batch = next(gen)

@@ -513,9 +513,7 @@ def _screen(P: Problem, ask: _Asker, x0: Cont, d0: Mapping[str, Any],
     """Phases 2 and 3: every combination at the start split in one mapping order (the
     start's own for its own combination), then every other order class of the best; returns
     each combination's best value and order, and the combinations' ranking by it."""
-    own = dict(without_order(d0))
-    order = {i: (d0.get(MAPPING_ORDER) if c == own and d0.get(MAPPING_ORDER) is not None
-                 else P.canonical_order(c)) for i, c in enumerate(feasible)}
+    order = dict(enumerate(_first_order(P, c, d0) for c in feasible))
     value = dict(enumerate((yield from ask(SCREEN, x0, [P.with_order(c, order[i])
                                                        for i, c in enumerate(feasible)]))))
     ranking = sorted(value, key=value.__getitem__)
@@ -554,6 +552,15 @@ def _race(P: Problem, ask: _Asker, S: Settings,
     return runs, runs[alive[0]], compass
 
 
+def _first_order(P: Problem, combo: Mapping[str, Any], d0: Mapping[str, Any]) -> Any:
+    """The mapping order a screen prices ``combo`` in: the start's own for the start's
+    combination, else the first of its classes of equivalent orders."""
+    own = d0.get(MAPPING_ORDER)
+    if own is not None and dict(combo) == dict(without_order(d0)):
+        return own
+    return P.canonical_order(combo)
+
+
 def _screen_descent(P: Problem, ask: _Asker, x0: Cont, d0: Mapping[str, Any],
                     every: list[dict[str, Any]], rng: np.random.Generator):
     """Phases 2 and 3 where the combinations are many (:data:`SCREEN_DESCENT`): a seeded
@@ -562,10 +569,8 @@ def _screen_descent(P: Problem, ask: _Asker, x0: Cont, d0: Mapping[str, Any],
     combination in every order class from the subset's best.  Returns the combinations
     priced (the descent's neighbourhoods), each one's best value and order, and their
     ranking, as :func:`_screen` does for the combinations it is given."""
-    own = dict(without_order(d0))
-    mine = d0.get(MAPPING_ORDER)
-    points = [P.with_order(c, mine if c == own and mine is not None else P.canonical_order(c))
-              for c in _subset(every, own, SCREEN_DESCENT, rng)]
+    points = [P.with_order(c, _first_order(P, c, d0))
+              for c in _subset(every, dict(without_order(d0)), SCREEN_DESCENT, rng)]
     got = yield from ask(SCREEN, x0, points)
     seen = {_pair_key(p): (p, v) for p, v in zip(points, got, strict=True)}
     j = int(np.argmin(got))
