@@ -23,7 +23,10 @@ So the driver (:mod:`._plan`) is built from standard parts:
 3. a successive-halving race of local searches of the budget split (a pattern search whose
    moves land on the AGE's step edges, :mod:`._inner`) among the best few combinations and
    the best probe;
-4. the winner's local search, restarted from its best point while it gains (a restart that
+4. the winner's local search — where mapping orders are searched, followed by a turn of
+   CMA-ES from its best point, whose best it goes on from (the split there trades compute
+   against links along ridges no one share follows) — restarted from its best point
+   while it gains (a restart that
    finds nothing within five evaluations per coordinate ends), with a second, wider bracket
    of the race once it has taken as many evaluations as came before, where the space
    searches mapping orders (every strategy in the

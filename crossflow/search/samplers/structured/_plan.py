@@ -68,6 +68,9 @@ Phases (every point yielded is one model evaluation, one trial):
    falls behind, the lead once it keeps up for as many evaluations as that run has had.
    Each strategy has a split of its own, and one that is second at the template's can be
    first at its own.
+   Where mapping orders are searched, the winner's first local search, when it ends, hands
+   its best point to a turn of CMA-ES (:data:`EARLY_CMA`, below), whose best the local
+   search goes on from when it is better.
    A local search that ends at a new incumbent shakes it (:func:`_shake`, variable
    neighbourhood search): each budget share halved and doubled in turn, and the core moved
    to the bundle counts near its own where a GEMM's tiles fill whole waves (:data:`WAVES`),
@@ -191,16 +194,23 @@ SCREEN_CAP = 256
 TPE_START = 32
 
 
-#: CMA-ES's first step: a quarter of the logits' range (Hansen's advice for the initial
-#: step: about a quarter to a third of the range; the suite's tuning half showed no effect
-#: of 0.5-2).
-SIGMA0 = encoding.SPAN / 2
+#: CMA-ES's first step, in the logits (range ±SPAN): a sixteenth of their range.  Every
+#: turn starts from an incumbent a local search has fitted, so the step is a local one
+#: (as in BIPOP-CMA-ES's small-step regime), not Hansen's quarter of the range for a start
+#: that knows nothing: from the driver's end point on ``v100-gemm-32k-64``, three runs of
+#: 500 evaluations each ended 0.92-1.00 ms with 0.5 and 1.01-1.19 ms with 2 (the driver's
+#: 1.23 ms; docs/search-benchmarks.md, "A forty-third round").  Where CMA-ES comes only
+#: after the neighbourhood search (no mapping order), it never ran within 1000 evaluations
+#: on the six tables, and 1 instead of 2 changed no run there.
+SIGMA0 = encoding.SPAN / 8
 #: CMA-ES generations in a row that do not beat the incumbent before a run counts as
 #: stalled (besides CMA-ES's own stopping rules) and the local search takes over again.
 #: Judged against the incumbent, not the run's own best: short CMA-ES runs that hand back
 #: to the local search often did better on the tuning half (median 1.86 % at 1000
-#: evaluations) than runs left to converge by Hansen's own-history rule (2.22 %).
-PATIENCE = 10
+#: evaluations) than runs left to converge by Hansen's own-history rule (2.22 %).  With
+#: :data:`EARLY_CMA`, 5 instead of 10 kept its gains and halved what a turn that finds
+#: nothing costs (~60 evaluations instead of ~120; "A forty-third round").
+PATIENCE = 5
 #: The axial probes' shares (:func:`_axial`): a component raised to half the budget, and to
 #: four fifths of it; the best probe races beside the combinations.  On the suite's tuning
 #: half (11 studies with a budget split, one seed) this took the mean gap at 1000
@@ -351,6 +361,26 @@ WAVES: tuple[int, ...] = (1, 3)
 #: 32 and 64 worse, and a second descent from the next screened point out of reach of the
 #: first cost at 300 (docs/search-benchmarks.md, "A forty-second round").  0 turns it off.
 SCREEN_DESCENT = 16
+#: Where mapping orders are searched (a strategy co-designed with the split), a turn of
+#: CMA-ES from the winner's best point as soon as its first local search ends, before its
+#: shakes, restarts and the race's losers; the local search goes on from CMA-ES's best when
+#: that is better.  There the split trades compute against links and memory, and the
+#: better designs lie along ridges no one share (or pair of shares) follows: on
+#: ``v100-gemm-32k-64`` the best-known design differs from the driver's end in the area and
+#: the power split together (either alone prices worse) and the straight line between the
+#: two descends all the way, which is what CMA-ES's covariance learns.  On the six tables'
+#: 29 such studies (three runs each) the gap at 1000 evaluations went 27.20 -> 6.33 %
+#: (``v100-gemm-32k-64``), 18.27 -> 14.26 % and 10.76 -> 6.78 % on two more, the mean
+#: 6.62 -> 5.70 %, the medians 2.01 / 1.39 -> 2.01 / 1.41 % (checking / tuning halves), one
+#: study 1.2 points further, none other more than 0.5; on the sixth set's five
+#: ``gpt-1.1b-64-n5-codesign`` (its worst) 4.97 -> 1.34 %, on a seventh set of twelve, written
+#: for this check, ``v100-gemm-20k-256-n7`` 8.80 -> 0.00 % and ``gemm-20k-64-n3`` 2.46 ->
+#: 3.02 %, the rest unchanged.  Nothing changes before the first local search ends (at 300
+#: evaluations nothing moved).  In studies without mapping orders (one chip, or a fixed
+#: strategy) the same turn cost 0.4-1.4 points on six studies and gained on none: there the
+#: shakes find the AGE's next whole unit sooner (docs/search-benchmarks.md, "A forty-third
+#: round"; "A thirty-seventh round" for CMA-ES instead of the shakes).  False turns it off.
+EARLY_CMA = True
 
 
 def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
@@ -401,7 +431,8 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     dropped = sorted((r for r in runs if r is not lead and r is not compass),
                      key=lambda r: r.value)
 
-    # 6. the search: the local search to its end, and again from its best point for as long
+    # 6. the search: the local search to its end (where mapping orders are searched, then a
+    # turn of CMA-ES from its best: EARLY_CMA), and again from its best point for as long
     # as that gains; then each loser of the race the same way, best first; then variable
     # neighbourhood search from the incumbent; when no shake wins, CMA-ES from the
     # incumbent (its population doubled at every turn: IPOP-CMA-ES) and the local search
@@ -411,6 +442,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
     before, tiered = ask.total, not (TIER and P.has_order)  # why orders only: TIER
     raced = {_pair_key(r.discrete) for r in runs}
     shaken = math.inf  # the value of the incumbent last shaken
+    cma_early = False
     compass_due = compass is not None
     while True:
         while not lead.done:
@@ -437,6 +469,12 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
                     dropped.insert(0, lead)
                 lead = _Local(P, compass.discrete, compass.best, compass.value, rng)
                 lead.start = compass.start
+                continue
+        if EARLY_CMA and P.has_order and not cma_early:
+            cma_early = True
+            x, fx, popsize = yield from _cma_turn(P, ask, lead, rng, popsize)
+            if fx < lead.value * (1 - GAIN):
+                lead = _Local(P, lead.discrete, x, fx, rng)
                 continue
         if KICKS and lead.value < shaken:
             # a new incumbent is shaken once (each share halved and doubled) before it is
@@ -467,15 +505,19 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
             if found is not None:
                 lead = found
                 continue
-        discrete = lead.discrete
-        x, fx = lead.best, lead.value
-        cma = _Cma(P, discrete, x, fx, rng, popsize=popsize)
-        while not cma.stalled():
-            yield from cma.generation(ask, CMA)
-        popsize = 2 * cma.cma.population_size
-        if cma.value < fx:
-            x, fx = cma.best, cma.value
-        lead = _Local(P, discrete, x, fx, rng)
+        x, fx, popsize = yield from _cma_turn(P, ask, lead, rng, popsize)
+        lead = _Local(P, lead.discrete, x, fx, rng)
+
+
+def _cma_turn(P: Problem, ask: _Asker, lead: _Local, rng: np.random.Generator,
+              popsize: int | None):
+    """A turn of IPOP-CMA-ES from the incumbent ``lead``'s best point until it stalls;
+    returns the best split and value (the incumbent's when it found nothing better) and the
+    next turn's population (doubled)."""
+    cma = _Cma(P, lead.discrete, lead.best, lead.value, rng, popsize=popsize)
+    while not cma.stalled():
+        yield from cma.generation(ask, CMA)
+    return cma.best, cma.value, 2 * cma.cma.population_size
 
 
 def _memory_screen(P: Problem, x0: Cont, d0: Mapping[str, Any], cap: int | None,
