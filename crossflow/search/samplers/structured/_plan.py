@@ -377,7 +377,7 @@ SCREEN_DESCENT = 16
 #: for this check, ``v100-gemm-20k-256-n7`` 8.80 -> 0.00 % and ``gemm-20k-64-n3`` 2.46 ->
 #: 3.02 %, the rest unchanged.  Nothing changes before the first local search ends (at 300
 #: evaluations nothing moved).  In studies without mapping orders (one chip, or a fixed
-#: strategy) the same turn cost 0.4-1.4 points on six studies and gained on none: there the
+#: strategy) the same turn cost 0.4-1.4 points on seven studies and gained on none: there the
 #: shakes find the AGE's next whole unit sooner (docs/search-benchmarks.md, "A forty-third
 #: round"; "A thirty-seventh round" for CMA-ES instead of the shakes).  False turns it off.
 EARLY_CMA = True
