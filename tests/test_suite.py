@@ -58,8 +58,9 @@ SIZES = {"fresh6.yaml": 16}
 @pytest.mark.parametrize("table", FRESH)
 def test_the_new_studies_load_and_are_none_of_the_suites(table):
     """benchmarks/suite/fresh*.yaml: twelve studies each (the eighth sixteen), written after
-    the rules were chosen, the generalisation checks of docs/search-benchmarks.md; each loads, and none is
-    a suite study or another set's; each has the kinds it was written with."""
+    the rules were chosen, the generalisation checks of docs/search-benchmarks.md; each
+    loads, and none is a suite study or another set's; each has the kinds it was written
+    with."""
     from crossflow.search.study import load_study
 
     fresh = suite.load_table(REPO / "benchmarks" / "suite" / table)
