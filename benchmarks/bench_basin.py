@@ -3,7 +3,8 @@ best-known design, unit by unit, and what reaches the best-known design from the
 
     python benchmarks/bench_basin.py --study lstm-2k-1chip-n7 [--budget 1000] [--seed 0]
         [--best-known DIR] [--quick-reference] [--cma-evals 300] [--hops 12] [--hop-evals 60]
-        [--from-evals 400] [--shake-evals 300] [--pairs] [--study-table FILE]
+        [--from-evals 400] [--shake-evals 300] [--pairs] [--axial-evals 300]
+        [--study-table FILE]
 
 Steps (every figure a model evaluation of the study's own objective; prints one JSON object):
 
@@ -35,6 +36,12 @@ Steps (every figure a model evaluation of the study's own objective; prints one 
    shaken value among all the shakes of steps 7 and 8 (the driver searches its shakes best
    shaken value first) — does a move of two shares reach what no move of one does, and
    would the driver try it early?
+
+9. with ``--axial-evals N``: the template's start split with each axial probe of the driver
+   (``_plan._axial``: one share raised to ``_plan.AXIAL``, the others in proportion), in
+   the best-known design's own strategy, order and technology, each followed by the local
+   search for N evaluations — which start leads to the best-known basin, and how its
+   value at the start ranks it (the driver races the best-valued probe only)?
 
 ``--study-table`` diagnoses a study of another table of the suite's format
 (``benchmarks/suite/fresh.yaml``); its best-known design is searched and cached under
@@ -85,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-evals", type=int, default=400)
     ap.add_argument("--shake-evals", type=int, default=300)
     ap.add_argument("--pairs", action="store_true", help="step 8: shakes of two shares")
+    ap.add_argument("--axial-evals", type=int, default=0,
+                    help="step 9: the local search from each axial probe of the template")
     ap.add_argument("--study-table", default=str(suite.TABLE))
     a = ap.parse_args(argv)
     if not any(e["name"] == a.study for e in suite.load_table(a.study_table)):
@@ -93,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                               quick=a.quick_reference, cma_evals=a.cma_evals, hops=a.hops,
                               hop_evals=a.hop_evals, from_evals=a.from_evals,
                               shake_evals=a.shake_evals, pairs=a.pairs,
-                              table=a.study_table),
+                              axial_evals=a.axial_evals, table=a.study_table),
                      indent=1, default=str))
     return 0
 
@@ -101,16 +110,17 @@ def main(argv: list[str] | None = None) -> int:
 def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None = None,
              quick: bool = False, cma_evals: int = 300, hops: int = 12,
              hop_evals: int = 60, from_evals: int = 400, shake_evals: int = 300,
-             pairs: bool = False, table: str | Path = suite.TABLE) -> dict:
-    """Steps 1-7 (and 8 with ``pairs``) of the module docstring on the study ``study`` of
-    the suite's ``table``."""
+             pairs: bool = False, axial_evals: int = 0,
+             table: str | Path = suite.TABLE) -> dict:
+    """Steps 1-7 (8 with ``pairs``, 9 with ``axial_evals``) of the module docstring on the
+    study ``study`` of the suite's ``table``."""
     from cmaes import CMA
 
     from crossflow.arch.cliffs import quantities_at
     from crossflow.search.best_known import best_known
     from crossflow.search.objective import evaluate
     from crossflow.search.samplers.structured._inner import exchange
-    from crossflow.search.samplers.structured._plan import _shakes
+    from crossflow.search.samplers.structured._plan import AXIAL, _axial, _shakes
     from crossflow.search.samplers.structured._problem import Cont, Problem
     from crossflow.search.study import load_study
 
@@ -165,16 +175,17 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
     x0, d = P.split(drv)
     rng = np.random.default_rng(seed)
 
-    def fx(x: Cont) -> float:
-        return f(P.params(x, d))
+    def fx(x: Cont, discrete: dict = d) -> float:
+        return f(P.params(x, discrete))
 
-    def local(y: Cont, evals: int) -> float:
-        """The driver's local search from ``y``: its best value."""
-        g = exchange(P, d, y, fx(y), evals, rng)
+    def local(y: Cont, evals: int, discrete: dict = d) -> float:
+        """The driver's local search from ``y`` (in the driver's end's discrete choices,
+        or ``discrete``): its best value."""
+        g = exchange(P, discrete, y, fx(y, discrete), evals, rng)
         try:
             batch = next(g)
             while True:
-                batch = g.send([fx(b) for b in batch])
+                batch = g.send([fx(b, discrete) for b in batch])
         except StopIteration as stop:
             return stop.value[1]
 
@@ -208,6 +219,17 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
         for rank, (_, v) in enumerate(ranked):
             v["rank_by_shaken"] = rank
 
+    axial = {}
+    if axial_evals:
+        start, _ = P.start()
+        _, known = P.split(ref_params)
+        labels = [f"{c.label} {share:g}" for c in P.coords if c.index >= 0 for share in AXIAL
+                  if start.simplexes[c.block][c.index] < share]
+        probes = _axial(P, start, AXIAL)  # the same points in the same order
+        axial = {label: {"probed": _gap(fx(y, known), ref),
+                         "searched": _gap(local(y, axial_evals, known), ref)}
+                 for label, y in zip(["template", *labels], [start, *probes], strict=True)}
+
     return {
         "study": study, "budget": budget, "seed": seed,
         "best_known": {"value": ref, "evaluations": bk.get("evaluations"),
@@ -219,6 +241,7 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
         "local_search_from_best_known_simplex_gap_pct": from_known,
         "shakes_gap_pct": shakes,
         **({"pair_shakes_gap_pct": two} if pairs else {}),
+        **({"axial_from_template_gap_pct": axial} if axial_evals else {}),
     }
 
 

@@ -15,7 +15,7 @@ bench_basin = pytest.importorskip("bench_basin")
 def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
     d = bench_basin.diagnose("gemm-mem-64k-1chip-n5", budget=60, root=str(tmp_path),
                              quick=True, cma_evals=12, hops=2, hop_evals=10,
-                             from_evals=10, shake_evals=10, pairs=True)
+                             from_evals=10, shake_evals=10, pairs=True, axial_evals=10)
     bk, drv = d["best_known"], d["driver"]
     assert bk["gap_pct"] == 0.0
     assert drv["value"] >= bk["value"] * (1 - 1e-12) or drv["gap_pct"] < 0
@@ -49,3 +49,11 @@ def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
                if v["shaken"] is not None)
     ranks = sorted(v["rank_by_shaken"] for v in (*shakes.values(), *two.values()))
     assert ranks == list(range(len(shakes) + len(two)))
+    # the template's split and its axial probes (two shares each, where the template's
+    # share is below them), each searched in the best-known design's discrete choices
+    axial = d["axial_from_template_gap_pct"]
+    assert "template" in axial and len(axial) > 1
+    assert {k.split(" ")[1] for k in axial if k != "template"} <= {"0.5", "0.8"}
+    assert {k.split(".")[0] for k in axial if k != "template"} == {"area", "power"}
+    assert all(v["searched"] <= v["probed"] + 1e-9 for v in axial.values()
+               if v["probed"] is not None)
