@@ -178,14 +178,23 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
     def fx(x: Cont, discrete: dict = d) -> float:
         return f(P.params(x, discrete))
 
-    def local(y: Cont, evals: int, discrete: dict = d) -> float:
+    def local(y: Cont, evals: int, discrete: dict = d,
+              marks: dict[int, float] | None = None) -> float:
         """The driver's local search from ``y`` (in the driver's end's discrete choices,
-        or ``discrete``): its best value."""
-        g = exchange(P, discrete, y, fx(y, discrete), evals, rng)
+        or ``discrete``): its best value; ``marks`` (evaluations -> None) gets its best
+        value after that many evaluations filled in."""
+        best = fx(y, discrete)
+        g = exchange(P, discrete, y, best, evals, rng)
+        used = 0
         try:
             batch = next(g)
             while True:
-                batch = g.send([fx(b, discrete) for b in batch])
+                got = [fx(b, discrete) for b in batch]
+                for v in got:
+                    used, best = used + 1, min(best, v)
+                    if marks is not None and used in marks:
+                        marks[used] = best
+                batch = g.send(got)
         except StopIteration as stop:
             return stop.value[1]
 
@@ -226,9 +235,13 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
         labels = [f"{c.label} {share:g}" for c in P.coords if c.index >= 0 for share in AXIAL
                   if start.simplexes[c.block][c.index] < share]
         probes = _axial(P, start, AXIAL)  # the same points in the same order
-        axial = {label: {"probed": _gap(fx(y, known), ref),
-                         "searched": _gap(local(y, axial_evals, known), ref)}
-                 for label, y in zip(["template", *labels], [start, *probes], strict=True)}
+        for label, y in zip(["template", *labels], [start, *probes], strict=True):
+            marks = dict.fromkeys(m for m in (10, 20, 40, 80, 160) if m < axial_evals)
+            end = local(y, axial_evals, known, marks)
+            axial[label] = {"probed": _gap(fx(y, known), ref),
+                            "after": {m: _gap(v, ref) for m, v in marks.items()
+                                      if v is not None},
+                            "searched": _gap(end, ref)}
 
     return {
         "study": study, "budget": budget, "seed": seed,

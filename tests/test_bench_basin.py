@@ -15,7 +15,7 @@ bench_basin = pytest.importorskip("bench_basin")
 def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
     d = bench_basin.diagnose("gemm-mem-64k-1chip-n5", budget=60, root=str(tmp_path),
                              quick=True, cma_evals=12, hops=2, hop_evals=10,
-                             from_evals=10, shake_evals=10, pairs=True, axial_evals=10)
+                             from_evals=10, shake_evals=10, pairs=True, axial_evals=12)
     bk, drv = d["best_known"], d["driver"]
     assert bk["gap_pct"] == 0.0
     assert drv["value"] >= bk["value"] * (1 - 1e-12) or drv["gap_pct"] < 0
@@ -57,3 +57,8 @@ def test_the_diagnosis_compares_the_driver_with_the_best_known_design(tmp_path):
     assert {k.split(".")[0] for k in axial if k != "template"} == {"area", "power"}
     assert all(v["searched"] <= v["probed"] + 1e-9 for v in axial.values()
                if v["probed"] is not None)
+    # ... and its best on the way (after 10 of its 12 evaluations), never better than at
+    # its end
+    assert all(set(v["after"]) <= {10} for v in axial.values())
+    assert any(v["after"] for v in axial.values())
+    assert all(g >= v["searched"] - 1e-9 for v in axial.values() for g in v["after"].values())
