@@ -179,7 +179,7 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
         return f(P.params(x, discrete))
 
     def local(y: Cont, evals: int, discrete: dict = d,
-              marks: dict[int, float] | None = None) -> float:
+              marks: dict[int, float | None] | None = None) -> float:
         """The driver's local search from ``y`` (in the driver's end's discrete choices,
         or ``discrete``): its best value; ``marks`` (evaluations -> None) gets its best
         value after that many evaluations filled in."""
