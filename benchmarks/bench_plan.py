@@ -20,7 +20,9 @@ every selected study of ``benchmarks/suite/studies.yaml`` (without
 screen, where a study hands over to TPE).  A study's reference is
 the best value any run found, or the suite's cached best-known value when it is lower
 (``--best-known``: the folder ``benchmarks/suite.py`` caches them in).  Prints, per budget,
-each variant's median and worst gap (%) over the studies, and writes every run's gaps to
+each variant's median and worst gap (%) over the studies, with more than one variant each
+one's change against the first with its bootstrap interval (``benchmarks/paired.py``, which
+also pools the ``--out`` files of several tables), and writes every run's gaps to
 ``--out``.  The study's baseline trials count as evaluations, as in a study.
 ``--table`` adds each study's median gap under each variant, per budget; ``--trace`` every
 run's local searches (which run had each turn, over which evaluations, from and to which
@@ -40,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import paired  # noqa: E402  (benchmarks/paired.py: a variant's change against noise)
 import suite  # noqa: E402  (benchmarks/suite.py: the table of studies)
 
 _DEFAULTS: dict[str, dict] = {}
@@ -309,6 +312,8 @@ def main() -> None:
                 line += (f"  | per-study medians: median {statistics.median(per):7.2f} %"
                          f"  worst {max(per):7.2f} %")
             print(line)
+    if len(variants) > 1:  # is each variant's change in the median more than noise?
+        print(paired.report([{"variants": variants, "rows": rows}]))
     if args.table:
         _print_table(rows, studies, variants, budgets)
     if args.trace:

@@ -81,6 +81,37 @@ def compare(base: dict[str, list[float]], other: dict[str, list[float]],
             "better": int(np.sum(moved < -threshold)), "worse": int(np.sum(moved > threshold))}
 
 
+def report(docs: list[dict], base: str | None = None, budgets: list[int] | None = None, *,
+           threshold: float = 0.5, resamples: int = 4000) -> str:
+    """Per budget and half, the base's median of per-study medians and every other
+    variant's, with :func:`compare`'s change, interval and counts; ``base`` defaults to the
+    first variant, ``budgets`` to every one of the runs."""
+    table, halves = gaps(docs)
+    variants = list(dict.fromkeys(v for doc in docs for v in doc["variants"]))
+    base = base or variants[0]
+    lines = []
+    for budget in budgets or sorted({b for b, _ in table}):
+        lines.append(f"@{budget}: the median over studies of each study's median gap (%); "
+                     f"its change against {base!r}\n  [90 % bootstrap interval]; studies "
+                     f"more than {threshold:g} points better / worse")
+        ref = table.get((budget, base), {})
+        for half in HALVES:
+            studies = sorted(s for s in ref if half == "all" or halves[s] == half)
+            if not studies:
+                continue
+            level = float(np.median([np.median(ref[s]) for s in studies]))
+            lines.append(f"  {half:8s} {len(studies):3d} studies {base:>20s} {level:6.2f}")
+            for v in variants:
+                mine = table.get((budget, v), {})
+                if v == base or not all(s in mine for s in studies):
+                    continue
+                c = compare(ref, mine, studies, threshold=threshold, resamples=resamples)
+                lines.append(f"                       {v:>20s} {c['variant']:6.2f}  change "
+                             f"{c['change']:+6.2f} [{c['low']:+6.2f} .. {c['high']:+6.2f}]  "
+                             f"better {c['better']:2d}  worse {c['worse']:2d}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path, help="bench_plan.py --out files")
@@ -91,37 +122,21 @@ def main() -> None:
                     help="points a study must move by to count as better or worse")
     ap.add_argument("--resamples", type=int, default=4000)
     args = ap.parse_args()
-    docs = [json.loads(f.read_text()) for f in args.files]
-    for f, doc in zip(args.files, docs, strict=True):
-        if not {"variants", "rows"} <= set(doc):
+    docs = []
+    for f in args.files:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError) as exc:
+            ap.error(f"{f}: cannot be read as JSON ({exc})")
+        if not (isinstance(doc, dict) and {"variants", "rows"} <= set(doc)):
             ap.error(f"{f}: not a bench_plan.py --out file (it has no 'variants' and 'rows')")
-    table, halves = gaps(docs)
+        docs.append(doc)
     variants = list(dict.fromkeys(v for doc in docs for v in doc["variants"]))
-    base = args.base or variants[0]
-    if base not in variants:
-        ap.error(f"--base {base!r}: the files' variants are {', '.join(variants)}")
-    budgets = ([int(b) for b in args.budgets.split(",")] if args.budgets
-               else sorted({b for b, _ in table}))
-    for budget in budgets:
-        print(f"@{budget}: the median over studies of each study's median gap (%); its "
-              f"change against {base!r}\n  [90 % bootstrap interval]; studies more than "
-              f"{args.threshold:g} points better / worse")
-        for half in HALVES:
-            ref = table.get((budget, base), {})
-            studies = sorted(s for s in ref if half == "all" or halves[s] == half)
-            if not studies:
-                continue
-            level = float(np.median([np.median(ref[s]) for s in studies]))
-            print(f"  {half:8s} {len(studies):3d} studies {base:>20s} {level:6.2f}")
-            for v in variants:
-                mine = table.get((budget, v), {})
-                if v == base or not all(s in mine for s in studies):
-                    continue
-                c = compare(ref, mine, studies, threshold=args.threshold,
-                            resamples=args.resamples)
-                print(f"                       {v:>20s} {c['variant']:6.2f}  change {c['change']:+6.2f} "
-                      f"[{c['low']:+6.2f} .. {c['high']:+6.2f}]  better {c['better']:2d}  "
-                      f"worse {c['worse']:2d}")
+    if args.base is not None and args.base not in variants:
+        ap.error(f"--base {args.base!r}: the files' variants are {', '.join(variants)}")
+    budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else None
+    print(report(docs, args.base, budgets, threshold=args.threshold,
+                 resamples=args.resamples))
 
 
 if __name__ == "__main__":

@@ -67,3 +67,18 @@ def test_an_infeasible_run_counts_as_infinitely_far_off_and_the_cli_prints_both_
     refused = subprocess.run([sys.executable, str(REPO / "benchmarks" / "paired.py"), str(bad)],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "not a bench_plan.py --out file" in refused.stderr
+
+
+def test_bench_plan_prints_the_paired_comparison_when_it_compares_variants(capsys,
+                                                                           monkeypatch):
+    """`bench_plan.py` with two variants ends with paired.py's report (here two variants
+    that are the same plan: no change, an interval of nothing)."""
+    import bench_plan
+
+    monkeypatch.setattr(sys, "argv", [
+        "bench_plan.py", "--shipped", "quickstart", "--budgets", "30,60", "--variants",
+        '{"a": {}, "b": {"plan": {"GAIN": 1e-6}}}'])
+    bench_plan.main()
+    out = capsys.readouterr().out
+    assert "change against 'a'" in out
+    assert "change  +0.00 [ +0.00 ..  +0.00]  better  0  worse  0" in out
