@@ -33,16 +33,21 @@ import numpy as np
 HALVES = ("tuning", "checking", "all")
 
 
-def gaps(docs: list[dict]) -> dict:
+def gaps(docs: list[dict]) -> tuple[dict, dict[str, str]]:
     """(budget, variant) -> {study: [gap per seed]}, seeds in order, and study -> half.
-    An infeasible run (no gap) counts as infinitely far off."""
+    An infeasible run (no gap) counts as infinitely far off.  A run in two documents is an
+    error: their gaps are against different references, so they cannot be pooled."""
     out: dict = {}
     halves: dict[str, str] = {}
     for doc in docs:
         for r in doc["rows"]:
             g = math.inf if r["gap_pct"] is None else float(r["gap_pct"])
-            out.setdefault((r["budget"], r["variant"]), {}).setdefault(
-                r["study"], {})[r["seed"]] = g
+            runs = out.setdefault((r["budget"], r["variant"]), {}).setdefault(r["study"], {})
+            if r["seed"] in runs:
+                raise ValueError(f"study {r['study']!r} (variant {r['variant']!r}, seed "
+                                 f"{r['seed']}) is in more than one file: compare the "
+                                 f"variants of one bench_plan.py run at a time")
+            runs[r["seed"]] = g
             halves[r["study"]] = r["half"]
     return ({k: {s: [by_seed[i] for i in sorted(by_seed)] for s, by_seed in v.items()}
              for k, v in out.items()}, halves)
@@ -135,8 +140,11 @@ def main() -> None:
     if args.base is not None and args.base not in variants:
         ap.error(f"--base {args.base!r}: the files' variants are {', '.join(variants)}")
     budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else None
-    print(report(docs, args.base, budgets, threshold=args.threshold,
-                 resamples=args.resamples))
+    try:
+        print(report(docs, args.base, budgets, threshold=args.threshold,
+                     resamples=args.resamples))
+    except ValueError as exc:
+        ap.error(str(exc))
 
 
 if __name__ == "__main__":

@@ -82,3 +82,14 @@ def test_bench_plan_prints_the_paired_comparison_when_it_compares_variants(capsy
     out = capsys.readouterr().out
     assert "change against 'a'" in out
     assert "change  +0.00 [ +0.00 ..  +0.00]  better  0  worse  0" in out
+
+
+def test_the_same_runs_in_two_files_are_refused(tmp_path):
+    """Two files with the same study's runs (two bench_plan.py invocations of one table,
+    whose gaps are against different references) cannot be pooled: exit status 2, and the
+    message names the study."""
+    out = tmp_path / "run.json"
+    out.write_text(json.dumps(_doc({"base": {"s0": [1.0, 2.0, 3.0]}})))
+    got = subprocess.run([sys.executable, str(REPO / "benchmarks" / "paired.py"), str(out),
+                          str(out)], capture_output=True, text=True)
+    assert got.returncode == 2 and "'s0'" in got.stderr and "more than one file" in got.stderr
