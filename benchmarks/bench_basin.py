@@ -232,10 +232,9 @@ def diagnose(study: str, *, budget: int = 1000, seed: int = 0, root: str | None 
     if axial_evals:
         start, _ = P.start()
         _, known = P.split(ref_params)
-        labels = [f"{c.label} {share:g}" for c in P.coords if c.index >= 0 for share in AXIAL
-                  if start.simplexes[c.block][c.index] < share]
-        probes = _axial(P, start, AXIAL)  # the same points in the same order
-        for label, y in zip(["template", *labels], [start, *probes], strict=True):
+        starts = [("template", start)] + [(f"{c.label} {share:g}", y)
+                                          for c, share, y in _axial(P, start, AXIAL)]
+        for label, y in starts:
             marks = dict.fromkeys(m for m in (10, 20, 40, 80, 160) if m < axial_evals)
             end = local(y, axial_evals, known, marks)
             axial[label] = {"probed": _gap(fx(y, known), ref),

@@ -593,7 +593,7 @@ def test_axial_probes_raise_one_share_and_keep_the_others_proportions():
     # every component of each simplex (slack excluded) at each share it does not hold yet
     # (pins.b has half already)
     assert len(probes) == 3 * 2 + 2 * 2 - 1
-    for p in probes:
+    for c, share, p in probes:
         changed = [n for n in ("area", "pins") if not np.array_equal(p.simplexes[n],
                                                                       x.simplexes[n])]
         assert len(changed) == 1
@@ -601,6 +601,7 @@ def test_axial_probes_raise_one_share_and_keep_the_others_proportions():
         assert w.sum() == pytest.approx(1.0)
         (i,) = [k for k in range(len(v)) if not math.isclose(w[k] / v[k], w[-1] / v[-1])]
         assert w[i] in (0.5, 0.8)
+        assert (c.block, c.index, share) == (changed[0], i, w[i])  # what it says it moved
         others = np.delete(w, i) / np.delete(v, i)
         assert np.allclose(others, others[0])                 # the rest scaled together
 
@@ -610,7 +611,7 @@ def test_the_best_axial_probe_starts_a_search_in_a_basin_the_template_never_reac
     start = Cont({"area": np.array([0.3, 0.05, 0.3, 0.35])})
     near, f_near = _exchange_to_end(P, start, _toy_far)
     assert near.simplexes["area"][1] < 0.7                   # the template's basin
-    probes = _axial(P, start, (0.5, 0.8))
+    probes = [y for _, _, y in _axial(P, start, (0.5, 0.8))]
     best = min(probes, key=_toy_far)
     far, f_far = _exchange_to_end(P, best, _toy_far)
     assert far.simplexes["area"][1] >= 0.7 and f_far < 0.8 * f_near
@@ -946,7 +947,7 @@ def test_an_axial_probe_races_only_when_it_beats_its_start(probe_gain):
 
     mp = pytest.MonkeyPatch()
     mp.setattr(_plan, "_Local", Local)
-    mp.setattr(_plan, "_axial", lambda P, x, shares: [probe])
+    mp.setattr(_plan, "_axial", lambda P, x, shares: [(P.coords[1], 0.3, probe)])
     try:
         gen = plan(P, seed=0, records=[])
         phase, batch = next(gen)

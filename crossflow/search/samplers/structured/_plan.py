@@ -741,7 +741,7 @@ def _tier(P: Problem, ask: _Asker, S: Settings, x0: Cont, feasible: list[dict[st
 def _probe(P: Problem, ask: _Asker, discrete: Mapping[str, Any], x0: Cont, f0: float):
     """The axial probes (:func:`_axial`) of ``discrete`` from ``x0``, one batch; the best as
     (split, value) when it beats ``f0`` (the value at ``x0``), else None."""
-    xs = _axial(P, x0, AXIAL)
+    xs = [y for _, _, y in _axial(P, x0, AXIAL)]
     got = yield from ask.points(AXIAL_PHASE, [(discrete, x) for x in xs])
     if not got:
         return None
@@ -802,8 +802,9 @@ def _shakes(P: Problem, x: Cont, factors: list[float]) -> list[tuple[Coord, floa
     return out
 
 
-def _axial(P: Problem, x: Cont, shares: tuple[float, ...]) -> list[Cont]:
-    """The axial points of the split ``x``: one component of one simplex raised to each of
+def _axial(P: Problem, x: Cont, shares: tuple[float, ...]) -> list[tuple[Coord, float, Cont]]:
+    """(coordinate, share, point) of every axial point of the split ``x`` (as
+    :func:`_shakes` gives its shakes): one component of one simplex raised to each of
     ``shares``, the others (slack included) scaled down in proportion — the axial design of
     mixture experiments (Cornell, *Experiments with Mixtures*, 3rd ed., Wiley 2002), taken
     from the start split instead of the centroid.  A design in which one unit dominates
@@ -816,7 +817,7 @@ def _axial(P: Problem, x: Cont, shares: tuple[float, ...]) -> list[Cont]:
             continue
         for f in shares:
             if x.simplexes[c.block][c.index] < f:
-                out.append(P.with_share(x, c, f))
+                out.append((c, f, P.with_share(x, c, f)))
     return out
 
 
