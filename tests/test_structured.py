@@ -962,6 +962,52 @@ def test_an_axial_probe_races_only_when_it_beats_its_start(probe_gain):
         assert starts == [_toy(x0)]
 
 
+@pytest.mark.parametrize("worse_there", [False, True])
+def test_every_contender_races_from_the_better_of_the_start_and_the_best_probes_split(
+        worse_there):
+    """The race judges after a few evaluations, so its best start wins it: the second
+    combination is priced at the first one's best probe split too and starts from there
+    when it is better there (on paper-lstm-512 it is: 0.80 s against 0.91 s at the
+    template's split), else from the start split (here, with its value there made worse)."""
+    from crossflow.search.objective import evaluate
+    from crossflow.search.samplers.structured import _plan
+
+    setup = load_study("paper-lstm-512")
+    P = Problem(setup)
+    made = []
+
+    class Local(_plan._Local):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
+    def f(params):
+        return evaluate(setup, setup.design(params)).values(setup.objectives)[0]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_plan, "_Local", Local)
+    try:
+        gen = plan(P, seed=0, records=[])
+        phase, batch = next(gen)
+        axial = 0
+        while phase != _plan.RACE:
+            axial += phase == _plan.AXIAL_PHASE
+            handicap = 10.0 if worse_there and axial == 2 else 1.0  # the contenders' batch
+            phase, batch = gen.send([handicap * f(p) for p in batch])
+    finally:
+        mp.undo()
+    x0, _ = P.start()
+    first, second, probed = made                 # two contenders and the first one's probe
+    assert axial == 2 and probed.discrete == first.discrete and second.discrete != first.discrete
+    at_start = f(P.params(x0, second.discrete))
+    at_probe = f(P.params(probed.origin, second.discrete))
+    assert at_probe < at_start
+    if worse_there:
+        assert second.start == at_start and second.origin.key() == x0.key()
+    else:
+        assert second.start == at_probe and second.origin is probed.origin
+
+
 def test_the_pattern_move_repeats_the_rounds_change_in_the_log_shares():
     """Hooke and Jeeves's pattern move: from ``a`` to ``b`` and as far again, each share
     multiplied by its ratio b / a (renormalised), a float range moved by b − a and clipped."""
