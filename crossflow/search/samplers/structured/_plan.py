@@ -433,8 +433,8 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
             # the other contenders start from the probe's split where they are better there:
             # a race judged after a few evaluations is won by the best start, so each
             # combination starts from the best split known for it (docs/search-benchmarks.md,
-            # "A forty-sixth round": 9 studies of 132 more than 0.5 points nearer at 1000
-            # evaluations, 4 further)
+            # "A forty-sixth round": misses of 6-10 % on co-designed LSTMs down to 0.2-1.5 %,
+            # about as many studies 1-5 points further)
             others = tops[1:]
             got = yield from ask.points(AXIAL_PHASE, [(combo(i), probe[0]) for i in others])
             moved = {i: v for i, v in zip(others, got, strict=True) if better(v, value[i])}
