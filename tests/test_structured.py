@@ -468,6 +468,19 @@ class _ToyProblem(Problem):
         return []           # the toy's core is no AGE's: no bundles, no waves
 
 
+def _recording(base: type) -> tuple[type, list]:
+    """A subclass of the plan's run class ``base`` that records every run made, and the list
+    it records them in: what a test monkeypatches into ``_plan`` to see the plan's runs."""
+    made: list = []
+
+    class Recording(base):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
+    return Recording, made
+
+
 def _toy(cont: Cont) -> float:
     """Time of a toy chip: compute in whole units of 5 % of the area (a cliff at every
     unit), SRAM that must hold 15 % (a cliff at 0.15: below it, everything spills), and I/O
@@ -623,18 +636,13 @@ def test_the_search_restarts_gaining_local_searches_and_resumes_the_race_losers_
     best point, and CMA-ES starts from the best of them all."""
     from crossflow.search.samplers.structured import _plan
 
-    class Local(_plan._Local):
-        made: list = []
-
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            Local.made.append(self)
+    Local, made_so_far = _recording(_plan._Local)
 
     checked = []
 
     class Cma(_plan._Cma):
         def __init__(self, P, discrete, x, fx, rng, popsize=None):
-            made = list(Local.made)
+            made = list(made_so_far)
             assert len(made) >= 3 and all(run.done for run in made)
             for k, run in enumerate(made):
                 if run.value < run.start * (1 - _plan.GAIN):        # it gained: restarted
@@ -735,12 +743,7 @@ def test_the_plan_shakes_a_new_incumbent_as_soon_as_its_local_search_ends():
 
     P = _ToyProblem(_ToySetup())
     P.setup.start_params = lambda: {}
-    made = []
-
-    class Local(_plan._Local):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            made.append(self)
+    Local, made = _recording(_plan._Local)
 
     seen: list[tuple[str, float]] = []
     mp = pytest.MonkeyPatch()
@@ -776,12 +779,7 @@ def test_a_shake_searches_from_its_limit_of_best_shakes_only():
     P = _ToyProblem(_ToySetup())
     P.setup.start_params = lambda: {}
     x0, _ = P.start()
-    made = []
-
-    class Local(_plan._Local):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            made.append(self)
+    Local, made = _recording(_plan._Local)
 
     def above(cont: Cont) -> float:  # every point worse than the incumbent's 0
         return 1.0 + _toy(cont)
@@ -855,17 +853,8 @@ def test_a_compass_that_wins_the_race_hands_the_local_search_its_end():
             area[2], area[3] = area[2] - 1e-5 * k, area[3] + 1e-5 * k
             yield [Cont({"area": area})]
 
-    made, compasses = [], []
-
-    class Local(_plan._Local):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            made.append(self)
-
-    class Compass(_plan._Compass):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            compasses.append(self)
+    Local, made = _recording(_plan._Local)
+    Compass, compasses = _recording(_plan._Compass)
 
     P = _ToyProblem(_ToySetup())
     P.setup.start_params = lambda: {}
@@ -928,12 +917,7 @@ def test_an_axial_probe_races_only_when_it_beats_its_start(probe_gain):
     the same path: it races only when it is better."""
     from crossflow.search.samplers.structured import _plan
 
-    made = []
-
-    class Local(_plan._Local):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            made.append(self)
+    Local, made = _recording(_plan._Local)
 
     P = _ToyProblem(_ToySetup())
     P.setup.start_params = lambda: {}
@@ -974,12 +958,7 @@ def test_every_contender_races_from_the_better_of_the_start_and_the_best_probes_
 
     setup = load_study("paper-lstm-512")
     P = Problem(setup)
-    made = []
-
-    class Local(_plan._Local):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            made.append(self)
+    Local, made = _recording(_plan._Local)
 
     def f(params):
         return evaluate(setup, setup.design(params)).values(setup.objectives)[0]
