@@ -21,7 +21,7 @@ import pytest
 from crossflow.search.storage import RECONNECT_ENV
 from crossflow.search.workers import child_env
 
-TRIALS = 20
+TRIALS = 40
 
 
 @pytest.fixture
@@ -57,6 +57,35 @@ def cluster(postgres_url):
         start()
 
 
+def _hold_trials_table(url: str, proc: subprocess.Popen, at_least: int, within: float):
+    """Once ``at_least`` trials are complete, lock the trials table (an open transaction
+    holding ACCESS EXCLUSIVE) so that no worker can finish another trial before the server
+    stops: a quickstart trial takes ~15 ms, and without the lock the launch could finish
+    every trial between the count and the stop (seen once in CI under load).  Returns the
+    connection that holds the lock."""
+    import psycopg
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+        try:
+            conn = psycopg.connect(url, connect_timeout=5)
+        except psycopg.OperationalError:
+            continue
+        try:
+            conn.execute("LOCK TABLE trials IN ACCESS EXCLUSIVE MODE")
+            done = conn.execute(
+                "SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+        except psycopg.errors.UndefinedTable:      # the study's tables are not made yet
+            conn.close()
+            continue
+        if done >= at_least:
+            return conn
+        conn.close()
+    raise AssertionError(f"the launch did not complete {at_least} trials while running: "
+                         f"{proc.communicate() if proc.poll() is not None else 'timed out'}")
+
+
 def _complete(url: str) -> int:
     import psycopg
 
@@ -76,16 +105,11 @@ def test_a_database_away_past_the_window_ends_the_study_with_a_message(
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-            try:
-                if _complete(postgres_url) >= 4:
-                    break
-            except Exception:  # noqa: BLE001 - the tables are not made yet
-                pass
-        assert proc.poll() is None, proc.communicate()
-        stop()
+        held = _hold_trials_table(postgres_url, proc, at_least=4, within=60)
+        try:
+            stop()                                         # (ends the holding session too)
+        finally:
+            held.close()
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=45)
     finally:
