@@ -5,7 +5,7 @@ settings on the benchmark suite: the same points and values as a study with the
     python benchmarks/bench_plan.py --half tuning --budgets 300,1000 --jobs 2 \\
         --variants '{"default": {}, "race-2": {"race": 2}}' [--seeds 1] [--studies a,b]
         [--best-known benchmarks/results/best_known] [--references FILE.json]
-        [--out FILE.json] [--seeds 3 --jitter 0.05]
+        [--out FILE.json] [--seeds 3 --jitter 0.05] [--kind budgets+strategy+order]
     python benchmarks/bench_plan.py --shipped gpt3-175b-a100 --budgets 4900,30000 \
         --variants '{"all": {"screen_cap": "all"}}'   # the study's trials vs its whole space
 
@@ -221,6 +221,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--half", default="tuning", choices=("tuning", "checking", "all"))
     ap.add_argument("--studies", default="")
+    ap.add_argument("--kind", default="",
+                    help="only studies of these kinds (comma-separated: "
+                         f"{', '.join(suite.KINDS)}), e.g. budgets+strategy+order for the "
+                         "co-design studies a rule of the race or the second bracket touches")
     ap.add_argument("--study-table", type=Path, default=suite.TABLE,
                     help="the table of studies (default: the suite's); another table, such "
                          "as a set of new studies written the same way, checks whether a "
@@ -262,8 +266,9 @@ def main() -> None:
         studies = [{"name": n, "half": "shipped", "spec": n} for n in args.shipped.split(",")]
     else:
         names = [s for s in args.studies.split(",") if s] or None
-        studies = suite.select(suite.load_table(args.study_table), args.half, names)
-        if names is None:
+        kinds = [k for k in args.kind.split(",") if k] or None
+        studies = suite.select(suite.load_table(args.study_table), args.half, names, kinds)
+        if names is None and kinds is None:
             # the plan of a strategy-only study ends with its screen (a study hands it to
             # TPE), so its gaps say nothing of the driver: those run as studies (suite.py)
             studies = [s for s in studies if s["kind"] != "strategy"]

@@ -125,8 +125,22 @@ def load_table(path: str | Path = TABLE) -> list[dict[str, Any]]:
     return out
 
 
+#: The kinds of study a table's rows are (its ``kind`` column): a budget split alone (one
+#: chip, or a fixed strategy), a split co-designed with the strategy and mapping order, and
+#: a strategy alone.
+KINDS = ("budgets", "budgets+strategy+order", "strategy")
+
+
 def select(studies: Sequence[dict[str, Any]], half: str = "all",
-           names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+           names: Sequence[str] | None = None,
+           kinds: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The studies of ``half`` (every half: ``all``), only those named in ``names`` and of
+    the ``kinds`` given (None: every one)."""
+    if kinds:
+        unknown = [k for k in kinds if k not in KINDS]
+        if unknown:
+            raise SystemExit(f"unknown kinds of study: {', '.join(unknown)} (the kinds are "
+                             f"{', '.join(KINDS)})")
     if names:
         known = {s["name"] for s in studies}
         missing = [n for n in names if n not in known]
@@ -137,7 +151,10 @@ def select(studies: Sequence[dict[str, Any]], half: str = "all",
         if other:
             raise SystemExit(f"not in the {half} half: {', '.join(other)} (--half all "
                              "runs studies of both halves)")
-    return [s for s in studies if half == "all" or s["half"] == half]
+        if kinds and (other := [s["name"] for s in studies if s["kind"] not in kinds]):
+            raise SystemExit(f"not of the kinds {', '.join(kinds)}: {', '.join(other)}")
+    return [s for s in studies if (half == "all" or s["half"] == half)
+            and (not kinds or s["kind"] in kinds)]
 
 
 # --- runs (each cached as one JSON file) -------------------------------------------------------
@@ -523,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per study x sampler")
     ap.add_argument("--half", choices=(*HALVES, "all"), default="all")
     ap.add_argument("--studies", default="", help="only these studies (comma-separated)")
+    ap.add_argument("--kind", default="", help="only studies of these kinds (comma-separated: "
+                    f"{', '.join(KINDS)})")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--out", default=str(RESULTS), help="folder for runs, caches and tables")
     ap.add_argument("--table", default=str(TABLE), help="the suite's study table (YAML)")
@@ -542,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per worker
     studies = load_table(args.table)
     if args.list:
-        for s in select(studies, args.half, _list(args.studies)):
+        for s in select(studies, args.half, _list(args.studies), _list(args.kind)):
             print(f"{s['row']:3d}  {s['half']:8s}  {s['kind']:24s}  {s['name']}")
         return 0
     budgets = sorted({int(b) for b in _list(args.budgets)})
@@ -558,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out) if args.out != str(RESULTS) else RESULTS / "quick"
     else:
         out = Path(args.out)
-    chosen = select(studies, args.half, names)
+    chosen = select(studies, args.half, names, _list(args.kind))
     seeds = list(range(args.seeds))
     if not args.report_only:
         execute(chosen, samplers, seeds, budgets, out, jobs=max(1, args.jobs),

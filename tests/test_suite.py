@@ -47,6 +47,22 @@ def test_the_table_makes_at_least_24_loadable_studies_split_by_the_written_rule(
     assert suite.select(STUDIES, "checking") == halves["checking"]
 
 
+def test_studies_are_selected_by_kind_and_a_wrong_kind_or_name_is_refused():
+    """``--kind`` (bench_plan.py, suite.py): only studies of those kinds, in table order,
+    within the half; an unknown kind, or a named study of another kind, is an error."""
+    codesign = suite.select(STUDIES, "all", kinds=["budgets+strategy+order"])
+    assert codesign and codesign == [s for s in STUDIES if s["kind"] == "budgets+strategy+order"]
+    both = suite.select(STUDIES, "tuning", kinds=["budgets", "strategy"])
+    assert both == [s for s in STUDIES if s["half"] == "tuning"
+                    and s["kind"] in ("budgets", "strategy")]
+    with pytest.raises(SystemExit, match="unknown kinds of study: codesign"):
+        suite.select(STUDIES, "all", kinds=["codesign"])
+    single = next(s for s in STUDIES if s["kind"] == "budgets")
+    assert suite.select(STUDIES, "all", [single["name"]], ["budgets"]) == [single]
+    with pytest.raises(SystemExit, match=f"not of the kinds strategy: {single['name']}"):
+        suite.select(STUDIES, "all", [single["name"]], ["strategy"])
+
+
 FRESH = ["fresh.yaml", "fresh2.yaml", "fresh3.yaml", "fresh4.yaml", "fresh5.yaml", "fresh6.yaml",
          "fresh7.yaml"]
 #: the kinds of study of each set: the seventh (fresh5) checks a rule that touches only
