@@ -22,6 +22,8 @@ from crossflow.search.storage import RECONNECT_ENV
 from crossflow.search.workers import child_env
 
 TRIALS = 40
+#: the study's completed trials, counted in its PostgreSQL tables
+COMPLETE = "SELECT count(*) FROM trials WHERE state = 'COMPLETE'"
 
 
 @pytest.fixture
@@ -74,8 +76,7 @@ def _hold_trials_table(url: str, proc: subprocess.Popen, at_least: int, within: 
             continue
         try:
             conn.execute("LOCK TABLE trials IN ACCESS EXCLUSIVE MODE")
-            done = conn.execute(
-                "SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+            done = conn.execute(COMPLETE).fetchone()[0]
         except psycopg.errors.UndefinedTable:      # the study's tables are not made yet
             conn.close()
             continue
@@ -90,7 +91,7 @@ def _complete(url: str) -> int:
     import psycopg
 
     with psycopg.connect(url, connect_timeout=5) as conn:
-        return conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+        return conn.execute(COMPLETE).fetchone()[0]
 
 
 @pytest.mark.parametrize("workers, tracking", [(2, []), (1, ["--no-tracking"])])
