@@ -1,5 +1,5 @@
 """What a portfolio of the driver and plain CMA-ES would have reached, from runs already made
-by ``benchmarks/suite.py`` (docs/search-benchmarks.md, "A portfolio with plain CMA-ES").
+by ``benchmarks/suite.py`` (docs/search-history.md, "A portfolio with plain CMA-ES").
 
     python benchmarks/portfolio.py RUNS_FOLDER REFERENCES_CSV [--budget 1000]
         [--shares 0.25,0.5]

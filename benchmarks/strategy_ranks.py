@@ -1,6 +1,6 @@
 """Where a strategy ranks among a study's strategies at one budget split and at others: does
 the split a search screens at decide which strategy it keeps?
-(docs/search-benchmarks.md, "A thirty-fifth round").
+(docs/search-history.md, "A thirty-fifth round").
 
     python benchmarks/strategy_ranks.py --study lstm-2560-256-n3-350w \\
         --study-table benchmarks/suite/fresh3.yaml --strategy RC-64-1-d1-p4 \\
@@ -22,7 +22,7 @@ orders (its best class counts) at:
   *mixed* CMA-ES: CMA-ES over the split from the template's (step 1 in the natural
   coordinates), each sample paired with one of the template's ``--pool`` best combinations
   (each in its best class of orders) drawn at random, as plain CMA-ES samples categoricals
-  beside the split (docs/search-benchmarks.md, "A thirty-sixth round").
+  beside the split (docs/search-history.md, "A thirty-sixth round").
 
 Prints the best three strategies and ``--strategy``'s rank at each.
 """

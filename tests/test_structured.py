@@ -1206,7 +1206,7 @@ def test_the_second_bracket_carries_the_leads_order_to_every_strategy():
     best three that did not race, and the L2-heavy split of RC-32-2-d1-p1's probe takes the
     lead — within 1000 evaluations since the bracket starts once the search has taken as
     many as the phases before it.  With the bracket at three times those phases (``TIER``
-    = 3) the plan is still on RC-16-2-d1-p2 at 1000, 10 % slower (docs/search-benchmarks.md,
+    = 3) the plan is still on RC-16-2-d1-p2 at 1000, 10 % slower (docs/search-history.md,
     "An eighteenth round", "A nineteenth round")."""
     setup = _suite_study("lstm-4k-64-n3")
     best, point = _best_of_plan(setup, 1000)

@@ -80,7 +80,7 @@ and 3.1 %, 4.4 % and 12.7 % apart on three that search strategies (`lstm-6k-512-
 `gemm-32k-64-n7-hbm3`, `gemm-24k-256-n3`: there the best seed's design has 308 core
 bundles, one DRAM device and an 85 MB L2, the others ~512 bundles and four devices).  The
 best of the first three seeds was the best of the four on each of the eight studies
-measured (docs/search-benchmarks.md, "A twenty-fourth round").
+measured (docs/search-history.md, "A twenty-fourth round").
 In a space with nothing continuous the screen is exhaustive, so one search is the answer.
 
 What is not covered: a strategy that is more than ``margin`` from the best at all three

@@ -8,7 +8,7 @@ first move that beats the incumbent is taken (opportunistic polling), and a swee
 coordinate without a gain halves the step, until it is below ``smallest``.  On the AGE's
 budget splits (the simplexes in their softmax coordinates) it starts with large moves —
 a step of 1.0 multiplies one share by e — and so crosses whole-unit cliffs a local search of
-step-edge moves stays behind (docs/search-benchmarks.md, "A twenty-sixth round").
+step-edge moves stays behind (docs/search-history.md, "A twenty-sixth round").
 
 :func:`compass` is a generator, so that a caller with evaluations of its own (a counter, a
 plan that yields batches) drives it: it yields one trial point at a time and receives that

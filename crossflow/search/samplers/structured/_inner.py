@@ -52,7 +52,7 @@ def exchange(P: Problem, discrete: Mapping[str, Any], start: Cont, f0: float, bu
     3. After a round that improved, Hooke and Jeeves's pattern move (``pattern``; Hooke
        and Jeeves, J. ACM 8(2), 1961): the round's whole change made once more, repeated
        while it improves.  It lowered the suite's median gaps at 300 and 1000 evaluations
-       on both halves (docs/search-benchmarks.md, "A ninth round").
+       on both halves (docs/search-history.md, "A ninth round").
     Every move is snapped to the AGE's step edges (:meth:`Problem.snap`).
     """
     if not P.coords or budget <= 0:

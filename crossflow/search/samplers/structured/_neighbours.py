@@ -33,7 +33,7 @@ _MISSING = object()
 #: classes, the second (reach 3) every one-choice change in another class as well.  Without
 #: it gpt-145b-h100-256 (a fresh strategy-only study) stayed 1.6 % off on two seeds of three;
 #: counted as one, the neighbourhoods were 2.5x larger and gpt3-175b-a100-1536 took 508
-#: evaluations to its optimum, as two 352, before it 261 (docs/search-benchmarks.md, "A
+#: evaluations to its optimum, as two 352, before it 261 (docs/search-history.md, "A
 #: twenty-second round").
 ORDER_STEP = 2
 

@@ -89,7 +89,7 @@ Phases (every point yielded is one model evaluation, one trial):
    local search settles in (on three single-chip studies of the suite, about half the L1
    banks with the power split following): one share moved a long way, the others adapting
    to it by local search, reaches such a basin, where no move of the local search's size
-   does (docs/search-benchmarks.md, "An eleventh round" and "A twelfth round").
+   does (docs/search-history.md, "An eleventh round" and "A twelfth round").
    Where no mapping order is searched, the compass, when it won the race, runs until its
    step is spent and the local search goes on from its end; when it lost, it goes on once
    the winner's first local search has ended, and the local search goes on from the
@@ -204,7 +204,7 @@ TPE_START = 32
 #: (as in BIPOP-CMA-ES's small-step regime), not Hansen's quarter of the range for a start
 #: that knows nothing: from the driver's end point on ``v100-gemm-32k-64``, three runs of
 #: 500 evaluations each ended 0.92-1.00 ms with 0.5 and 1.01-1.19 ms with 2 (the driver's
-#: 1.23 ms; docs/search-benchmarks.md, "A forty-third round").  Where CMA-ES comes only
+#: 1.23 ms; docs/search-history.md, "A forty-third round").  Where CMA-ES comes only
 #: after the neighbourhood search (no mapping order), it never ran within 1000 evaluations
 #: on the six tables, and 1 instead of 2 changed no run there.
 SIGMA0 = encoding.SPAN / 8
@@ -225,7 +225,7 @@ PATIENCE = 5
 #: (0.5 or 0.7 missed the L2-heavy basin of lstm-4k-64-n3); the probe in the place of the
 #: second combination was better at 300 on the tuning half but lost one checking study by
 #: 23 %; probing the race's winner after the race instead moved no median or mean by more
-#: than 0.05 points (docs/search-benchmarks.md, "A fifth round").
+#: than 0.05 points (docs/search-history.md, "A fifth round").
 AXIAL = (0.5, 0.8)
 #: The second bracket (:func:`_tier`) starts once the search after the race (the winner's
 #: first local search and its restarts) has taken this many times the evaluations of the
@@ -239,7 +239,7 @@ AXIAL = (0.5, 0.8)
 #: 6.9 %; 3 reached those strategies only after ~1100 evaluations, 0.5 did no better than 1
 #: at 1000 and worse at 300; 0 turns it off.  Without mapping orders (the technology studies)
 #: the bracket only probed other combinations, never won, and cost ~70 evaluations before 300
-#: (docs/search-benchmarks.md, "A fifteenth round", "A nineteenth round").
+#: (docs/search-history.md, "A fifteenth round", "A nineteenth round").
 TIER = 1
 #: Where no mapping order is searched (budgets, and technology if any, on one chip or with
 #: a fixed strategy), a compass search (:mod:`crossflow.search.compass`) from the best start
@@ -251,7 +251,7 @@ TIER = 1
 #: settle before; which of the two does better, and how soon, differs from study to study,
 #: which is what a race decides.  Three jittered runs per study on 46 studies (the suite's 22
 #: with a split, fresh.yaml's and fresh2.yaml's 12) and five of each shipped study without
-#: mapping orders (docs/search-benchmarks.md, "A thirtieth round"): against the compass only
+#: mapping orders (docs/search-history.md, "A thirtieth round"): against the compass only
 #: after the first local search, median / mean gap 7.32 / 17.13 -> 6.31 / 16.42 % at 200
 #: evaluations, 4.19 / 8.88 -> 3.68 / 8.23 % at 300, 1.47 / 2.41 -> 1.25 / 2.28 % at 1000;
 #: `quickstart` 5.36 -> 3.86 % at 200, `case-fig10-arch-n3` 3.02 -> 4.63 % (the cost falls
@@ -271,7 +271,7 @@ COMPASS_RACE = True
 #: evaluations, `lstm-4k-64-n3`, from 10.0 to 0.7 % (its best-known strategy, RC-32-2-d1-p1,
 #: is fourth in a kp2-first order and 20th in the screen's), its mean from 1.59 to 0.75 %,
 #: and changed no study at 300 or 1000 by more than 0.25 points, and no study of the
-#: checking half at all; 2 reached it on one run of three (docs/search-benchmarks.md, "An
+#: checking half at all; 2 reached it on one run of three (docs/search-history.md, "An
 #: eighteenth round").
 TIER_PROBES = 3
 #: A restart of the local search (from its best point, with its first steps) is a test of
@@ -284,7 +284,7 @@ TIER_PROBES = 3
 #: 2.16 against 2.21 %) and the checking half's at 1.17 %, and took the medians at 3000 from
 #: 0.57 to 0.50 % (tuning) and 0.96 to 0.49 % (checking; `lstm-8k-256-n7-budgets` 7.3 ->
 #: 0.3 %); 4 did as well, 3 and 8 worse at 1000 on the tuning half
-#: (docs/search-benchmarks.md, "A seventeenth round"); 0 turns it off.
+#: (docs/search-history.md, "A seventeenth round"); 0 turns it off.
 RESTART_TRIAL = 5
 #: Phase 3 prices every other order class of the ``top_k`` best combinations, and of more,
 #: best first, until those classes number this share of the combinations screened: a
@@ -294,7 +294,7 @@ RESTART_TRIAL = 5
 #: other study by more than 0.02 points and no median (0.5 the same; top_k 6 or 8 instead
 #: did as much there but cost gpt-18b-512-n5-codesign 1.6 points at 300); on the checking
 #: half it cost two LSTM studies 1-6 points at 300 and nothing at 1000, medians unchanged
-#: (docs/search-benchmarks.md, "A fourteenth round").
+#: (docs/search-history.md, "A fourteenth round").
 ORDERS_SHARE = 0.25
 #: A relative gain below this is no gain (the model's own noise floor is far below).
 GAIN = 1e-6
@@ -305,7 +305,7 @@ GAIN = 1e-6
 #: 1.35 to 0.83 % (mean 3.42 -> 3.15 %) and the checking half's mean from 1.82 to 1.69 %
 #: (its median stayed at 0.96 %), and lost no study.  Factors 1/3 and 3, one level or
 #: two, 10 or 40 evaluations per coordinate (``KICK_EVALS``) all ended within 0.1 points of
-#: these (docs/search-benchmarks.md, "A twelfth round").  Started once every local search
+#: these (docs/search-history.md, "A twelfth round").  Started once every local search
 #: had ended, it came after 1000 evaluations on every run; shaking each new incumbent at
 #: the first level as soon as its local search ends (before restarts and the race's
 #: losers) took the median gap at 1000 evaluations over the suite and twelve newer studies
@@ -332,7 +332,7 @@ REFUSED_IN_A_ROW = 1000
 #: mean gap at 1000 evaluations from 0.83 to 0.06 % and the worst from 4.29 to 0.38 % (at 300:
 #: 1.94 -> 0.50 %, 7.08 -> 5.23 %); up to 2 only left gpt3-175b-a100-1536 in a basin 4.3 %
 #: off, and descents from the screen's best two or four did worse at 300
-#: (docs/search-benchmarks.md, "A twenty-first round").
+#: (docs/search-history.md, "A twenty-first round").
 DESCENT_REACH: tuple[int, ...] = (2, 3)
 #: The local search's evaluations after a shake, per searched coordinate, before the next
 #: shake is tried (the search from a shake that beats the incumbent goes on to its end).
@@ -347,7 +347,7 @@ KICK_EVALS = 20
 #: halved or doubled reaches.  On the six budget tables (76 studies, three runs each) the
 #: median gap at 1000 evaluations went 1.32 -> 1.25 % (checking halves 1.36 -> 1.22 %),
 #: the mean 3.63 -> 3.47 %; six studies gained 0.5-2.8 points, none lost 0.1; bases (1,)
-#: and (1, 3, 5) gained less (docs/search-benchmarks.md, "A forty-first round").
+#: and (1, 3, 5) gained less (docs/search-history.md, "A forty-first round").
 WAVES: tuple[int, ...] = (1, 3)
 #: Where a budget split is searched and more combinations than this fit in memory (and the
 #: study leaves ``screen_cap`` at its default), the screen is a seeded subset of this many
@@ -364,7 +364,7 @@ WAVES: tuple[int, ...] = (1, 3)
 #: contenders took away).  On the sixth set, untouched, ``lstm-3584-512-n3-hbm3`` went
 #: 55.1 -> 25.6 % at 300 and 16.5 -> 0.41 % at 1000.  Subsets of 8 and 24 were no better,
 #: 32 and 64 worse, and a second descent from the next screened point out of reach of the
-#: first cost at 300 (docs/search-benchmarks.md, "A forty-second round").  0 turns it off.
+#: first cost at 300 (docs/search-history.md, "A forty-second round").  0 turns it off.
 SCREEN_DESCENT = 16
 #: Where mapping orders are searched (a strategy co-designed with the split), a turn of
 #: CMA-ES from the winner's best point as soon as its first local search ends, before its
@@ -383,7 +383,7 @@ SCREEN_DESCENT = 16
 #: 3.02 %, the rest unchanged.  Nothing changes before the first local search ends (at 300
 #: evaluations nothing moved).  In studies without mapping orders (one chip, or a fixed
 #: strategy) the same turn cost 0.4-1.4 points on seven studies and gained on none: there the
-#: shakes find the AGE's next whole unit sooner (docs/search-benchmarks.md, "A forty-third
+#: shakes find the AGE's next whole unit sooner (docs/search-history.md, "A forty-third
 #: round"; "A thirty-seventh round" for CMA-ES instead of the shakes).  False turns it off.
 EARLY_CMA = True
 
@@ -432,7 +432,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
         if probe is not None:
             # the other contenders start from the probe's split where they are better there:
             # a race judged after a few evaluations is won by the best start, so each
-            # combination starts from the best split known for it (docs/search-benchmarks.md,
+            # combination starts from the best split known for it (docs/search-history.md,
             # "A forty-sixth round": misses of 6-10 % on co-designed LSTMs down to 0.2-1.5 %,
             # about as many studies 1-5 points further)
             others = tops[1:]

@@ -13,7 +13,7 @@ splits it in two:
   so it is searched by moves, as Optuna's CMA-ES searches an ``IntDistribution``: screened
   value by value as a discrete choice, a ``tdp_W`` of 150-450 W spent the first 256
   evaluations (the screen's cap) on the template's split at other watts before the split
-  was searched (docs/search-benchmarks.md, "Integer ranges").
+  was searched (docs/search-history.md, "Integer ranges").
 
 Moves of a simplex coordinate are *exchanges*: component i is scaled by ``exp(s)`` and the
 others (slack included) share what it gains or gives up in proportion, so the point stays
