@@ -58,10 +58,9 @@ after each phase (``phases``), so one can see which phase got where.
    bound scaled to [0, 1], σ0 = ``cma_sigma``) for the ``cma_combos`` (2) best strategies,
    from ``cma_starts`` (3) starts each (the strategy's best point, then random splits), and
    for the next ``cma_contenders`` (8) strategies that phases 3 and 4b refined from their
-   best point only, ``cma_evals`` (1200) evaluations per start.  (Added after the suite's
-   ``lstm-4k-64-n3``: a TPE run beat phases 1–7 by 10.9 % with RC-32-2-d1-p1, a contender
-   that phase 4b's 600-evaluation compass search had left at 0.0157 s, 35 % above TPE's
-   0.0116 s, and that the cross-check of the two best strategies never looked at.)  It is
+   best point only, ``cma_evals`` (1200) evaluations per start: a contender that phase
+   4b's compass search left far above its own optimum is looked at again from its best
+   point (on ``lstm-4k-64-n3`` a TPE run once beat phases 1–7 that way).  It is
    independent of phases 1–6: ``cross_check`` records its runs, ``main_value`` (phases
    1–6) and ``beat_main``; when it beats them, the new best is polished by a compass search
    (``polished_value``, phase ``polish``) and is the best-known value.  A cross-check that
@@ -74,13 +73,10 @@ Phases 1, 4 and 4b price every combination of one split in one :func:`evaluate_m
 the seeds ``seed``, ``seed`` + 1, …, and the best result is the best-known one; ``searches``
 records each one's value, evaluations and seconds, and ``spread`` how far the worst is
 above the best.  Phases 2 and 7 draw random splits, and on a study with several basins of
-whole units one search's end is partly luck: on 2026-12-02, four seeds of one search ended
-up to 1.7 % apart on five studies of one strategy (four single chips, a 256-node LSTM),
-and 3.1 %, 4.4 % and 12.7 % apart on three that search strategies (`lstm-6k-512-n5`,
-`gemm-32k-64-n7-hbm3`, `gemm-24k-256-n3`: there the best seed's design has 308 core
-bundles, one DRAM device and an 85 MB L2, the others ~512 bundles and four devices).  The
-best of the first three seeds was the best of the four on each of the eight studies
-measured (docs/search-history.md, "A twenty-fourth round").
+whole units one search's end is partly luck (seeds of one search ended up to 12.7 % apart
+on a study that searches strategies, where the best seed's design had 308 core bundles
+and one DRAM device and the others ~512 and four; docs/search-history.md, "A twenty-fourth
+round").
 In a space with nothing continuous the screen is exhaustive, so one search is the answer.
 
 What is not covered: a strategy that is more than ``margin`` from the best at all three
@@ -90,47 +86,9 @@ splits but best at some fourth split is missed; with more contenders than
 The objective is the study's first one (``iteration_time_s`` for every shipped study);
 infeasible designs do not count.
 
-How close to the true optimum — measured BEFORE phase 1's order classes and equal split,
-phase 4b and phase 7 were added (the counts and values below are of the search as it was
-then; the top-k may differ now; re-measure with the command below), on this 2-core VM, cold
-cache:
-
-* ``quickstart`` (3 logic nodes × two 5-component simplexes): ~3,000 evaluations, 2 s.
-  Dirichlet sampling (900 points) found nothing better than the template's split on N5
-  (4.139 ms); refinement reached 2.651 ms (``refine_gain`` 36 %).  The four refinement
-  starts ended at 2.651, 2.728, 3.798 and 5.724 ms (other nodes / basins), and 100
-  perturbations of the best point plus a second refinement improved nothing
-  (``hop_gain`` 0).  TPE and CMA-ES reach 2.9–3.3 ms in 200 trials.
-* ``paper-lstm-512`` (163 strategies × 24 orders = 3,912 combinations, all screened;
-  three simplexes, 20 encoded parameters): ~13,700 evaluations, 130 s.  Screening at the
-  template's split: 0.8995 s (RC-32-16-d1-p1); sampling the 6 best combinations: 0.6831 s;
-  refinement: 0.4369 s (``refine_gain`` 36 %), with the four starts at 0.437, 0.442,
-  0.465 and 0.469 s; the re-check of all 3,912 combinations at the refined split and the
-  perturbation round found nothing better.  With 3× the refinement budget per start the
-  best moved by 0.37 % (0.4352 s): the compass search has converged in its basin.
-
-With phase 6 (measured on this 2-core VM, other jobs running, cold cache:
-``python -c "from crossflow.search.study import load_study; from crossflow.search.best_known
-import best_known; best_known(load_study('paper-lstm-512'), refresh=True, progress=True)"``):
-
-* ``paper-lstm-512``: 26,344 evaluations in 53 s of search (69 s wall).  Phases 1–5 as above
-  reach 0.43524 s after 13,806 evaluations (23 s: batch screening made phases 1 and 4 ~2 s
-  each).  Round 1 of the enumeration: 24,375 integer vectors in the box (bundles 169–181,
-  registers 2–4 banks per MCU, L1 9–13 banks, HBM 2–6 devices, intra ports 55–59, inter
-  ports 30–34), 19,110 over the area budget, 5,265 priced, 3,510 feasible (fewer HBM
-  devices run out of memory); the best priced at the refined power split is the same unit
-  vector (0.43676 s), and refining its power split gives **0.43373 s** (−0.35 %): 174
-  bundles, 3 register banks (48 KiB) per MCU, 11 L1 banks, 202 L2 banks, 4 HBM2 devices,
-  32 inter ports, inter links 0.231 of the TDP.  Round 2, centred there, improved nothing.
-  So no integer design in that box beats it at the refined power split, and the gain came
-  from the power split, not from other units.
-* ``quickstart``: 2.6507 → 2.6149 ms (−1.35 %, the power split refined around other unit
-  vectors), 6,073 evaluations, 6 s.
-
-Before phase 6, the value was a converged local optimum of the best screened combination, within a
-fraction of a percent of that basin's minimum; other basins are not proven worse (the
-model is piecewise constant in the fractions — unit counts are integers — so no gradient
-certificate exists).  Treat "within 1 %" as "within 1 % of the best design known", and a
+How close it comes to the true optimum (the model is piecewise constant in the fractions,
+unit counts being integers, so no certificate exists): docs/search-benchmarks.md, "The
+best-known reference".  Treat "within 1 %" as "within 1 % of the best design known", and a
 run that beats it as a finding (the comparison then uses that run's value).
 
 Cache: ``mlruns/best_known/<study>.json``, keyed by a hash of the study spec (with its

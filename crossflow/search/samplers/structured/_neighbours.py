@@ -30,11 +30,10 @@ _MISSING = object()
 
 #: In the descent a mapping order outside the incumbent's class counts as this many
 #: choices: the first neighbourhood (reach 2) holds the incumbent's own other order
-#: classes, the second (reach 3) every one-choice change in another class as well.  Without
-#: it gpt-145b-h100-256 (a fresh strategy-only study) stayed 1.6 % off on two seeds of three;
-#: counted as one, the neighbourhoods were 2.5x larger and gpt3-175b-a100-1536 took 508
-#: evaluations to its optimum, as two 352, before it 261 (docs/search-history.md, "A
-#: twenty-second round").
+#: classes, the second (reach 3) every one-choice change in another class as well: a
+#: strategy's best order is often in another class, and counted as one choice every order
+#: would be a neighbour, which makes each neighbourhood 2.5x larger (docs/search-history.md,
+#: "A twenty-second round").
 ORDER_STEP = 2
 
 

@@ -189,57 +189,45 @@ class Settings:
         return int(self.screen_cap)
 
 
-#: The screen's default size where a budget split is searched after it: 64 made the tuning
-#: half's worst study 2x worse, 1024 changed nothing (docs/search-benchmarks.md).
+# Every constant below was chosen by the median over the benchmark suite's studies (three
+# jittered runs each, the checking half not tuned on); the comment says what it is for, and
+# the section of docs/search-history.md named beside it has the variants tried and their
+# figures.  docs/search-benchmarks.md lists them with a one-line reason each.
+
+#: The screen's default size where a budget split is searched after it: a smaller screen
+#: misses the combinations whose basin is far from the template's split, a larger one
+#: finds nothing more (docs/search-history.md, "How the driver's settings were chosen").
 SCREEN_CAP = 256
-#: ... and where nothing continuous follows (strategy-only spaces), so that the screen only
-#: gives TPE its first points: on the suite's six strategy-only studies (3 seeds each) 32
-#: instead of 256 took the median gap at 300 evaluations from 1.68 / 0.47 % to 0 / 0 %
-#: (tuning / checking half) and the worst at 1000 from 3.05 / 3.35 % to 0.17 / 2.38 %.
+#: ... and where nothing continuous follows (strategy-only spaces): there the screen only
+#: gives TPE its first points, and TPE and the descent learn more from the rest
+#: ("Strategy-only spaces").
 TPE_START = 32
 
 
 #: CMA-ES's first step, in the logits (range ±SPAN): a sixteenth of their range.  Every
-#: turn starts from an incumbent a local search has fitted, so the step is a local one
-#: (as in BIPOP-CMA-ES's small-step regime), not Hansen's quarter of the range for a start
-#: that knows nothing: from the driver's end point on ``v100-gemm-32k-64``, three runs of
-#: 500 evaluations each ended 0.92-1.00 ms with 0.5 and 1.01-1.19 ms with 2 (the driver's
-#: 1.23 ms; docs/search-history.md, "A forty-third round").  Where CMA-ES comes only
-#: after the neighbourhood search (no mapping order), it never ran within 1000 evaluations
-#: on the six tables, and 1 instead of 2 changed no run there.
+#: turn starts from an incumbent a local search has fitted, so the step is a local one (as
+#: in BIPOP-CMA-ES's small-step regime), not Hansen's quarter of the range for a start
+#: that knows nothing ("A forty-third round").
 SIGMA0 = encoding.SPAN / 8
-#: CMA-ES generations in a row that do not beat the incumbent before a run counts as
-#: stalled (besides CMA-ES's own stopping rules) and the local search takes over again.
-#: Judged against the incumbent, not the run's own best: short CMA-ES runs that hand back
-#: to the local search often did better on the tuning half (median 1.86 % at 1000
-#: evaluations) than runs left to converge by Hansen's own-history rule (2.22 %).  With
-#: :data:`EARLY_CMA`, 5 instead of 10 kept its gains and halved what a turn that finds
-#: nothing costs (~60 evaluations instead of ~120; "A forty-third round").
+#: CMA-ES generations in a row that do not beat the incumbent before a turn counts as
+#: stalled (besides CMA-ES's own stopping rules) and the local search takes over again:
+#: judged against the incumbent, not the run's own best, so that a turn that finds nothing
+#: costs a few generations ("How the driver's settings were chosen", "A forty-third
+#: round").
 PATIENCE = 5
-#: The axial probes' shares (:func:`_axial`): a component raised to half the budget, and to
-#: four fifths of it; the best probe races beside the combinations.  On the suite's tuning
-#: half (11 studies with a budget split, one seed) this took the mean gap at 1000
-#: evaluations from 8.4 to 4.4 % and the worst from 50.2 to 15.3 % (at 300: mean 13.1 ->
-#: 10.3 %, worst 64.0 -> 30.6 %; medians 1.95 -> 2.12 % and 5.47 -> 6.38 %, noise-sized),
-#: and on the checking half the median at 1000 from 4.3 to 1.6 %.  One share alone did less
-#: (0.5 or 0.7 missed the L2-heavy basin of lstm-4k-64-n3); the probe in the place of the
-#: second combination was better at 300 on the tuning half but lost one checking study by
-#: 23 %; probing the race's winner after the race instead moved no median or mean by more
-#: than 0.05 points (docs/search-history.md, "A fifth round").
+#: The axial probes' shares (:func:`_axial`): a component raised to half its simplex, and
+#: to four fifths of it; the best probe races beside the combinations.  They reach the
+#: basins the template's split is far from (an L2 that holds the weights); one share alone
+#: misses some of them ("A fifth round").
 AXIAL = (0.5, 0.8)
 #: The second bracket (:func:`_tier`) starts once the search after the race (the winner's
 #: first local search and its restarts) has taken this many times the evaluations of the
 #: screen, order classes, probes and race (phases 2-5), in a space that searches mapping
 #: orders.  The bracket is where a strategy the template's split misranks gets its own split
 #: (in the lead's mapping order, with its axial probes); the sooner it comes, the shorter the
-#: record it has to keep up with.  On the suite (3 runs per study) 1 took the tuning half's
-#: worst study at 1000 evaluations, `lstm-4k-64-n3`, from 10.0 to 1.0 % and its mean from
-#: 2.16 to 1.36 %, the checking half's `lstm-paper-1024-n5-400w` from 4.35 to 1.92 % (3.54 to
-#: 0.86 % at 3000), and on twelve studies written afterwards the worst at 1000 from 27.8 to
-#: 6.9 %; 3 reached those strategies only after ~1100 evaluations, 0.5 did no better than 1
-#: at 1000 and worse at 300; 0 turns it off.  Without mapping orders (the technology studies)
-#: the bracket only probed other combinations, never won, and cost ~70 evaluations before 300
-#: (docs/search-history.md, "A fifteenth round", "A nineteenth round").
+#: record it has to keep up with, and the fewer evaluations the winner has had to prove
+#: itself.  Without mapping orders it never won and cost evaluations early ("A fifteenth
+#: round", "A nineteenth round").  0 turns it off.
 TIER = 1
 #: Where no mapping order is searched (budgets, and technology if any, on one chip or with
 #: a fixed strategy), a compass search (:mod:`crossflow.search.compass`) from the best start
@@ -249,75 +237,42 @@ TIER = 1
 #: its end (the run it beat waits with the race's losers).  The compass moves one share by a
 #: factor e at first and so crosses whole-unit cliffs the local search's step-edge moves
 #: settle before; which of the two does better, and how soon, differs from study to study,
-#: which is what a race decides.  Three jittered runs per study on 46 studies (the suite's 22
-#: with a split, fresh.yaml's and fresh2.yaml's 12) and five of each shipped study without
-#: mapping orders (docs/search-history.md, "A thirtieth round"): against the compass only
-#: after the first local search, median / mean gap 7.32 / 17.13 -> 6.31 / 16.42 % at 200
-#: evaluations, 4.19 / 8.88 -> 3.68 / 8.23 % at 300, 1.47 / 2.41 -> 1.25 / 2.28 % at 1000;
-#: `quickstart` 5.36 -> 3.86 % at 200, `case-fig10-arch-n3` 3.02 -> 4.63 % (the cost falls
-#: on the 512-node paper-LSTM budget studies at 200).  Run only after the first local
-#: search, the compass left every budget up to that point as it was and took the median at
-#: 1000 from 1.49 to 1.32 % ("A twenty-eighth round"); beside it or before it for every study,
-#: it cost the shipped studies' 200 trials up to 17 points ("A twenty-sixth round", "A
-#: twenty-ninth round").  In a space that searches strategies the compass cost the medians
-#: (the race and the second bracket need those evaluations); there the second bracket
-#: (TIER) is the second opinion instead.
+#: which is what a race decides.  In a space that searches strategies the race and the
+#: second bracket need those evaluations, and the bracket (:data:`TIER`) is the second
+#: opinion instead ("A twenty-sixth round", "A twenty-eighth round", "A thirtieth round").
 COMPASS_RACE = True
 #: The second bracket probes (:func:`_probe`) this many of the best pairs that did not race,
 #: and races the one whose probe is best: the template's split ranks strategies by how they
-#: do there, and a strategy whose basin is far from it shows only in its probes.  With the
-#: bracket pricing every combination in the lead's mapping order (where every order class of
-#: every combination is more than a screen), 3 took the tuning half's worst study at 3000
-#: evaluations, `lstm-4k-64-n3`, from 10.0 to 0.7 % (its best-known strategy, RC-32-2-d1-p1,
-#: is fourth in a kp2-first order and 20th in the screen's), its mean from 1.59 to 0.75 %,
-#: and changed no study at 300 or 1000 by more than 0.25 points, and no study of the
-#: checking half at all; 2 reached it on one run of three (docs/search-history.md, "An
-#: eighteenth round").
+#: do there, and a strategy whose basin is far from it shows only in its probes
+#: ("An eighteenth round").
 TIER_PROBES = 3
 #: A restart of the local search (from its best point, with its first steps) is a test of
 #: whether steps that large still find something there: one that has not beaten its start
 #: after this many evaluations per searched coordinate ends, and the search goes on to the
-#: race's losers (then variable neighbourhood search).  Restarts that gained did so within
-#: 9-145 evaluations (median ~40) on the suite, and one that found nothing ran 100-350
-#: before its steps were spent.  On the suite (3 runs per study) 5 left every study at 300
-#: evaluations as it was, the tuning half's median at 1000 at 1.49 % (1.50 % without; mean
-#: 2.16 against 2.21 %) and the checking half's at 1.17 %, and took the medians at 3000 from
-#: 0.57 to 0.50 % (tuning) and 0.96 to 0.49 % (checking; `lstm-8k-256-n7-budgets` 7.3 ->
-#: 0.3 %); 4 did as well, 3 and 8 worse at 1000 on the tuning half
-#: (docs/search-history.md, "A seventeenth round"); 0 turns it off.
+#: race's losers (then variable neighbourhood search).  Restarts that gain do so early; one
+#: that finds nothing would otherwise run until its steps are spent ("A seventeenth
+#: round").  0 turns it off.
 RESTART_TRIAL = 5
 #: Phase 3 prices every other order class of the ``top_k`` best combinations, and of more,
 #: best first, until those classes number this share of the combinations screened: a
-#: strategy whose first order class is poor can be the best in another (on
-#: lstm-4k-64-n3 the best-known design's).  On the tuning half (3 runs per study) 0.25 took
-#: lstm-4k-64-n3 from 79 to 25 % at 300 evaluations and from 75 to 10 % at 1000, moved no
-#: other study by more than 0.02 points and no median (0.5 the same; top_k 6 or 8 instead
-#: did as much there but cost gpt-18b-512-n5-codesign 1.6 points at 300); on the checking
-#: half it cost two LSTM studies 1-6 points at 300 and nothing at 1000, medians unchanged
-#: (docs/search-history.md, "A fourteenth round").
+#: strategy whose first order class is poor can be the best in another ("A fourteenth
+#: round").
 ORDERS_SHARE = 0.25
 #: A relative gain below this is no gain (the model's own noise floor is far below).
 GAIN = 1e-6
 #: Variable neighbourhood search (:func:`_shake`): each simplex share of the incumbent
 #: multiplied by each of these factors, one at a time; then by their squares, and so on, up
-#: to the power ``KICK_LEVELS``; () leaves IPOP-CMA-ES alone after the local searches.  On
-#: the suite (3 runs per study, 3000 evaluations) it took the tuning half's median gap from
-#: 1.35 to 0.83 % (mean 3.42 -> 3.15 %) and the checking half's mean from 1.82 to 1.69 %
-#: (its median stayed at 0.96 %), and lost no study.  Factors 1/3 and 3, one level or
-#: two, 10 or 40 evaluations per coordinate (``KICK_EVALS``) all ended within 0.1 points of
-#: these (docs/search-history.md, "A twelfth round").  Started once every local search
-#: had ended, it came after 1000 evaluations on every run; shaking each new incumbent at
-#: the first level as soon as its local search ends (before restarts and the race's
-#: losers) took the median gap at 1000 evaluations over the suite and twelve newer studies
-#: (34, three runs each) from 1.52 to 1.29 % and the mean from 2.85 to 2.75 %, the
-#: checking half's median from 1.40 to 1.17 %, and cost the suite's median at 3000 0.08
-#: points (one run each, with EARLY_SHAKES; "A twenty-fifth round").
+#: to the power ``KICK_LEVELS``; () leaves IPOP-CMA-ES alone after the local searches.  A
+#: local search settles in the basin of the AGE's whole units nearest its start; one share
+#: moved a long way, the others adapting to it by local search, reaches the next basin.  A
+#: new incumbent is shaken at the first level as soon as its local search ends, before
+#: restarts and the race's losers, since the next whole unit is usually near ("A twelfth
+#: round", "A twenty-fifth round").
 KICKS: tuple[float, ...] = (0.5, 2.0)
 #: A new incumbent's shakes (the first level, as soon as its local search ends) are searched
 #: from the best this many only, so that a basin with nothing better near it costs at most
-#: EARLY_SHAKES x KICK_EVALS evaluations per coordinate before the run restarts: every shake
-#: (2 per share) left the suite's median at 1000 evaluations where 4 did (three runs per
-#: study) and cost the median at 3000 0.08 points more (one run per study; 2: 0.14 more).
+#: EARLY_SHAKES x KICK_EVALS evaluations per coordinate before the run restarts
+#: ("A twenty-fifth round").
 EARLY_SHAKES = 4
 KICK_LEVELS = 2
 #: Points after the screen that are no design to price (:meth:`Problem.refused`) answered
@@ -328,11 +283,8 @@ REFUSED_IN_A_ROW = 1000
 #: over the combinations from the screen's best (:func:`_descend`) before the sampler hands
 #: the study to TPE; these are its neighbourhoods, by how many choices a combination differs
 #: in from the incumbent: up to 2, then 3 (a pipeline degree that changes takes its virtual
-#: stages with it).  On the suite's four GPT parallelism studies (3 seeds each) it took the
-#: mean gap at 1000 evaluations from 0.83 to 0.06 % and the worst from 4.29 to 0.38 % (at 300:
-#: 1.94 -> 0.50 %, 7.08 -> 5.23 %); up to 2 only left gpt3-175b-a100-1536 in a basin 4.3 %
-#: off, and descents from the screen's best two or four did worse at 300
-#: (docs/search-history.md, "A twenty-first round").
+#: stages with it, so the best neighbour is often three choices away; "A twenty-first
+#: round").
 DESCENT_REACH: tuple[int, ...] = (2, 3)
 #: The local search's evaluations after a shake, per searched coordinate, before the next
 #: shake is tried (the search from a shake that beats the incumbent goes on to its end).
@@ -344,10 +296,7 @@ KICK_EVALS = 20
 #: for.  One bundle below such an edge costs a whole wave (255 bundles price 6.5 % above
 #: 256 on ``gpt-600m-1chip-n7-300w``), and the edge a better design sits on is often
 #: several shares away from the incumbent's, where neither a local move nor one share
-#: halved or doubled reaches.  On the six budget tables (76 studies, three runs each) the
-#: median gap at 1000 evaluations went 1.32 -> 1.25 % (checking halves 1.36 -> 1.22 %),
-#: the mean 3.63 -> 3.47 %; six studies gained 0.5-2.8 points, none lost 0.1; bases (1,)
-#: and (1, 3, 5) gained less (docs/search-history.md, "A forty-first round").
+#: halved or doubled reaches ("A forty-first round").
 WAVES: tuple[int, ...] = (1, 3)
 #: Where a budget split is searched and more combinations than this fit in memory (and the
 #: study leaves ``screen_cap`` at its default), the screen is a seeded subset of this many
@@ -355,16 +304,7 @@ WAVES: tuple[int, ...] = (1, 3)
 #: its best (:func:`_screen_descent`), instead of every combination and the order classes
 #: of the best: the descent sees that ``RC-64-16`` is next to ``RC-128-8`` and reaches the
 #: best combinations at the start split in a third to a half of the evaluations, which the
-#: race and the search then have.  On the six budget tables (76 studies, three runs each;
-#: only the twelve LSTM strategy studies, 73-184 combinations, change) the mean gap at 300
-#: evaluations went 10.39 -> 8.59 % and the worst 125 -> 73 % (nine studies 0.5-62 points
-#: nearer, none further); at 1000 the median 1.20 -> 1.25 % (tuning half 1.19 -> 1.30 %,
-#: checking 1.22 % both), one study 2.1 points nearer, three 2.9-3.1 further (two had
-#: reached their best strategy from a probe of the second bracket that the descent's
-#: contenders took away).  On the sixth set, untouched, ``lstm-3584-512-n3-hbm3`` went
-#: 55.1 -> 25.6 % at 300 and 16.5 -> 0.41 % at 1000.  Subsets of 8 and 24 were no better,
-#: 32 and 64 worse, and a second descent from the next screened point out of reach of the
-#: first cost at 300 (docs/search-history.md, "A forty-second round").  0 turns it off.
+#: race and the search then have ("A forty-second round").  0 turns it off.
 SCREEN_DESCENT = 16
 #: Where mapping orders are searched (a strategy co-designed with the split), a turn of
 #: CMA-ES from the winner's best point as soon as its first local search ends, before its
@@ -373,18 +313,10 @@ SCREEN_DESCENT = 16
 #: better designs lie along ridges no one share (or pair of shares) follows: on
 #: ``v100-gemm-32k-64`` the best-known design differs from the driver's end in the area and
 #: the power split together (either alone prices worse) and the straight line between the
-#: two descends all the way, which is what CMA-ES's covariance learns.  On the six tables'
-#: 29 such studies (three runs each) the gap at 1000 evaluations went 27.20 -> 6.33 %
-#: (``v100-gemm-32k-64``), 18.27 -> 14.26 % and 10.76 -> 6.78 % on two more, the mean
-#: 6.62 -> 5.70 %, the medians 2.01 / 1.39 -> 2.01 / 1.41 % (checking / tuning halves), one
-#: study 1.2 points further, none other more than 0.5; on the sixth set's five
-#: ``gpt-1.1b-64-n5-codesign`` (its worst) 4.97 -> 1.34 %, on a seventh set of twelve, written
-#: for this check, ``v100-gemm-20k-256-n7`` 8.80 -> 0.00 % and ``gemm-20k-64-n3`` 2.46 ->
-#: 3.02 %, the rest unchanged.  Nothing changes before the first local search ends (at 300
-#: evaluations nothing moved).  In studies without mapping orders (one chip, or a fixed
-#: strategy) the same turn cost 0.4-1.4 points on seven studies and gained on none: there the
-#: shakes find the AGE's next whole unit sooner (docs/search-history.md, "A forty-third
-#: round"; "A thirty-seventh round" for CMA-ES instead of the shakes).  False turns it off.
+#: two descends all the way, which is what CMA-ES's covariance learns.  Without mapping
+#: orders (one chip, or a fixed strategy) the shakes find the AGE's next whole unit sooner
+#: than the same turn ("A forty-third round"; "A thirty-seventh round" for CMA-ES instead
+#: of the shakes).  False turns it off.
 EARLY_CMA = True
 
 
@@ -433,8 +365,7 @@ def plan(P: Problem, *, seed: int, settings: Settings = Settings(),
             # the other contenders start from the probe's split where they are better there:
             # a race judged after a few evaluations is won by the best start, so each
             # combination starts from the best split known for it (docs/search-history.md,
-            # "A forty-sixth round": misses of 6-10 % on co-designed LSTMs down to 0.2-1.5 %,
-            # about as many studies 1-5 points further)
+            # "A forty-sixth round")
             others = tops[1:]
             got = yield from ask.points(AXIAL_PHASE, [(combo(i), probe[0]) for i in others])
             moved = {i: v for i, v in zip(others, got, strict=True) if better(v, value[i])}
