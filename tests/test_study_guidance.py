@@ -123,6 +123,31 @@ def test_resume_hint_keeps_the_launchs_trials(tmp_path, monkeypatch, cli):
         "crossflow study run q --trials 9 --storage postgresql://u:***@h/db"
 
 
+def test_commands_printed_after_a_run_on_another_storage_reach_the_same_study(
+        tmp_path, monkeypatch, cli):
+    """A study run with --storage is another study than the file's default: every command
+    printed after it (show, best, the extension of a complete study) carries the storage,
+    or it would show, export or extend the other one."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("study", "run", "quickstart", "--trials", "4", "--storage",
+                         "cmaes.journal", "--sampler", "cmaes", "--no-tracking", "--quiet")
+    assert code == 0, err
+    assert "crossflow study show quickstart --storage cmaes.journal" in out
+    assert "crossflow study best quickstart --storage cmaes.journal --export design.yaml" in out
+    code, best, err = cli("study", "best", "quickstart", "--storage", "cmaes.journal")
+    assert code == 0 and "best: trial" in best, err
+    code, out, err = cli("study", "run", "quickstart", "--trials", "4", "--storage",
+                         "cmaes.journal", "--no-tracking")
+    assert code == 0, err
+    assert "crossflow study run quickstart --trials N --storage cmaes.journal, with N > 4" \
+        in out
+    # the study's own storage: no option to repeat
+    result = RunResult(None, 5, 5, False, 1.0, {"number": 3}, n_trials=5, finished=5)
+    assert "--storage" not in "\n".join(studies.next_steps("q", result))
+    assert studies.next_steps("q", result, storage="postgresql://u:pw@h/db")[-1].startswith(
+        "  crossflow study best q --storage postgresql://u:***@h/db --export design.yaml")
+
+
 def test_next_steps_stay_in_one_column_for_a_long_study_name():
     result = RunResult(None, 5, 5, False, 1.0, {"number": 3}, n_trials=5, finished=5,
                        tracked=True)

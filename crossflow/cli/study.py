@@ -136,7 +136,8 @@ def _launch(args: argparse.Namespace, setup) -> int:
             tracking_uri=args.tracking_uri, track=not args.no_tracking,
             progress=not args.quiet, workers=args.workers, heartbeat_s=args.heartbeat)
         if result.was_complete:  # nothing ran and nothing was recorded: one line says so
-            print(f"{setup.name}: {studies.complete_line(args.name, result)}")
+            print(f"{setup.name}: "
+                  f"{studies.complete_line(args.name, result, storage=args.storage)}")
             return 1 if result.untracked else EXIT_OK
         run = f"{result.trials_run} trial{'' if result.trials_run == 1 else 's'}"
         print(f"{setup.name}: {run} run in {result.elapsed_s:.1f} s, "
@@ -147,7 +148,8 @@ def _launch(args: argparse.Namespace, setup) -> int:
                                            storage=args.storage)
             print(f"crossflow: interrupted; run '{again}' again to resume", file=sys.stderr)
             return 130
-        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri)))
+        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri,
+                                            storage=args.storage)))
         return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)
     raise AssertionError(args.study_command)
 

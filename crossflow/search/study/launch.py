@@ -85,6 +85,12 @@ class RunResult:
     launch: Mapping[str, Any] = field(default_factory=dict)
 
 
+def _stored(storage: str | None) -> str:
+    """The ``--storage`` option a printed command needs to reach the same study (none for
+    the study's own storage; a password in a URL masked)."""
+    return f" --storage {redact(storage)}" if storage else ""
+
+
 def resume_command(ref: str, n_trials: int | None = None, *, sampler: str | None = None,
                    storage: str | None = None) -> str:
     """The command that resumes an interrupted ``crossflow study run REF`` (with the
@@ -93,31 +99,34 @@ def resume_command(ref: str, n_trials: int | None = None, *, sampler: str | None
     another study; a password in the storage URL masked)."""
     return (f"crossflow study run {ref}" + (f" --sampler {sampler}" if sampler else "")
             + (f" --trials {n_trials}" if n_trials else "")
-            + (f" --storage {redact(storage)}" if storage else ""))
+            + _stored(storage))
 
 
-def complete_line(ref: str, result: RunResult) -> str:
-    """What ``crossflow study run REF`` says of a study that already had its trials."""
+def complete_line(ref: str, result: RunResult, *, storage: str | None = None) -> str:
+    """What ``crossflow study run REF`` says of a study that already had its trials
+    (``storage``: the ``--storage`` it was given, which the command it prints repeats)."""
     logged = (f"; logged the {result.backfilled} finished trials that had no MLflow run"
               if result.backfilled else "")
     return (f"the study is complete ({result.finished} of {result.n_trials} trials finished"
             f"{logged}); to extend it, give a larger total: crossflow study run {ref} "
-            f"--trials N, with N > {max(result.finished, result.n_trials)}")
+            f"--trials N{_stored(storage)}, with N > {max(result.finished, result.n_trials)}")
 
 
-def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None) -> list[str]:
+def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None,
+               storage: str | None = None) -> list[str]:
     """What to do after a finished ``crossflow study run REF`` (lines to print): extend a
-    study that was already complete, browse the trials, export the best design."""
+    study that was already complete, browse the trials, export the best design; with the
+    ``--storage`` the run was given, so that each command reaches the same study."""
     lines = []
     if result.was_complete and result.trials_run == 0:
-        lines.append(complete_line(ref, result))
+        lines.append(complete_line(ref, result, storage=storage))
     steps = []
     if result.tracked:
         ui = "crossflow ui" + (f" --tracking-uri {redact(tracking_uri)}" if tracking_uri else "")
         steps.append((ui, "browse the trials in MLflow"))
-    steps.append((f"crossflow study show {ref}", "the study's summary"))
+    steps.append((f"crossflow study show {ref}{_stored(storage)}", "the study's summary"))
     if result.best is not None:
-        steps.append((f"crossflow study best {ref} --export design.yaml",
+        steps.append((f"crossflow study best {ref}{_stored(storage)} --export design.yaml",
                       "the design above, for crossflow predict"
                       if len(result.best.get("objectives", ())) > 1
                       else "the best design, for crossflow predict"))
