@@ -18,6 +18,7 @@ import argparse
 import csv
 import math
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -84,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--margin", type=float, default=0.5,
                     help="points behind CMA-ES that count as behind (default 0.5)")
     args = ap.parse_args(argv)
+    if not tables(args.results):
+        print(f"standing.py: no table in {args.results} (a table is a <name>.csv that "
+              "suite.py wrote, with its <name>.md beside it)", file=sys.stderr)
+        return 2
     print(markdown(args.results, args.margin, args.by))
     return 0
 

@@ -54,3 +54,9 @@ def test_the_committed_tables_are_read_whole():
     for table in ("suite", "fresh7"):
         assert f"| `{table}` | " in text
     assert standing.main(["--by", "kind"]) == 0
+
+
+def test_a_folder_without_tables_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    assert standing.main(["--results", str(tmp_path)]) == 2
+    assert f"no table in {tmp_path}" in capsys.readouterr().err
