@@ -8,8 +8,8 @@ and budget, the median and the worst over its studies of each study's median gap
 runs, for the driver (``structured``) and plain CMA-ES (``cmaes``), and on how many studies
 the driver is more than ``--margin`` points behind CMA-ES — the figures issue 18's targets
 are stated in.  ``--by kind`` pools the studies of every table by their kind of search space
-(``budgets``, ``budgets+strategy+order``, ``strategy``) instead.  It runs nothing: a table's runs are made by ``suite.py`` (its command is in
-the table's ``.md`` beside the CSV).
+(``budgets``, ``budgets+strategy+order``, ``strategy``) instead.  It runs nothing: a table's
+runs are made by ``suite.py`` (its command is in the table's ``.md`` beside the CSV).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from suite import NO_FEASIBLE  # noqa: E402  (how suite.py writes a run with no feasible design)
+
 DRIVER, BASELINE = "structured", "cmaes"
 
 
@@ -33,9 +37,10 @@ def per_study(paths: list[Path], by: str = "table"
     for path in paths:
         with path.open(newline="") as f:
             for row in csv.DictReader(f):
-                gap = float(row["gap_pct"]) if row["gap_pct"] not in ("", "None") else math.inf
+                gap = math.inf if row["gap_pct"] == NO_FEASIBLE else float(row["gap_pct"])
                 group = path.stem if by == "table" else row["kind"]
-                runs[group, int(row["budget"])][path.stem, row["study"]][row["sampler"]].append(gap)
+                study = runs[group, int(row["budget"])][path.stem, row["study"]]
+                study[row["sampler"]].append(gap)
     return {key: {s: {k: statistics.median(v) for k, v in samplers.items()}
                   for s, samplers in studies.items()} for key, studies in runs.items()}
 

@@ -31,7 +31,8 @@ def test_medians_of_runs_then_of_studies_and_the_studies_the_driver_trails(tmp_p
         *[("s1", "budgets", "structured", 1000, g) for g in (1.0, 5.0, 2.0)],
         *[("s1", "budgets", "cmaes", 1000, g) for g in (0.1, 0.2, 9.0)],
         ("s2", "strategy", "structured", 1000, 0.0), ("s2", "strategy", "cmaes", 1000, 0.4),
-        ("s3", "budgets", "structured", 1000, 4.0), ("s3", "budgets", "cmaes", 1000, ""),
+        ("s3", "budgets", "structured", 1000, 4.0),
+        ("s3", "budgets", "cmaes", 1000, standing.NO_FEASIBLE),
     ])
     _table(tmp_path / "b.csv", [("s1", "budgets", "structured", 1000, 3.0),
                                 ("s1", "budgets", "cmaes", 1000, 2.6)])
@@ -45,7 +46,8 @@ def test_medians_of_runs_then_of_studies_and_the_studies_the_driver_trails(tmp_p
     s = standing.summary(by_kind["budgets", 1000], 0.5)
     assert s["studies"] == 3 and s["behind"] == 1  # b's s1 is 0.4 behind: within the margin
     text = standing.markdown(tmp_path, 0.3, by="kind")
-    assert "| `budgets` | 3 | 1000 | 3.00 % / 4.00 % | 2.60 % / no feasible design | 2 of 3 |" in text
+    assert ("| `budgets` | 3 | 1000 | 3.00 % / 4.00 % | 2.60 % / no feasible design | 2 of 3 |"
+            in text)
     assert "notes" not in text
 
 
