@@ -3,6 +3,7 @@ names a section (``file.md#slug``), the file has a heading of that slug as GitHu
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -20,6 +21,7 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@functools.cache  # the round index links one page 66 times
 def anchors(page: Path) -> set[str]:
     seen: dict[str, int] = {}
     out = set()
