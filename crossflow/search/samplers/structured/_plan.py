@@ -189,10 +189,11 @@ class Settings:
         return int(self.screen_cap)
 
 
-# Every constant below was chosen by the median over the benchmark suite's studies (three
-# jittered runs each, the checking half not tuned on); the comment says what it is for, and
-# the section of docs/search-history.md named beside it has the variants tried and their
-# figures.  docs/search-benchmarks.md lists them with a one-line reason each.
+# The constants below that steer the search were each chosen by the median over the
+# benchmark suite's studies (on its tuning half, the checking half reported, never one
+# run); GAIN and REFUSED_IN_A_ROW are bounds, not tuned.  Each comment says what the
+# constant is for, and the section of docs/search-history.md named beside it has the
+# variants tried and their figures; docs/search-benchmarks.md lists them with a reason each.
 
 #: The screen's default size where a budget split is searched after it: a smaller screen
 #: misses the combinations whose basin is far from the template's split, a larger one
