@@ -41,6 +41,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -314,26 +315,38 @@ NO_FEASIBLE = "no feasible design"
 
 
 def collect(studies, samplers, seeds, budgets, out: Path,
-            carried: Mapping[str, tuple[float, str]] | None = None) -> dict[str, Any]:
+            carried: Mapping[str, tuple[float, str]] | None = None,
+            earlier: Earlier | None = None) -> dict[str, Any]:
     """Read every run file and best-known cache: per study the reference and per sampler ×
     budget the gap (median over seeds, in %), then per half × sampler × budget the median
     and worst gap over the studies.  ``None`` gap = no feasible design; a missing run is
     left out (``missing`` counts them).  ``carried`` (study -> (value, where from), see
-    :func:`carried_references`) joins each study's candidates for the reference."""
+    :func:`carried_references`) joins each study's candidates for the reference.  With
+    ``earlier`` (:func:`earlier_table`), a study × sampler × budget none of whose runs is
+    in ``out`` takes its cell from that table instead (``carried_cells`` counts them): the
+    median run's best value, whose gap is then taken against this table's reference."""
     from crossflow.search.best_known import cache_path
 
-    rows, missing = [], 0
+    rows, missing, carried_cells = [], 0, 0
     for entry in studies:
         bk = None
         with contextlib.suppress(OSError, ValueError):
             bk = json.loads(cache_path(entry["name"], out).read_text(encoding="utf-8"))
         known = bk.get("value") if bk else None
-        runs = {}
+        runs, kept = {}, {}
         for sampler in samplers:
             for budget in budgets:
                 got = [read_run(run_path(out, entry["name"], sampler, s, budget)) for s in seeds]
+                cell = (entry["name"], sampler, budget)
+                if earlier is not None and all(r is None for r in got) and cell in earlier.cells:
+                    kept[sampler, budget] = earlier.cells[cell]
+                    carried_cells += 1
+                    continue
                 missing += sum(r is None for r in got)
                 runs[sampler, budget] = [r for r in got if r is not None]
+        if bk is None and earlier is not None and entry["name"] in earlier.best_known:
+            bk = earlier.best_known[entry["name"]]
+            known = bk.get("value")
         found = [(r["best"], f"{r['sampler']} s{r['seed']} @{r['budget']}")
                  for rs in runs.values() for r in rs if r["best"] is not None]
         candidates = ([(known, "best-known")] if known is not None else []) + found
@@ -346,6 +359,9 @@ def collect(studies, samplers, seeds, budgets, out: Path,
                                "best_known": known,
                                "best_known_evaluations": bk.get("evaluations") if bk else None,
                                "best_known_record": _bk_record(bk), "gaps": {}}
+        for (sampler, budget), best in kept.items():
+            row["gaps"][sampler, budget] = (None if reference is None or best is None
+                                            else 100.0 * (best / reference - 1.0))
         for (sampler, budget), rs in runs.items():
             if not rs:
                 continue
@@ -375,7 +391,9 @@ def collect(studies, samplers, seeds, budgets, out: Path,
                                 "worst_study": max(zip(gaps, (r["study"] for r in mine
                                                               if (sampler, budget) in r["gaps"]),
                                                        strict=True))[1]})
-    return {"rows": rows, "summary": summary, "missing": missing, "carried": bool(carried)}
+    return {"rows": rows, "summary": summary, "missing": missing, "carried": bool(carried),
+            "carried_cells": carried_cells,
+            "earlier": earlier.name if earlier is not None else None}
 
 
 def carried_references(path: Path) -> dict[str, tuple[float, str]]:
@@ -395,11 +413,57 @@ def carried_references(path: Path) -> dict[str, tuple[float, str]]:
     return found
 
 
+@dataclass(frozen=True)
+class Earlier:
+    """What ``--carry`` takes from an earlier table (:func:`earlier_table`)."""
+
+    name: str
+    #: (study, sampler, budget) -> the best value of the cell's median run (None: no
+    #: feasible design), undone from the table's gap and reference
+    cells: Mapping[tuple[str, str, int], float | None]
+    #: study -> its best-known value, evaluations and the row of the table's best-known
+    #: search (its cells as the earlier table printed them)
+    best_known: Mapping[str, dict[str, Any]]
+
+
+def earlier_table(path: Path) -> Earlier:
+    """An earlier table's cells (its CSV) and best-known rows (the ``.md`` beside it), for
+    re-running some of its runs (one sampler, say, after a rule of it changed) while the
+    others' results stand: the model being unchanged, a cell's best value is still that
+    design's time, and only its gap moves with the reference.  The median of the seeds'
+    gaps is the gap of the median run, so the median run's value is exact."""
+    path = Path(path)
+    cells: dict[tuple[str, str, int], float | None] = {}
+    best_known: dict[str, dict[str, Any]] = {}
+    with path.open(encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            ref, gap = float(row["reference"]), row["gap_pct"]
+            cells[row["study"], row["sampler"], int(row["budget"])] = (
+                None if gap == NO_FEASIBLE else ref * (1.0 + float(gap) / 100.0))
+            if row.get("best_known"):
+                best_known[row["study"]] = {"value": float(row["best_known"]),
+                                            "evaluations": int(row["best_known_evaluations"])}
+    md = path.with_suffix(".md")
+    lines = md.read_text(encoding="utf-8").splitlines() if md.exists() else []
+    head = next((k for k, line in enumerate(lines) if line.startswith("| study | evaluations")),
+                None)
+    for line in lines[head + 2:] if head is not None else []:
+        if not line.startswith("| "):
+            break
+        cells_md = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells_md[0] in best_known:
+            best_known[cells_md[0]]["printed"] = cells_md[1:-1]
+    return Earlier(path.name, cells, best_known)
+
+
 def _bk_record(bk: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """What the best-known search did (its cached record, :mod:`crossflow.search.best_known`):
-    evaluations, seconds, order classes, contenders, the cross-check, the best per phase."""
+    evaluations, seconds, order classes, contenders, the cross-check, the best per phase; a
+    record carried from an earlier table (:func:`earlier_table`) is its printed row."""
     if not bk:
         return None
+    if "printed" in bk or "phases" not in bk and "seconds" not in bk:
+        return {"evaluations": bk.get("evaluations"), "printed": bk.get("printed")}
     oc, con, cross = (bk.get(k) or {} for k in ("order_classes", "contenders", "cross_check"))
     return {"evaluations": bk.get("evaluations"), "seconds": bk.get("seconds"),
             "combinations": oc.get("combinations"), "classes": oc.get("classes"),
@@ -439,7 +503,10 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
              "reference = min(best-known, every run's best"
              + (", an earlier table's" if result.get("carried") else "")
              + "). "
-             f"Runs missing: {result['missing']}.", "",
+             f"Runs missing: {result['missing']}."
+             + (f" Cells carried from {result['earlier']} (study × sampler × budget with no "
+                f"runs here: that table's median run, its gap taken against this reference): "
+                f"{result['carried_cells']}." if result.get("earlier") else ""), "",
              "| half | sampler | " + " | ".join(f"median @{b} | worst @{b}" for b in budgets)
              + " | studies |",
              "|---|---|" + "---|---|" * len(budgets) + "---|"]
@@ -477,6 +544,11 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
               "| cross-check | searches | reference from |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b = r.get("best_known_record")
+        if b is not None and "printed" in b:
+            cells = b["printed"] or [str(b["evaluations"])] + ["—"] * 6
+            lines.append(f"| {r['study']} | " + " | ".join(cells)
+                         + f" | {r['reference_source'] or '—'} |")
+            continue
         if b is None:
             lines.append(f"| {r['study']} | — | — | — | — | — | — | "
                          f"{r['reference_source'] or '—'} |")
@@ -554,6 +626,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--references", type=Path, default=None, metavar="CSV",
                     help="an earlier table's CSV (e.g. benchmarks/results/suite.csv): a study's "
                     "reference there joins the candidates (only while the model is unchanged)")
+    ap.add_argument("--carry", action="store_true",
+                    help="with --references: a study x sampler x budget with no runs in --out "
+                    "takes its cell (and a study its best-known record) from that earlier "
+                    "table, its gap against the new reference; for running again only the "
+                    "runs a change touches (with --report-only after them, every study)")
     ap.add_argument("--report-only", action="store_true",
                     help="write the tables from the files there are; run nothing")
     ap.add_argument("--list", action="store_true", help="print the studies and halves, run nothing")
@@ -585,8 +662,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with_best_known=not args.no_best_known)
     command = "python benchmarks/suite.py " + " ".join(argv if argv is not None
                                                         else sys.argv[1:])
+    if args.carry and not args.references:
+        ap.error("--carry needs --references (the earlier table to carry cells from)")
     carried = carried_references(args.references) if args.references else None
-    result = collect(chosen, samplers, seeds, budgets, out, carried)
+    earlier = earlier_table(args.references) if args.carry else None
+    result = collect(chosen, samplers, seeds, budgets, out, carried, earlier)
     files = write_tables(result, out, samplers, seeds, budgets, command)
     print(files["md"].read_text(encoding="utf-8"))
     print(f"files: {', '.join(str(p) for p in files.values())}")

@@ -209,3 +209,41 @@ def test_an_earlier_tables_lower_reference_is_carried(tmp_path):
     assert "an earlier table's" in md and "earlier table (earlier.csv)" in md
     assert "an earlier table's" not in suite.markdown(
         suite.collect([second], ["good"], [0], [2], tmp_path), ["good"], [0], [2], "test")
+
+
+def test_carry_keeps_an_earlier_tables_cells_where_no_run_is_here(tmp_path):
+    """``--carry``: the runs of one sampler again, the other's cells from the earlier table
+    (its median run's value, the gap taken against the new reference), the best-known row
+    as that table printed it; a cell with runs here is never carried."""
+    entry = STUDIES[0]
+    path = suite.run_path(tmp_path, entry["name"], "good", 0, 2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"values": [2.0, 1.0], "best": 1.0, "sampler": "good",
+                                "seed": 0, "budget": 2}))
+    earlier = tmp_path / "old.csv"
+    header = ("row,study,half,kind,sampler,budget,gap_pct,reference,reference_source,"
+              "best_known,best_known_evaluations\n")
+    earlier.write_text(header
+                       + f"1,{entry['name']},tuning,budgets,good,2,50.0,1.2,x,1.3,77\n"
+                       + f"1,{entry['name']},tuning,budgets,other,2,25.0,1.2,x,1.3,77\n"
+                       + f"1,{entry['name']},tuning,budgets,none,2,{suite.NO_FEASIBLE},1.2,x,"
+                         "1.3,77\n")
+    earlier.with_suffix(".md").write_text(
+        "| study | evaluations | s | classes / combinations | within margin / refined "
+        "| cross-check | searches | reference from |\n|---|---|---|---|---|---|---|---|\n"
+        f"| {entry['name']} | 77 | 9.5 | 1 / 1 | — | did not beat phases 1-6 | 1 | x |\n")
+    old = suite.earlier_table(earlier)
+    assert old.cells[entry["name"], "other", 2] == pytest.approx(1.5)
+    assert old.cells[entry["name"], "none", 2] is None
+    result = suite.collect([entry], ["good", "other", "none"], [0], [2], tmp_path,
+                           suite.carried_references(earlier), old)
+    (row,) = result["rows"]
+    assert row["reference"] == 1.0 and row["reference_source"] == "good s0 @2"
+    assert row["gaps"]["good", 2] == 0.0  # its run here, not the earlier 50 %
+    assert row["gaps"]["other", 2] == pytest.approx(50.0)  # 1.5 against the new 1.0
+    assert row["gaps"]["none", 2] is None
+    assert result["carried_cells"] == 2 and result["missing"] == 0
+    assert row["best_known"] == 1.3 and row["best_known_evaluations"] == 77
+    md = suite.markdown(result, ["good", "other", "none"], [0], [2], "test")
+    assert "Cells carried from old.csv" in md
+    assert f"| {entry['name']} | 77 | 9.5 | 1 / 1 | — | did not beat phases 1-6 | 1 | good s0 @2 |" in md
