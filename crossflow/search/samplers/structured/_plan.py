@@ -109,7 +109,7 @@ design to price (:meth:`~._problem.Problem.refused`: the AGE cannot build its ch
 its strategy is over memory there, the checks of phase 1) is answered infeasible without
 a trial.
 
-One module of ~980 lines, the schedule with the run objects it drives (:class:`_Local`,
+One module of ~990 lines, the schedule with the run objects it drives (:class:`_Local`,
 :class:`_Compass`, :class:`_Cma`, :class:`_Asker`): ``benchmarks/bench_plan.py`` measures a
 variant by setting this module's constants and its ``exchange`` for one run, and the run
 objects read them from here; split, each variant would have to be set in two modules.
