@@ -422,7 +422,7 @@ class Earlier:
     #: feasible design), undone from the table's gap and reference
     cells: Mapping[tuple[str, str, int], float | None]
     #: study -> its best-known value, evaluations and the row of the table's best-known
-    #: search (its cells as the earlier table printed them)
+    #: search (``printed``: its cells as the earlier table printed them; None: no row)
     best_known: Mapping[str, dict[str, Any]]
 
 
@@ -442,7 +442,8 @@ def earlier_table(path: Path) -> Earlier:
                 None if gap == NO_FEASIBLE else ref * (1.0 + float(gap) / 100.0))
             if row.get("best_known"):
                 best_known[row["study"]] = {"value": float(row["best_known"]),
-                                            "evaluations": int(row["best_known_evaluations"])}
+                                            "evaluations": int(row["best_known_evaluations"]),
+                                            "printed": None}
     md = path.with_suffix(".md")
     lines = md.read_text(encoding="utf-8").splitlines() if md.exists() else []
     head = next((k for k, line in enumerate(lines) if line.startswith("| study | evaluations")),
@@ -462,8 +463,8 @@ def _bk_record(bk: Mapping[str, Any] | None) -> dict[str, Any] | None:
     record carried from an earlier table (:func:`earlier_table`) is its printed row."""
     if not bk:
         return None
-    if "printed" in bk or "phases" not in bk and "seconds" not in bk:
-        return {"evaluations": bk.get("evaluations"), "printed": bk.get("printed")}
+    if "printed" in bk:  # carried: the row as the earlier table printed it (None: no row)
+        return {"evaluations": bk.get("evaluations"), "printed": bk["printed"]}
     oc, con, cross = (bk.get(k) or {} for k in ("order_classes", "contenders", "cross_check"))
     return {"evaluations": bk.get("evaluations"), "seconds": bk.get("seconds"),
             "combinations": oc.get("combinations"), "classes": oc.get("classes"),

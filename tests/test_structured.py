@@ -1118,18 +1118,22 @@ def test_where_orders_are_searched_cma_es_follows_the_first_local_search(monkeyp
     local search goes on from its end: within 1000 evaluations the plan is within 8 % of
     0.933 ms (the best a run of Optuna's CMA-ES over 1000 trials found; the V100 table's
     reference is now 0.920 ms, a run of this driver), where without the turn it ends 25 %
-    or more above it."""
+    or more above it.  The shipped driver's second bracket probes from the centroid too
+    (CENTROID), and its pair leads here before any shake; the order of the phases is checked
+    without it, where the winner's own run is shaken within 1000 evaluations."""
     from crossflow.search.samplers.structured import _plan
 
     setup = _suite_study("v100-gemm-32k-64", "v100.yaml")
+    shipped, _ = _best_of_plan(setup, 1000)
+    monkeypatch.setattr(_plan, "CENTROID", False)
     phases: list[str] = []
     with_turn, _ = _best_of_plan(setup, 1000, phases)
-    assert _plan.CMA in phases  # (from the second bracket's pair, which leads here)
+    assert _plan.CMA in phases and _plan.VNS in phases
     first_cma = phases.index(_plan.CMA)
     assert _plan.VNS not in phases[:first_cma] and _plan.SEARCH in phases[:first_cma]
     monkeypatch.setattr(_plan, "EARLY_CMA", False)
     without, _ = _best_of_plan(setup, 1000)
-    assert with_turn < 0.000933 * 1.08 and without > 0.000933 * 1.25
+    assert max(shipped, with_turn) < 0.000933 * 1.08 and without > 0.000933 * 1.25
 
 
 def test_a_second_bracket_finds_a_strategy_that_is_best_only_at_its_own_split(monkeypatch):
