@@ -3,6 +3,7 @@ steps after a run and the resume hint after Ctrl-C (crossflow.search.study)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
@@ -11,6 +12,7 @@ from optuna.trial import TrialState, create_trial
 
 from crossflow.search import study as studies
 from crossflow.search.study import Progress, RunResult, load_study, run_study, summary_lines
+from crossflow.search.study.results import settled
 
 
 def _trial(value: float, feasible: bool):
@@ -368,3 +370,52 @@ def test_the_infeasibility_digest_is_only_for_a_study_with_no_feasible_trial():
         {"reason": "memory per device … GB exceeds the … GB", "trials": 1}]
     assert studies.infeasibility([infeasible, _trial(2.0, True)]) is None
     assert studies.infeasibility([]) is None
+
+
+def test_show_says_since_when_the_search_has_been_within_a_tenth_of_a_percent_of_its_best(
+        tmp_path, monkeypatch, cli):
+    """Whether a search is still finding better designs decides between extending a study,
+    switching its sampler and stopping: ``show`` names the first trial within 0.1 % of the
+    best and counts the finished trials since (a gain of 0.01 % later is no new basin)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli("study", "run", "quickstart", "--trials", "12", "--no-tracking",
+               "--sampler", "random", "--seed", "3")[0] == 0
+    code, out, err = cli("study", "show", "quickstart", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    best = s["best"][0]
+    assert s["settled"]["trial"] <= best["trial"]
+    assert s["settled"]["since"] == s["finished"] - 1 - s["settled"]["trial"]
+    lines = summary_lines(s)
+    since = [ln for ln in lines if "% of it since trial" in ln]
+    assert len(since) == (1 if s["settled"]["since"] else 0)
+    if since:
+        assert lines[lines.index(since[0]) - 1].startswith("  best        trial")
+
+
+def test_settled_is_the_first_trial_within_a_tenth_of_a_percent_of_the_best():
+    trials = [_numbered(0, 2.0), _numbered(1, 1.0005), _numbered(2, 0.5, feasible=False),
+              _numbered(3, 1.0), _numbered(4, 1.3)]
+    got = settled(trials, trials[3])
+    assert got == {"trial": 1, "since": 3, "within": 1e-3}
+    # a gain of more than 0.1 % after it moves the settled trial to the best itself
+    trials[1] = _numbered(1, 1.002)
+    assert settled(trials, trials[3])["trial"] == 3
+
+
+def _numbered(number: int, value: float, feasible: bool = True):
+    t = _trial(value, feasible)
+    t.number = number
+    return t
+
+
+def test_the_trials_since_the_search_settled_are_not_shown_when_there_are_none():
+    summary = {"study": "s", "description": "d", "storage": "x.journal", "sampler": "tpe",
+               "launches": [{}], "objectives": ["iteration_time_s"], "finished": 5,
+               "n_trials": 5, "states": {}, "pareto_size": None, "workers": 1,
+               "processes": 1, "settled": {"trial": 4, "since": 0, "within": 1e-3},
+               "best": [{"trial": 4, "values": {"iteration_time_s": 1.5},
+                         "design": {"strategy": "t8"}, "same_values": []}]}
+    assert "of it since" not in "\n".join(summary_lines(summary))
+    summary["settled"] = {"trial": 2, "since": 1, "within": 1e-3}
+    assert "  within 0.1 % of it since trial 2, 1 trial ago" in "\n".join(summary_lines(summary))
