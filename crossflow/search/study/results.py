@@ -447,8 +447,8 @@ def settled(trials, best) -> dict[str, Any]:
 
     done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     bound = best.values[0] * (1 + SETTLED)  # every objective is a time or an energy, > 0
-    first = min((t.number for t in done if is_feasible(t) and t.values
-                 and t.values[0] <= bound), default=best.number)
+    first = min((t.number for t in done if is_feasible(t) and t.values[0] <= bound),
+                default=best.number)
     return {"trial": first, "since": sum(1 for t in done if t.number > first),
             "within": SETTLED}
 
