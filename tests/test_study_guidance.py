@@ -12,6 +12,7 @@ from optuna.trial import TrialState, create_trial
 
 from crossflow.search import study as studies
 from crossflow.search.study import Progress, RunResult, load_study, run_study, summary_lines
+from crossflow.search.study.launch import SECOND_OPINION_STORAGE, SECOND_OPINION_TRIALS
 from crossflow.search.study.results import settled
 
 
@@ -148,6 +149,52 @@ def test_commands_printed_after_a_run_on_another_storage_reach_the_same_study(
     assert "--storage" not in "\n".join(studies.next_steps("q", result))
     assert studies.next_steps("q", result, storage="postgresql://u:pw@h/db")[-1].startswith(
         "  crossflow study best q --storage postgresql://u:***@h/db --export design.yaml")
+
+
+def test_a_long_structured_search_of_a_split_suggests_cma_es_as_a_second_study():
+    """From SECOND_OPINION_TRIALS finished trials of a structured launch on a study that
+    searches a budget split, the next steps offer plain CMA-ES as a study of its own (on a
+    storage of its own, the trials of this one); not below it, not after another sampler, not
+    where nothing continuous is searched, not when this run already used that storage."""
+    n = SECOND_OPINION_TRIALS
+
+    def steps(finished=n, sampler="structured", split=True, storage=None):
+        result = RunResult(None, finished, finished, False, 1.0, {"number": 3},
+                           n_trials=finished, finished=finished,
+                           launch={"sampler": sampler})
+        return "\n".join(studies.next_steps("q", result, split=split, storage=storage))
+
+    line = (f"crossflow study run q --sampler cmaes --trials {n} "
+            f"--storage {SECOND_OPINION_STORAGE}")
+    assert line in steps() and "a second opinion" in steps()
+    assert f"--trials {n + 500} " in steps(finished=n + 500)
+    assert "--sampler cmaes" not in steps(finished=n - 1)
+    assert "--sampler cmaes" not in steps(sampler="tpe")
+    assert "--sampler cmaes" not in steps(split=False)
+    assert "--sampler cmaes" not in steps(storage=SECOND_OPINION_STORAGE)
+    # on another storage of its own, the first study's commands keep theirs
+    assert line in steps(storage="q.journal")
+    assert "crossflow study show q --storage q.journal" in steps(storage="q.journal")
+
+
+@pytest.mark.parametrize("study, offered", [("paper-lstm-512", True),
+                                            ("gpt3-175b-a100", False)])
+def test_the_cli_offers_the_second_study_where_the_study_searches_a_split(
+        study, offered, tmp_path, monkeypatch, cli):
+    """What ``study run`` prints after a 1000-trial structured launch: the shipped LSTM
+    study searches the budget split with the strategy (offered), GPT-3 175B only the
+    parallelism (not)."""
+    monkeypatch.chdir(tmp_path)
+    n = SECOND_OPINION_TRIALS
+
+    def ran(setup, **kwargs):
+        return RunResult(None, n, n, False, 1.0, None, n_trials=n, finished=n,
+                         launch={"sampler": "structured"})
+
+    monkeypatch.setattr(studies, "run_study", ran)
+    code, out, err = cli("study", "run", study, "--trials", str(n), "--no-tracking")
+    assert code == 0, err
+    assert (f"crossflow study run {study} --sampler cmaes --trials {n}" in out) is offered
 
 
 def test_next_steps_stay_in_one_column_for_a_long_study_name():

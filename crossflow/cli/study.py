@@ -148,8 +148,9 @@ def _launch(args: argparse.Namespace, setup) -> int:
                                            storage=args.storage)
             print(f"crossflow: interrupted; run '{again}' again to resume", file=sys.stderr)
             return 130
-        print("\n".join(studies.next_steps(args.name, result, tracking_uri=args.tracking_uri,
-                                            storage=args.storage)))
+        print("\n".join(studies.next_steps(
+            args.name, result, tracking_uri=args.tracking_uri, storage=args.storage,
+            split=bool(setup.space.simplex_components()))))
         return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)
     raise AssertionError(args.study_command)
 

@@ -112,10 +112,24 @@ def complete_line(ref: str, result: RunResult, *, storage: str | None = None) ->
             f"--trials N{_stored(storage)}, with N > {max(result.finished, result.n_trials)}")
 
 
+#: From this many finished trials of a study that searches a budget split, the steps after
+#: a ``structured`` launch include a second study with plain CMA-ES.  At 1000 evaluations the
+#: driver's median gap is the lower, but CMA-ES ends more than 0.5 points lower on about a
+#: quarter of the benchmark tables' budgets-only studies and a sixth of the co-design ones,
+#: in a basin of the chip's whole units the driver's local searches do not reach; at 300
+#: the driver's median is several times lower, and a second study rarely pays for its
+#: trials (docs/studies.md, "Which sampler to use").
+SECOND_OPINION_TRIALS = 1000
+#: Where that second study is stored (another study of the same name, beside the first).
+SECOND_OPINION_STORAGE = "cmaes.journal"
+
+
 def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None,
-               storage: str | None = None) -> list[str]:
+               storage: str | None = None, split: bool = False) -> list[str]:
     """What to do after a finished ``crossflow study run REF`` (lines to print): extend a
-    study that was already complete, browse the trials, export the best design; with the
+    study that was already complete, browse the trials, export the best design, and (the
+    launch's sampler ``structured``, the study searching a budget split, ``split``, and
+    :data:`SECOND_OPINION_TRIALS` finished) run plain CMA-ES as a second study; with the
     ``--storage`` the run was given, so that each command reaches the same study."""
     lines = []
     if result.was_complete and result.trials_run == 0:
@@ -131,7 +145,15 @@ def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None,
                       if len(result.best.get("objectives", ())) > 1
                       else "the best design, for crossflow predict"))
     width = max(len(command) for command, _ in steps)  # one column, however long the name
-    return [*lines, "next steps:", *(f"  {c:<{width}}  {what}" for c, what in steps)]
+    lines += ["next steps:", *(f"  {c:<{width}}  {what}" for c, what in steps)]
+    if (split and result.launch.get("sampler") == "structured"
+            and result.finished >= SECOND_OPINION_TRIALS
+            and storage != SECOND_OPINION_STORAGE):
+        lines += ["a second opinion (plain CMA-ES ends lower on some long searches; keep the "
+                  "better best):",
+                  f"  crossflow study run {ref} --sampler cmaes --trials {result.finished} "
+                  f"--storage {SECOND_OPINION_STORAGE}"]
+    return lines
 
 
 def _tracker(setup: StudySetup, tracking_uri: str, launch: Mapping[str, Any]):
