@@ -4,6 +4,7 @@ steps after a run and the resume hint after Ctrl-C (crossflow.search.study)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import optuna
@@ -153,16 +154,17 @@ def test_commands_printed_after_a_run_on_another_storage_reach_the_same_study(
 
 def test_a_long_structured_search_of_a_split_suggests_cma_es_as_a_second_study():
     """From SECOND_OPINION_TRIALS finished trials of a structured launch on a study that
-    searches a budget split, the next steps offer plain CMA-ES as a study of its own (on a
-    storage of its own, the trials of this one); not below it, not after another sampler, not
-    where nothing continuous is searched, not when this run already used that storage."""
+    searches the budget split only, the next steps offer plain CMA-ES as a study of its own
+    (on a storage of its own, the trials of this one); not below it, not after another
+    sampler, not where a strategy is searched too, not when this run used that storage."""
     n = SECOND_OPINION_TRIALS
 
-    def steps(finished=n, sampler="structured", split=True, storage=None):
+    def steps(finished=n, sampler="structured", budgets_only=True, storage=None):
         result = RunResult(None, finished, finished, False, 1.0, {"number": 3},
                            n_trials=finished, finished=finished,
                            launch={"sampler": sampler})
-        return "\n".join(studies.next_steps("q", result, split=split, storage=storage))
+        return "\n".join(studies.next_steps("q", result, budgets_only=budgets_only,
+                                             storage=storage))
 
     line = (f"crossflow study run q --sampler cmaes --trials {n} "
             f"--storage {SECOND_OPINION_STORAGE}")
@@ -170,19 +172,20 @@ def test_a_long_structured_search_of_a_split_suggests_cma_es_as_a_second_study()
     assert f"--trials {n + 500} " in steps(finished=n + 500)
     assert "--sampler cmaes" not in steps(finished=n - 1)
     assert "--sampler cmaes" not in steps(sampler="tpe")
-    assert "--sampler cmaes" not in steps(split=False)
+    assert "--sampler cmaes" not in steps(budgets_only=False)
     assert "--sampler cmaes" not in steps(storage=SECOND_OPINION_STORAGE)
     # on another storage of its own, the first study's commands keep theirs
     assert line in steps(storage="q.journal")
     assert "crossflow study show q --storage q.journal" in steps(storage="q.journal")
 
 
-@pytest.mark.parametrize("study, offered", [("paper-lstm-512", True),
+@pytest.mark.parametrize("study, offered", [("quickstart", True), ("paper-lstm-512", False),
                                             ("gpt3-175b-a100", False)])
-def test_the_cli_offers_the_second_study_where_the_study_searches_a_split(
+def test_the_cli_offers_the_second_study_where_only_the_budget_split_is_searched(
         study, offered, tmp_path, monkeypatch, cli):
-    """What ``study run`` prints after a 1000-trial structured launch: the shipped LSTM
-    study searches the budget split with the strategy (offered), GPT-3 175B only the
+    """What ``study run`` prints after a 1000-trial structured launch: quickstart searches
+    the split and the logic node (offered); the paper's LSTM the split with the strategy and
+    mapping order, where the driver's own next trials do better (not); GPT-3 175B only the
     parallelism (not)."""
     monkeypatch.chdir(tmp_path)
     n = SECOND_OPINION_TRIALS
@@ -195,6 +198,23 @@ def test_the_cli_offers_the_second_study_where_the_study_searches_a_split(
     code, out, err = cli("study", "run", study, "--trials", str(n), "--no-tracking")
     assert code == 0, err
     assert (f"crossflow study run {study} --sampler cmaes --trials {n}" in out) is offered
+
+
+def test_budgets_only_is_the_benchmark_tables_kind_of_every_study():
+    """searches_budgets_only reads the suite's ``budgets`` kind off a study's space, for
+    every study of every table (technology and integer ranges beside the split included)."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    import suite
+
+    seen = {}
+    for table in sorted((bench / "suite").glob("*.yaml")):
+        for e in suite.load_table(table):
+            got = studies.searches_budgets_only(load_study(e["spec"]))
+            assert got is (e["kind"] == "budgets"), (table.stem, e["name"], e["kind"])
+            seen[e["kind"]] = seen.get(e["kind"], 0) + 1
+    assert set(seen) == {"budgets", "budgets+strategy+order", "strategy"}
+    assert sum(seen.values()) >= 150
 
 
 def test_next_steps_stay_in_one_column_for_a_long_study_name():

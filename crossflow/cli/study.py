@@ -150,7 +150,7 @@ def _launch(args: argparse.Namespace, setup) -> int:
             return 130
         print("\n".join(studies.next_steps(
             args.name, result, tracking_uri=args.tracking_uri, storage=args.storage,
-            split=bool(setup.space.simplex_components()))))
+            budgets_only=studies.searches_budgets_only(setup))))
         return 1 if result.untracked else EXIT_OK  # trials without an MLflow run (stderr)
     raise AssertionError(args.study_command)
 

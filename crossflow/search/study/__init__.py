@@ -30,6 +30,7 @@ from crossflow.search.study.launch import (
     next_steps,
     resume_command,
     run_study,
+    searches_budgets_only,
     worker_seed,
 )
 from crossflow.search.study.progress import Progress
@@ -57,6 +58,6 @@ __all__ = [
     "StudySpec", "best_design", "check_launch", "check_seed", "check_study", "check_tracking_uri", "best_trial", "best_trials", "design_lines", "export_design", "infeasibility", "infeasibility_lines", "is_feasible",
     "complete_line", "join_study", "list_studies", "load_study", "make_storage", "next_steps", "open_study", "pareto_front",
     "pareto_position",
-    "resume_command", "run_study", "study_summary", "summary_lines", "template_document",
+    "resume_command", "run_study", "searches_budgets_only", "study_summary", "summary_lines", "template_document",
     "worker_seed",
 ]

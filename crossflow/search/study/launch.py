@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from crossflow.errors import ConfigError
 from crossflow.search.locations import check_userinfo, git_label, is_url, redact
+from crossflow.search.space import MAPPING_ORDER, STRATEGY
 from crossflow.search.study.progress import Progress
 from crossflow.search.study.results import best_design
 from crossflow.search.study.setup import (
@@ -112,24 +113,35 @@ def complete_line(ref: str, result: RunResult, *, storage: str | None = None) ->
             f"--trials N{_stored(storage)}, with N > {max(result.finished, result.n_trials)}")
 
 
-#: From this many finished trials of a study that searches a budget split, the steps after
-#: a ``structured`` launch include a second study with plain CMA-ES.  At 1000 evaluations the
-#: driver's median gap is the lower, but CMA-ES ends more than 0.5 points lower on about a
-#: quarter of the benchmark tables' budgets-only studies and a sixth of the co-design ones,
-#: in a basin of the chip's whole units the driver's local searches do not reach; at 300
-#: the driver's median is several times lower, and a second study rarely pays for its
-#: trials (docs/studies.md, "Which sampler to use").
+#: From this many finished trials of a study that searches the budget split and no
+#: parallelism (:func:`searches_budgets_only`), the steps after a ``structured`` launch
+#: include a second study of as many trials with plain CMA-ES, the better best design to be
+#: kept.  On the benchmark tables' 61 such studies that pair ends with a median gap of 0.67 %
+#: against 0.55 % for the driver run to 2000 trials, but a worst of 3.7 % against 10.9 %:
+#: CMA-ES reaches a basin of the chip's whole units the driver's local searches do not.
+#: Where the strategy is searched too the driver's own second 1000 trials do far better
+#: (median 0.72 % against the pair's 2.26 %), and below 1000 trials the driver's lead over
+#: CMA-ES is large (docs/search-history.md, "A second study with plain CMA-ES").
 SECOND_OPINION_TRIALS = 1000
 #: Where that second study is stored (another study of the same name, beside the first).
 SECOND_OPINION_STORAGE = "cmaes.journal"
 
 
+def searches_budgets_only(setup: StudySetup) -> bool:
+    """Whether a study searches a budget split (technology and integer ranges beside it, if
+    any) and no parallelism strategy or mapping order: the benchmark suite's budgets-only
+    kind of study."""
+    names = {d.name for d in setup.space.dimensions}
+    return bool(setup.space.simplex_components()) and not names & {STRATEGY, MAPPING_ORDER}
+
+
 def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None,
-               storage: str | None = None, split: bool = False) -> list[str]:
+               storage: str | None = None, budgets_only: bool = False) -> list[str]:
     """What to do after a finished ``crossflow study run REF`` (lines to print): extend a
     study that was already complete, browse the trials, export the best design, and (the
-    launch's sampler ``structured``, the study searching a budget split, ``split``, and
-    :data:`SECOND_OPINION_TRIALS` finished) run plain CMA-ES as a second study; with the
+    launch's sampler ``structured``, the study searching the budget split only,
+    ``budgets_only``, and :data:`SECOND_OPINION_TRIALS` finished) run plain CMA-ES as a
+    second study; with the
     ``--storage`` the run was given, so that each command reaches the same study."""
     lines = []
     if result.was_complete and result.trials_run == 0:
@@ -146,7 +158,7 @@ def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None,
                       else "the best design, for crossflow predict"))
     width = max(len(command) for command, _ in steps)  # one column, however long the name
     lines += ["next steps:", *(f"  {c:<{width}}  {what}" for c, what in steps)]
-    if (split and result.launch.get("sampler") == "structured"
+    if (budgets_only and result.launch.get("sampler") == "structured"
             and result.finished >= SECOND_OPINION_TRIALS
             and storage != SECOND_OPINION_STORAGE):
         lines += ["a second opinion (plain CMA-ES ends lower on some long searches; keep the "
