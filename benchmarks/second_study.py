@@ -18,7 +18,7 @@ the pair — the driver's study of B trials and a second study of B with CMA-ES,
 best kept — is set against the driver's one study of 2B: the median, mean and worst gap
 over the studies, and the studies on which each is more than 0.5 points ahead.  ``crossflow
 study run`` offers that second study where this says it pays
-(:data:`crossflow.search.study.launch.SECOND_OPINION_TRIALS`).
+(:data:`crossflow.search.study.guidance.SECOND_OPINION_TRIALS`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from optuna.trial import TrialState, create_trial
 
 from crossflow.search import study as studies
 from crossflow.search.study import Progress, RunResult, load_study, run_study, summary_lines
-from crossflow.search.study.launch import SECOND_OPINION_STORAGE, SECOND_OPINION_TRIALS
+from crossflow.search.study.guidance import SECOND_OPINION_STORAGE, SECOND_OPINION_TRIALS
 from crossflow.search.study.results import settled
 
 

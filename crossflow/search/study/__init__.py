@@ -18,6 +18,12 @@ Every name is re-exported here: ``from crossflow.search.study import load_study`
 from __future__ import annotations
 
 from crossflow.search.storage import make_storage
+from crossflow.search.study.guidance import (
+    complete_line,
+    next_steps,
+    resume_command,
+    searches_budgets_only,
+)
 from crossflow.search.study.launch import (
     Launch,
     RunResult,
@@ -25,12 +31,8 @@ from crossflow.search.study.launch import (
     check_seed,
     check_study,
     check_tracking_uri,
-    complete_line,
     join_study,
-    next_steps,
-    resume_command,
     run_study,
-    searches_budgets_only,
     worker_seed,
 )
 from crossflow.search.study.progress import Progress
