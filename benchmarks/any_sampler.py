@@ -128,7 +128,10 @@ def main(argv=None) -> int:
         ap.error(f"--options is not JSON: {exc}")
     if not isinstance(options, dict):
         ap.error("--options must be a JSON object of keyword arguments")
-    sampler_class(args.sampler)  # an unknown class ends here, before any worker starts
+    try:  # an unknown class, or options it rejects, end here, before any worker starts
+        sampler_class(args.sampler)(seed=0, **options)
+    except (TypeError, ValueError) as exc:
+        ap.error(f"--options: {args.sampler} rejects {options}: {exc}")
     budgets = sorted(int(b) for b in args.budgets.split(","))
     names = [s for s in args.studies.split(",") if s] or None
     kinds = [k for k in args.kind.split(",") if k] or None

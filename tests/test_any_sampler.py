@@ -68,3 +68,11 @@ def test_the_table_shows_the_committed_samplers_beside_it(tmp_path, capsys):
 def test_a_class_that_is_no_sampler_is_refused_before_anything_runs(path, says):
     with pytest.raises(SystemExit, match=says):
         any_sampler.main(["--sampler", path, "--studies", STUDY])
+
+
+def test_options_the_sampler_rejects_are_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as exc:
+        any_sampler.main(["--sampler", "optuna.samplers.RandomSampler", "--options",
+                          '{"no_such_option": 1}', "--studies", STUDY])
+    assert exc.value.code == 2
+    assert "RandomSampler rejects" in capsys.readouterr().err
