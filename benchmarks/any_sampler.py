@@ -15,7 +15,7 @@ MLflow; every trial is one model evaluation.  Gap = best / reference − 1 (%), 
 the lowest of the table's (``--references``: a CSV with ``study`` and ``reference``
 columns, such as ``benchmarks/results/fresh7.csv``) and every run's best.  Prints per study and
 budget the sampler's gap (median over seeds), the table's ``structured`` and ``cmaes`` gaps
-at that budget where the CSV has them, the trial its best came from, and the run's wall
+at that budget where the CSV has them (their best designs against the same reference), the trial its best came from, and the run's wall
 milliseconds per trial (the model's few included: a sampler that thinks long per trial
 shows here, beside ``optuna.samplers.RandomSampler``'s on the same machine); then each
 column's median and worst.  Runs go to ``--jobs`` worker processes, each held to one
@@ -26,7 +26,6 @@ every worker, and the workers crowd each other out).
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import json
 import math
@@ -92,11 +91,14 @@ def _task(task: tuple) -> dict:
                                                         seed, budget)}
 
 
-def table_gaps(path: Path) -> dict[tuple[str, str, int], float]:
-    """(study, sampler, budget) -> gap (%) of a results CSV's rows."""
-    with path.open(newline="") as f:
-        return {(r["study"], r["sampler"], int(r["budget"])): float(r["gap_pct"])
-                for r in csv.DictReader(f) if r["gap_pct"] not in ("", None)}
+def table_gap(cells, key: tuple[str, str, int], reference: float) -> float | None:
+    """The gap (%) against ``reference`` of a committed table's cell (``cells``:
+    :func:`suite.earlier_table`'s, each the best value of the cell's median run): None where
+    the table has no such run, inf where its runs found no feasible design."""
+    if key not in cells:
+        return None
+    best = cells[key]
+    return math.inf if best is None else 100 * (best / reference - 1)
 
 
 def _best(values, upto: int) -> float:
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--references", type=Path,
                     help="a results CSV (study, sampler, budget, gap_pct, reference): the "
-                         "references, and the table's own samplers' gaps shown beside")
+                         "references, and the table's own samplers' runs shown beside")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     try:
@@ -145,14 +147,14 @@ def main(argv=None) -> int:
         runs = list(pool.imap_unordered(_task, tasks))
     runs.sort(key=lambda r: ([e["name"] for e in studies].index(r["study"]), r["seed"]))
     refs = bench_plan.references(args.references) if args.references else {}
-    gaps = table_gaps(args.references) if args.references else {}
+    table = suite.earlier_table(args.references).cells if args.references else {}
     reference = {e["name"]: min([refs.get(e["name"], math.inf)]
                                 + [_best(r["values"], budgets[-1]) for r in runs
                                    if r["study"] == e["name"]]) for e in studies}
     print(f"{len(studies)} studies x {args.seeds} seeds of {args.sampler} in "
           f"{time.perf_counter() - t0:.0f} s")
     short = args.sampler.rpartition(".")[2]
-    head = [short, *(s for s in TABLE_SAMPLERS if gaps)]
+    head = [short, *(s for s in TABLE_SAMPLERS if table)]
     columns: dict[tuple[int, str], list[float]] = {}
     rows = []
     for b in budgets:
@@ -161,10 +163,11 @@ def main(argv=None) -> int:
         for e in studies:
             name, mine = e["name"], [r for r in runs if r["study"] == e["name"]]
             ref = reference[name]
-            gap = statistics.median(100 * (_best(r["values"], b) / ref - 1) for r in mine)
-            cells = {short: gap, **{s: gaps.get((name, s, b)) for s in head[1:]}}
-            first = min(r["values"][:b].index(_best(r["values"], b)) if
-                        math.isfinite(_best(r["values"], b)) else b for r in mine)
+            bests = [_best(r["values"], b) for r in mine]
+            gap = statistics.median(100 * (x / ref - 1) for x in bests)
+            cells = {short: gap, **{s: table_gap(table, (name, s, b), ref) for s in head[1:]}}
+            first = min(r["values"].index(x) if math.isfinite(x) else b
+                        for r, x in zip(mine, bests, strict=True))
             per_trial = statistics.median(r["wall_s"] / len(r["values"]) for r in mine)
             for h, v in cells.items():
                 if v is not None:

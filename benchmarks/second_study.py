@@ -24,10 +24,15 @@ study run`` offers that second study where this says it pays
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import math
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import suite  # noqa: E402  (benchmarks/suite.py: a committed table read as --carry reads it)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -40,22 +45,20 @@ def table_csv(run_file: Path, results: Path = RESULTS) -> Path:
 def pairs(run_file: Path, budget: int, results: Path = RESULTS) -> list[dict]:
     """Per study of ``run_file``: the driver's gap at ``budget`` and twice it, CMA-ES's at
     ``budget``, and the pair's (the better of the first and CMA-ES's), in %."""
-    reference, cmaes = {}, {}
-    with table_csv(run_file, results).open(newline="") as f:
-        for r in csv.DictReader(f):
-            reference[r["study"]] = float(r["reference"])
-            if r["sampler"] == "cmaes" and int(r["budget"]) == budget and r["gap_pct"]:
-                cmaes[r["study"]] = float(r["gap_pct"])
+    table = table_csv(run_file, results)
+    reference = {k: v for k, (v, _) in suite.carried_references(table).items()}
+    cells = suite.earlier_table(table).cells  # None: CMA-ES found no feasible design
     best: dict[str, dict[int, list[float]]] = {}
     for r in json.loads(run_file.read_text())["rows"]:
         if r["best"] is not None:
             best.setdefault(r["study"], {}).setdefault(r["budget"], []).append(r["best"])
     out = []
     for study, by_budget in sorted(best.items()):
-        if study not in cmaes or not {budget, 2 * budget} <= set(by_budget):
+        if (study, "cmaes", budget) not in cells or not {budget, 2 * budget} <= set(by_budget):
             continue
         one, two = (statistics.median(by_budget[b]) for b in (budget, 2 * budget))
-        other = reference[study] * (1 + cmaes[study] / 100)
+        other = cells[study, "cmaes", budget]
+        other = math.inf if other is None else other
         ref = min(reference[study], two, other)
 
         def gap(value: float, ref: float = ref) -> float:

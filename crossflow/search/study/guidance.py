@@ -71,8 +71,8 @@ def next_steps(ref: str, result: RunResult, *, tracking_uri: str | None = None,
     study that was already complete, browse the trials, export the best design, and (the
     launch's sampler ``structured``, the study searching the budget split only,
     ``budgets_only``, and :data:`SECOND_OPINION_TRIALS` finished) run plain CMA-ES as a
-    second study; with the
-    ``--storage`` the run was given, so that each command reaches the same study."""
+    second study; with the ``--storage`` the run was given, so that each command reaches
+    the same study."""
     lines = []
     if result.was_complete and result.trials_run == 0:
         lines.append(complete_line(ref, result, storage=storage))
