@@ -145,7 +145,9 @@ def _launch_race(url: str) -> None:
     trials = optuna.load_study(study_name="quickstart", storage=url).trials
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert sum(ran) == len(complete) == LAUNCH_TRIALS, (ran, len(complete))
-    assert all(t.state == TrialState.COMPLETE or t.user_attrs.get(SURPLUS) for t in trials)
+    stray = [(t.number, t.state.name, t.user_attrs, t.system_attrs) for t in trials
+             if not (t.state == TrialState.COMPLETE or t.user_attrs.get(SURPLUS))]
+    assert not stray, (ran, stray)  # which state a stray trial was left in, when a race fails
 
 
 def test_first_launches_on_a_fresh_sqlite_database_run_each_trial_once(tmp_path):
