@@ -136,7 +136,7 @@ def _launch_race(url: str) -> None:
 
     import crossflow.search.storage  # noqa: F401 - imported before the fork
     from crossflow.search.keys import SURPLUS
-    from crossflow.search.study import load_study  # noqa: F401
+    from crossflow.search.study import load_study
 
     at = time.time() + 1.0
     with mp.get_context("fork").Pool(WORKERS) as pool:
@@ -145,6 +145,11 @@ def _launch_race(url: str) -> None:
     trials = optuna.load_study(study_name="quickstart", storage=url).trials
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert sum(ran) == len(complete) == LAUNCH_TRIALS, (ran, len(complete))
+    # the baselines enqueued once, by the launch that created the study: each launch that
+    # saw no trials used to enqueue them, and a copy made after the budget was taken
+    # stayed WAITING
+    baselines = [t.params for t in trials if t.user_attrs.get("baseline")]
+    assert len(baselines) == len(load_study("quickstart").baseline_trials()), baselines
     stray = [(t.number, t.state.name, t.user_attrs, t.system_attrs) for t in trials
              if not (t.state == TrialState.COMPLETE or t.user_attrs.get(SURPLUS))]
     assert not stray, (ran, stray)  # which state a stray trial was left in, when a race fails
@@ -182,3 +187,13 @@ def test_a_trial_finished_by_another_process_is_skipped_not_told_again(tmp_path)
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
     assert [t.value for t in trials] == [0.0, 0.5, 2.0, 3.0]
+
+
+def test_only_the_open_that_creates_a_study_calls_on_create(tmp_path):
+    from crossflow.search.study import load_study
+    from crossflow.search.study.setup import open_study
+
+    setup, made = load_study("quickstart"), []
+    for _ in range(2):
+        open_study(setup, str(tmp_path / "q.journal"), on_create=made.append)
+    assert len(made) == 1 and made[0].study_name == "quickstart"

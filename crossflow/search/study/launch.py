@@ -319,17 +319,23 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
     # launch with nothing made
     make_sampler(sampler_name, seed=base_seed, options=sampler_options, space=setup.space,
                  n_objectives=len(setup.objectives), setup=setup)
-    study = open_study(setup, url, heartbeat_s=options.heartbeat_s)
+
+    def enqueue_baselines(study) -> None:
+        # by the launch that created the study only: first launches racing on a fresh
+        # storage each saw no trials and enqueued them again, a copy that came after the
+        # budget was taken left WAITING for good.  The study's total counts them: a total
+        # below their number runs that many of them.
+        for params in setup.baseline_trials()[:total]:
+            study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
+
+    study = open_study(setup, url, heartbeat_s=options.heartbeat_s,
+                       on_create=enqueue_baselines if setup.spec.baseline else None)
     from crossflow.search.workers import census
 
     before = census(study, total, heartbeats=is_url(url))
     if before.finished:
         return _complete(setup, study, total, before.done, uri, options)
 
-    if setup.spec.baseline and not study.get_trials(deepcopy=False):
-        # the study's total counts them: a total below their number runs that many of them
-        for params in setup.baseline_trials()[:total]:
-            study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
     workers = _worker_count(study, total, options.workers, heartbeats=is_url(url))
     index = sum(1 for k in study.user_attrs if k.startswith("launch."))
     launch_seed = None if base_seed is None else (base_seed + index) % 2**32

@@ -379,9 +379,12 @@ def _parallelism(source: Any, base: Path | None, file: str | None):
 
 
 def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = True,
-               sampler=None, heartbeat_s: float | None = None, for_reading: bool = False):
+               sampler=None, heartbeat_s: float | None = None, for_reading: bool = False,
+               on_create=None):
     """The Optuna study of ``setup`` in ``storage`` (default: the study's), created if
-    ``create`` (else a ConfigError when it is not there).  ``heartbeat_s``: seconds between
+    ``create`` (else a ConfigError when it is not there); ``on_create(study)`` is called
+    when this call created it, by one process only where several open a fresh storage at
+    once (the others load the study the first one made).  ``heartbeat_s``: seconds between
     heartbeats of running trials on an RDB storage (see :mod:`crossflow.search.storage`).
     ``for_reading`` (with ``create=False``): the caller only reads, so a journal in a
     read-only place is opened read-only."""
@@ -393,6 +396,7 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
                           f"('crossflow study run {setup.name}')", key="storage", value=url)
     backend = make_storage(url, heartbeat_s=heartbeat_s,
                            for_reading=for_reading and not create)
+    created = False
     try:  # loaded first: an existing study that is refused below gets nothing written
         study = optuna.load_study(study_name=setup.name, storage=backend, sampler=sampler)
     except KeyError:
@@ -400,9 +404,14 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
             raise ConfigError(f"no study {setup.name!r} in {redact(url)}: run it first "
                               f"('crossflow study run {setup.name}')", key="storage",
                               value=redact(url)) from None
-        study = optuna.create_study(storage=backend, study_name=setup.name, sampler=sampler,
-                                    directions=["minimize"] * len(setup.objectives),
-                                    load_if_exists=True)
+        try:
+            study = optuna.create_study(storage=backend, study_name=setup.name,
+                                        sampler=sampler,
+                                        directions=["minimize"] * len(setup.objectives))
+        except optuna.exceptions.DuplicatedStudyError:  # another process made it meanwhile
+            study = optuna.load_study(study_name=setup.name, storage=backend, sampler=sampler)
+        else:
+            created = True
     stored = study.user_attrs.get(OBJECTIVES)
     if stored is None and create:
         study.set_user_attr(OBJECTIVES, list(setup.objectives))
@@ -414,4 +423,6 @@ def open_study(setup: StudySetup, storage: str | None = None, *, create: bool = 
     from crossflow.search.study.fingerprint import check
 
     check(study, setup, store=create, storage=redact(url))
+    if created and on_create is not None:
+        on_create(study)
     return study
