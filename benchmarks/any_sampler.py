@@ -74,9 +74,7 @@ def run(spec, sampler: str, options: dict, seed: int, budget: int) -> dict:
     setup = load_study(spec)
     study = optuna.create_study(directions=["minimize"] * len(setup.objectives),
                                 sampler=sampler_class(sampler)(seed=seed, **options))
-    if setup.spec.baseline:
-        for params in setup.baseline_trials()[:budget]:
-            study.enqueue_trial(params)
+    setup.enqueue_baselines(study, budget)
     t0 = time.perf_counter()
     study.optimize(Objective(setup), n_trials=budget)
     wall = time.perf_counter() - t0

@@ -319,17 +319,11 @@ def _run(setup: StudySetup, options: Launch) -> RunResult:
     # launch with nothing made
     make_sampler(sampler_name, seed=base_seed, options=sampler_options, space=setup.space,
                  n_objectives=len(setup.objectives), setup=setup)
-
-    def enqueue_baselines(study) -> None:
-        # by the launch that created the study only: first launches racing on a fresh
-        # storage each saw no trials and enqueued them again, a copy that came after the
-        # budget was taken left WAITING for good.  The study's total counts them: a total
-        # below their number runs that many of them.
-        for params in setup.baseline_trials()[:total]:
-            study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
-
+    # the baselines by the launch that created the study only: first launches racing on a
+    # fresh storage each saw no trials and enqueued them again, and a copy that came after
+    # the budget was taken stayed WAITING for good
     study = open_study(setup, url, heartbeat_s=options.heartbeat_s,
-                       on_create=enqueue_baselines if setup.spec.baseline else None)
+                       on_create=lambda study: setup.enqueue_baselines(study, total))
     from crossflow.search.workers import census
 
     before = census(study, total, heartbeats=is_url(url))

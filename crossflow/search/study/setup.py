@@ -178,6 +178,15 @@ class StudySetup:
                 trials += [{**base, dim.name: c} for c in dim.choices if c != base[dim.name]]
         return trials
 
+    def enqueue_baselines(self, study, total: int) -> None:
+        """Enqueue :meth:`baseline_trials` in ``study`` when the study file asks for them
+        (``baseline``), each marked ``baseline``; a total below their number takes that
+        many of them (the study's total counts them)."""
+        if not self.spec.baseline:
+            return
+        for params in self.baseline_trials()[:total]:
+            study.enqueue_trial(params, user_attrs={"baseline": True}, skip_if_exists=True)
+
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary of the study (logged with each launch)."""
         return {
