@@ -507,10 +507,11 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
              f"Runs missing: {result['missing']}."
              + (f" Cells carried from {result['earlier']} (study × sampler × budget with no "
                 f"runs here: that table's median run, its gap taken against this reference): "
-                f"{result['carried_cells']}." if result.get("earlier") else ""), "",
-             "| half | sampler | " + " | ".join(f"median @{b} | worst @{b}" for b in budgets)
-             + " | studies |",
-             "|---|---|" + "---|---|" * len(budgets) + "---|"]
+                f"{result['carried_cells']}." if result.get("earlier") else ""), ""]
+    if samplers:  # with none (``--samplers ''``: the best-known searches only) no summary
+        lines += ["| half | sampler | " + " | ".join(f"median @{b} | worst @{b}"
+                                                    for b in budgets) + " | studies |",
+                  "|---|---|" + "---|---|" * len(budgets) + "---|"]
     for half in (*HALVES, "all"):
         for sampler in samplers:
             cells, n = [], None
@@ -526,15 +527,15 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
                           f"{_gap(s['worst_gap_pct'])} ({s['worst_study']})"]
             if n is not None:  # a half with no runs of this sampler has no row
                 lines.append(f"| {half} | {sampler} | " + " | ".join(cells) + f" | {n} |")
-    lines += ["", "| # | study | half | kind | reference (s) | from | "
-              + " | ".join(f"{s} @{b}" for b in budgets for s in samplers) + " |",
-              "|---|---|---|---|---|---|" + "---|" * (len(budgets) * len(samplers))]
+    head = ["#", "study", "half", "kind", "reference (s)", "from",
+            *(f"{s} @{b}" for b in budgets for s in samplers)]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ref = "—" if r["reference"] is None else f"{r['reference']:.6g}"
         cells = [("—" if (s, b) not in r["gaps"] else _gap(r["gaps"][s, b]))
                  for b in budgets for s in samplers]
-        lines.append(f"| {r['row']} | {r['study']} | {r['half']} | {r['kind']} | {ref} | "
-                     f"{r['reference_source'] or '—'} | " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([str(r["row"]), r["study"], r["half"], r["kind"], ref,
+                                        r["reference_source"] or "—", *cells]) + " |")
     lines += ["", "Best-known search per study (`crossflow/search/best_known.py`, cached under "
               "`best_known/`): evaluations, seconds, order classes screened / combinations, "
               "strategies within the margin / more of them refined (left out), the CMA-ES "
@@ -609,7 +610,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budgets", default="300,1000", help="evaluations per run, e.g. 300,1000")
-    ap.add_argument("--samplers", default="structured,cmaes,tpe,random")
+    ap.add_argument("--samplers", default="structured,cmaes,tpe,random",
+                    help="comma-separated; '' runs only the best-known searches (the references)")
     ap.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per study x sampler")
     ap.add_argument("--half", choices=(*HALVES, "all"), default="all")
     ap.add_argument("--studies", default="", help="only these studies (comma-separated)")

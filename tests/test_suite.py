@@ -247,3 +247,19 @@ def test_carry_keeps_an_earlier_tables_cells_where_no_run_is_here(tmp_path):
     md = suite.markdown(result, ["good", "other", "none"], [0], [2], "test")
     assert "Cells carried from old.csv" in md
     assert f"| {entry['name']} | 77 | 9.5 | 1 / 1 | — | did not beat phases 1-6 | 1 | good s0 @2 |" in md
+
+
+def test_with_no_sampler_the_table_lists_the_references_alone(tmp_path):
+    """``--samplers ''`` runs only the best-known searches: the table has each study's
+    reference and no summary rows or empty sampler columns."""
+    entry = STUDIES[0]
+    cache = tmp_path / "best_known" / f"{entry['name']}.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({"value": 0.25, "evaluations": 12}))
+    result = suite.collect([entry], [], [0], [300, 1000], tmp_path)
+    (row,) = result["rows"]
+    assert (row["reference"], row["reference_source"]) == (0.25, "best-known")
+    md = suite.markdown(result, [], [0], [300, 1000], "test")
+    assert "| half | sampler |" not in md
+    assert "| # | study | half | kind | reference (s) | from |\n|---|---|---|---|---|---|\n" in md
+    assert f"| {entry['name']} | {entry['half']} | {entry['kind']} | 0.25 | best-known |" in md
