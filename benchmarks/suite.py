@@ -403,14 +403,22 @@ def carried_references(path: Path) -> dict[str, tuple[float, str]]:
     search is partly luck (its seeds end apart), and a lower value an earlier table found is
     still the best design known."""
     found: dict[str, tuple[float, str]] = {}
-    source = f"earlier table ({Path(path).name})"
+    name = Path(path).name
     with Path(path).open(encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 value = float(row["reference"])
                 if math.isfinite(value) and value < found.get(row["study"], (math.inf,))[0]:
-                    found[row["study"]] = (value, source)
+                    found[row["study"]] = (value, _carried_source(name, row.get("reference_source")))
     return found
+
+
+def _carried_source(table: str, source: str | None) -> str:
+    """Where a carried reference came from, the run that found it kept across tables
+    (``earlier table (fresh3.csv: structured s0 @1000)``)."""
+    if not source:
+        return f"earlier table ({table})"
+    return source if source.startswith("earlier table") else f"earlier table ({table}: {source})"
 
 
 @dataclass(frozen=True)

@@ -263,3 +263,16 @@ def test_with_no_sampler_the_table_lists_the_references_alone(tmp_path):
     assert "| half | sampler |" not in md
     assert "| # | study | half | kind | reference (s) | from |\n|---|---|---|---|---|---|\n" in md
     assert f"| {entry['name']} | {entry['half']} | {entry['kind']} | 0.25 | best-known |" in md
+
+
+def test_a_carried_reference_keeps_the_run_that_found_it(tmp_path):
+    """A reference carried through tables names the table and the run that found it, and
+    one carried twice is not wrapped again."""
+    earlier = tmp_path / "old.csv"
+    earlier.write_text("study,reference,reference_source\n"
+                       "a,1.0,structured s0 @1000\nb,2.0,earlier table (older.csv)\n"
+                       "c,3.0,best-known\n")
+    assert suite.carried_references(earlier) == {
+        "a": (1.0, "earlier table (old.csv: structured s0 @1000)"),
+        "b": (2.0, "earlier table (older.csv)"),
+        "c": (3.0, "earlier table (old.csv: best-known)")}
