@@ -66,7 +66,7 @@ def test_a_folder_without_tables_is_refused(tmp_path, capsys):
 
 def test_every_committed_study_has_a_best_known_search_under_its_reference():
     """A reference made of runs alone is the best design some sampler happened to find: the
-    `v100` table's were, and the best-known search later found designs up to 8.5 % faster
+    `v100` table's were, and the best-known search later found designs up to 9.3 % faster
     (docs/search-history.md, "A fifty-seventh round").  Every study of every committed table
     has the best-known search's value among its reference's candidates."""
     for path in standing.tables(REPO / "benchmarks" / "results"):
