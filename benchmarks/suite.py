@@ -19,7 +19,10 @@ seed at equal evaluation budgets, gaps to each study's reference (docs/search-be
 * Reference per study = min(best-known value (:func:`crossflow.search.best_known.best_known`,
   cached under ``<out>/best_known/``), every run's best at every budget, and with
   ``--references CSV`` the study's reference in an earlier table).  Gap = best / reference
-  − 1, in %; a run with no feasible design has no gap ("no feasible design").
+  − 1, in %; a run with no feasible design has no gap ("no feasible design").  A committed
+  table keeps the best-known search among every study's candidates (``--no-best-known`` is
+  for a scratch comparison: runs' bests alone read gaps too low); ``--samplers ''`` runs the
+  best-known searches alone.
 * The table (``<out>/suite.md`` and ``<out>/suite.csv``, long form): gap per study × sampler
   at each budget, then per half and sampler the median and worst gap over studies.
 * A run file's ``wall_s`` for a prefix is the full run's wall time pro-rated by trials
