@@ -40,6 +40,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -540,7 +541,7 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
                 lines.append(f"| {half} | {sampler} | " + " | ".join(cells) + f" | {n} |")
     head = ["#", "study", "half", "kind", "reference (s)", "from",
             *(f"{s} @{b}" for b in budgets for s in samplers)]
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [""] * bool(samplers) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ref = "—" if r["reference"] is None else f"{r['reference']:.6g}"
         cells = [("—" if (s, b) not in r["gaps"] else _gap(r["gaps"][s, b]))
@@ -674,8 +675,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         execute(chosen, samplers, seeds, budgets, out, jobs=max(1, args.jobs),
                 fresh=args.fresh, best_known_options=bk_options,
                 with_best_known=not args.no_best_known)
-    command = "python benchmarks/suite.py " + " ".join(argv if argv is not None
-                                                        else sys.argv[1:])
+    command = "python benchmarks/suite.py " + shlex.join(argv if argv is not None
+                                                         else sys.argv[1:])
     if args.carry and not args.references:
         ap.error("--carry needs --references (the earlier table to carry cells from)")
     carried = carried_references(args.references) if args.references else None
