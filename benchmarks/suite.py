@@ -541,7 +541,9 @@ def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) 
                 lines.append(f"| {half} | {sampler} | " + " | ".join(cells) + f" | {n} |")
     head = ["#", "study", "half", "kind", "reference (s)", "from",
             *(f"{s} @{b}" for b in budgets for s in samplers)]
-    lines += [""] * bool(samplers) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if samplers:  # a blank line after the summary rows
+        lines.append("")
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ref = "—" if r["reference"] is None else f"{r['reference']:.6g}"
         cells = [("—" if (s, b) not in r["gaps"] else _gap(r["gaps"][s, b]))
