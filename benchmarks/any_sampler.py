@@ -122,6 +122,8 @@ def main(argv=None) -> int:
                          "references, and the table's own samplers' runs shown beside")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if args.out:  # made now: a missing folder would lose the runs at the end
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     try:
         options = json.loads(args.options)
     except ValueError as exc:

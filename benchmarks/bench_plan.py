@@ -251,6 +251,8 @@ def main() -> None:
                          "restart, the second bracket's pair) had each turn, over which "
                          "evaluations, from and to which gap (kept in --out as 'searches')")
     args = ap.parse_args()
+    if args.out:  # made now: a missing folder would lose the runs at the end
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     budgets = sorted(int(b) for b in args.budgets.split(","))
     variants = json.loads(args.variants)
     from crossflow.search.samplers.structured import _plan
