@@ -14,7 +14,9 @@ under ``"exchange"`` keyword arguments of the local search's rules, under ``"pla
 plan module's constants; or ``{"cma_alone": SIGMA}``: no plan, CMA-ES alone over the split
 of the template's combination, in the driver's natural coordinates, from the template's
 split with step SIGMA — the driver's own late optimiser as a baseline; ``{"cma_alone":
-{"sigma": SIGMA, "lr_adapt": true}}`` passes the other keys to ``cmaes.CMA``) runs on
+{"sigma": SIGMA, "lr_adapt": true}}`` passes the other keys to ``cmaes.CMA``; or
+``{"turbo_alone": {}}``: TuRBO-1, trust-region Bayesian optimisation (``benchmarks/turbo.py``),
+from the same split, its options ``q`` and :class:`turbo.Turbo`'s keywords) runs on
 every selected study of ``benchmarks/suite/studies.yaml`` (without
 ``--studies``, the 22 with a budget split: a strategy-only study's plan ends with its
 screen, where a study hands over to TPE).  A study's reference is
@@ -83,6 +85,7 @@ def run(spec, budget: int, seed: int, settings: dict,
         return e.values(setup.objectives)[0] if e.feasible else math.inf
 
     cma_sigma = settings.pop("cma_alone", None)
+    turbo = settings.pop("turbo_alone", None)
     baseline = setup.baseline_trials()
     values = [value(evaluate(setup, setup.design(p))) if names <= set(p) else math.inf
               for p in baseline]
@@ -104,6 +107,10 @@ def run(spec, budget: int, seed: int, settings: dict,
             w = np.maximum(v, 1e-9) * np.exp(rng.normal(0.0, jitter, len(v)))
             shaken[name] = w / w.sum()
         start = P.params(Cont(shaken, x0.floats), d0)
+    if turbo is not None:
+        x0, d0 = P.start() if start is None else P.split(start)
+        return _turbo_alone(setup, P, x0, d0, seed, budget, values, value, dict(turbo),
+                            known)
     if cma_sigma is not None:
         x0, d0 = P.start() if start is None else P.split(start)
         options = dict(cma_sigma) if isinstance(cma_sigma, dict) else {"sigma": cma_sigma}
@@ -155,6 +162,39 @@ def _cma_alone(setup, P, x0, d0, sigma: float, seed: int, budget: int,
             setup, [setup.design(P.params(_point(P, x, x0), d0)) for x in xs])]
         values += got
         cma.tell(told(xs, got))
+    return values[:budget]
+
+
+def _turbo_alone(setup, P, x0, d0, seed: int, budget: int, values: list[float], value,
+                 options: dict, known: dict) -> list[float]:
+    """``values`` (the baseline trials') followed by TuRBO-1's (:mod:`turbo`) until
+    ``budget``: the template's split first (told from ``known``, the baseline trials by
+    point, when one of them was it), then batches of ``q`` (option, default 4) in the
+    driver's natural coordinates scaled to the unit cube, each a split of ``d0``; the other
+    options go to :class:`turbo.Turbo`."""
+    import numpy as np
+    import turbo as trust_region
+
+    from crossflow.search import encoding
+    from crossflow.search.objective import evaluate_many
+    from crossflow.search.samplers.structured._plan import _point, _vector
+    from crossflow.search.samplers.structured._problem import point_key
+
+    q = int(options.pop("q", 4))
+    span = encoding.SPAN
+    start = np.clip((_vector(P, x0) + span) / (2 * span), 0.0, 1.0)
+    search = trust_region.Turbo(start, seed, **options)
+    batch = [start]
+    template = known.get(point_key(P.params(x0, d0)))
+    if template is not None:
+        search.tell(batch, [template])
+        batch = search.ask(q)
+    while len(values) < budget:
+        got = [value(e) for e in evaluate_many(setup, [
+            setup.design(P.params(_point(P, u * 2 * span - span, x0), d0)) for u in batch])]
+        values += got
+        search.tell(batch, got)
+        batch = search.ask(min(q, budget - len(values)))
     return values[:budget]
 
 
@@ -274,6 +314,10 @@ def main() -> None:
             # the plan of a strategy-only study ends with its screen (a study hands it to
             # TPE), so its gaps say nothing of the driver: those run as studies (suite.py)
             studies = [s for s in studies if s["kind"] != "strategy"]
+        if not studies:
+            ap.error(f"no study of {args.study_table} is in half {args.half!r}"
+                     + (f" of kind {args.kind}" if kinds else "")
+                     + (f" among {args.studies}" if names else ""))
     tasks = [(e, v, variants[v], seed, budgets[-1], args.jitter, args.trace) for e in studies
              for v in variants for seed in range(args.seeds)]
     t0 = time.perf_counter()

@@ -77,6 +77,20 @@ def test_a_variant_setting_a_constant_the_plan_does_not_have_is_refused(monkeypa
     assert "'off'" in err and "SIDE_COMPASS" in err and "COMPASS_RACE" in err
 
 
+def test_a_selection_with_no_study_is_refused_not_a_traceback(monkeypatch, capsys):
+    """A table with no study of the kind asked for (fresh5 has no budgets-only study) says
+    so and exits 2, instead of running nothing and failing on an empty median."""
+    table = Path(bench_plan.__file__).parent / "suite" / "fresh5.yaml"
+    monkeypatch.setattr(sys, "argv", [
+        "bench_plan.py", "--study-table", str(table), "--half", "all", "--kind", "budgets",
+        "--budgets", "10"])
+    with pytest.raises(SystemExit) as exit_:
+        bench_plan.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "no study of" in err and "fresh5.yaml" in err and "budgets" in err
+
+
 def test_cma_alone_is_a_reproducible_baseline_after_the_same_baseline_trials():
     """``{"cma_alone": SIGMA}`` runs CMA-ES alone instead of the plan: the study's baseline
     trials first (the same values as the plan's run), then whole generations cut to the
@@ -96,3 +110,44 @@ def test_cma_alone_is_a_reproducible_baseline_after_the_same_baseline_trials():
     adapted = bench_plan.run("quickstart", 60, 0, {"cma_alone": {"sigma": 1.0,
                                                                  "lr_adapt": True}})
     assert adapted[:first] == alone[:first] and adapted[first:] != alone[first:]
+
+
+def test_turbo_alone_is_a_reproducible_baseline_that_starts_from_the_template():
+    """``{"turbo_alone": {...}}`` runs TuRBO-1 instead of the plan: the baseline trials,
+    then TuRBO's batches around the template's split (a baseline trial, told to it, not
+    evaluated again); the same seed gives the same run, another seed another."""
+    from crossflow.search.study import load_study
+
+    first = len(load_study("quickstart").baseline_trials())
+    plain = bench_plan.run("quickstart", 40, 0, {})
+    turbo = bench_plan.run("quickstart", 40, 0, {"turbo_alone": {"n_init": 4}})
+    assert len(turbo) == 40 and turbo[:first] == plain[:first]
+    assert turbo[first:] != plain[first:]
+    assert turbo[0] not in turbo[first:]  # the template is not priced twice
+    assert any(math.isfinite(v) for v in turbo[first:])
+    assert bench_plan.run("quickstart", 40, 0, {"turbo_alone": {"n_init": 4}}) == turbo
+    assert bench_plan.run("quickstart", 40, 1, {"turbo_alone": {"n_init": 4}}) != turbo
+
+
+def test_turbo_gp_gradient_matches_finite_differences_and_its_fit_predicts():
+    """The marginal likelihood's analytic gradient (what Adam fits the length-scales by)
+    agrees with central differences, and the fitted GP's posterior mean interpolates a
+    smooth function at points it has not seen better than the data's mean does."""
+    import numpy as np
+    import turbo
+
+    rng = np.random.default_rng(0)
+    X = rng.random((40, 3))
+    y = np.sin(3 * X[:, 0]) + X[:, 1] ** 2
+    gp = turbo.GP(X, y)
+    theta = gp.theta + 0.05
+    _, grad = gp.nll(theta)
+    for i in range(len(theta)):
+        step = np.zeros_like(theta)
+        step[i] = 1e-5
+        numeric = (gp.nll(theta + step)[0] - gp.nll(theta - step)[0]) / 2e-5
+        assert abs(numeric - grad[i]) <= 1e-4 * max(1.0, abs(numeric))
+    Z = rng.random((20, 3))
+    truth = np.sin(3 * Z[:, 0]) + Z[:, 1] ** 2
+    draws = gp.sample(Z, 64, rng)
+    assert np.abs(draws.mean(0) - truth).mean() < 0.25 * np.abs(y.mean() - truth).mean()
