@@ -193,8 +193,9 @@ def _turbo_alone(setup, P, x0, d0, seed: int, budget: int, values: list[float], 
         got = [value(e) for e in evaluate_many(setup, [
             setup.design(P.params(_point(P, u * 2 * span - span, x0), d0)) for u in batch])]
         values += got
-        search.tell(batch, got)
-        batch = search.ask(min(q, budget - len(values)))
+        if len(values) < budget:  # no GP is fitted for a batch that would not be priced
+            search.tell(batch, got)
+            batch = search.ask(min(q, budget - len(values)))
     return values[:budget]
 
 
