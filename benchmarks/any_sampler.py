@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_plan  # noqa: E402  (benchmarks/bench_plan.py: --references read the same way)
 import suite  # noqa: E402  (benchmarks/suite.py: the table of studies)
+import suite_tables  # noqa: E402  (benchmarks/suite_tables.py: a committed table read back)
 
 #: The table's own samplers shown beside the one measured.
 TABLE_SAMPLERS = ("structured", "cmaes")
@@ -91,7 +92,7 @@ def _task(task: tuple) -> dict:
 
 def table_gap(cells, key: tuple[str, str, int], reference: float) -> float | None:
     """The gap (%) against ``reference`` of a committed table's cell (``cells``:
-    :func:`suite.earlier_table`'s, each the best value of the cell's median run): None where
+    :func:`suite_tables.earlier_table`'s, each the best value of the cell's median run): None where
     the table has no such run, inf where its runs found no feasible design."""
     if key not in cells:
         return None
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
         runs = list(pool.imap_unordered(_task, tasks))
     runs.sort(key=lambda r: ([e["name"] for e in studies].index(r["study"]), r["seed"]))
     refs = bench_plan.references(args.references) if args.references else {}
-    table = suite.earlier_table(args.references).cells if args.references else {}
+    table = suite_tables.earlier_table(args.references).cells if args.references else {}
     reference = {e["name"]: min([refs.get(e["name"], math.inf)]
                                 + [_best(r["values"], budgets[-1]) for r in runs
                                    if r["study"] == e["name"]]) for e in studies}

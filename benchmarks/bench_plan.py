@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import paired  # noqa: E402  (benchmarks/paired.py: a variant's change against noise)
 import suite  # noqa: E402  (benchmarks/suite.py: the table of studies)
+import suite_tables  # noqa: E402  (benchmarks/suite_tables.py: a committed table read back)
 
 _DEFAULTS: dict[str, dict] = {}
 
@@ -252,9 +253,9 @@ def _task(task):
 def references(path: Path) -> dict[str, float]:
     """Study -> reference value from a JSON object or a CSV with ``study`` and
     ``reference`` columns (``suite.csv`` repeats a study's reference on each of its rows; read
-    as the suite reads an earlier table, :func:`suite.carried_references`)."""
+    as the suite reads an earlier table, :func:`suite_tables.carried_references`)."""
     if path.suffix == ".csv":
-        return {study: value for study, (value, _) in suite.carried_references(path).items()}
+        return {study: value for study, (value, _) in suite_tables.carried_references(path).items()}
     return {k: float(v) for k, v in json.loads(path.read_text()).items()}
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import suite  # noqa: E402  (benchmarks/suite.py: a committed table read as --carry reads it)
+import suite_tables  # noqa: E402  (benchmarks/suite_tables.py: a committed table read as --carry reads it)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -46,8 +46,8 @@ def pairs(run_file: Path, budget: int, results: Path = RESULTS) -> list[dict]:
     """Per study of ``run_file``: the driver's gap at ``budget`` and twice it, CMA-ES's at
     ``budget``, and the pair's (the better of the first and CMA-ES's), in %."""
     table = table_csv(run_file, results)
-    reference = {k: v for k, (v, _) in suite.carried_references(table).items()}
-    cells = suite.earlier_table(table).cells  # None: CMA-ES found no feasible design
+    reference = {k: v for k, (v, _) in suite_tables.carried_references(table).items()}
+    cells = suite_tables.earlier_table(table).cells  # None: CMA-ES found no feasible design
     best: dict[str, dict[int, list[float]]] = {}
     for r in json.loads(run_file.read_text())["rows"]:
         if r["best"] is not None:

@@ -13,6 +13,9 @@ import sys
 import pytest
 from conftest import REPO
 
+sys.path.insert(0, str(REPO / "benchmarks"))  # suite.py imports suite_tables beside it
+import suite_tables  # noqa: E402  (benchmarks/suite_tables.py: the tables written and read back)
+
 _spec = importlib.util.spec_from_file_location("suite_bench", REPO / "benchmarks" / "suite.py")
 suite = importlib.util.module_from_spec(_spec)
 sys.modules["suite_bench"] = suite  # worker processes (fork) find the module's functions
@@ -160,7 +163,7 @@ def test_a_small_suite_end_to_end(tmp_path):
                 assert summ["median_gap_pct"] == pytest.approx(statistics.median(gaps))
                 assert summ["worst_gap_pct"] == pytest.approx(max(gaps))
                 assert summ["studies"] == summ["of"] == len(rows)
-    files = suite.write_tables(result, tmp_path, samplers, seeds, budgets, "test")
+    files = suite_tables.write_tables(result, tmp_path, samplers, seeds, budgets, "test")
     md = files["md"].read_text()
     assert "| tuning | tpe |" in md and "| checking | random |" in md
     with files["csv"].open() as fh:
@@ -180,8 +183,8 @@ def test_a_sampler_with_no_feasible_design_reads_so_in_the_table(tmp_path):
     assert row["reference"] == 1.5 and row["gaps"]["bad", 2] is None
     bad = [s for s in result["summary"] if s["sampler"] == "bad" and s["half"] == "all"]
     assert bad[0]["no_feasible"] == 1 and math.isinf(bad[0]["worst_gap_pct"])
-    md = suite.markdown(result, ["good", "bad"], [0], [2], "test")
-    assert suite.NO_FEASIBLE in md and "0.00" in md
+    md = suite_tables.markdown(result, ["good", "bad"], [0], [2], "test")
+    assert suite_tables.NO_FEASIBLE in md and "0.00" in md
 
 
 def test_an_earlier_tables_lower_reference_is_carried(tmp_path):
@@ -198,16 +201,16 @@ def test_an_earlier_tables_lower_reference_is_carried(tmp_path):
     earlier.write_text("study,reference\n"
                        f"{first['name']},1.4\n{first['name']},1.2\n{second['name']},1.6\n"
                        f"{first['name']},\n")
-    carried = suite.carried_references(earlier)
+    carried = suite_tables.carried_references(earlier)
     assert carried[first["name"]] == (1.2, "earlier table (earlier.csv)")
     result = suite.collect([first, second], ["good"], [0], [2], tmp_path, carried)
     one, two = result["rows"]
     assert one["reference"] == 1.2 and one["reference_source"] == "earlier table (earlier.csv)"
     assert one["gaps"]["good", 2] == pytest.approx(100 * (1.5 / 1.2 - 1))
     assert two["reference"] == 1.5 and two["reference_source"] == "good s0 @2"
-    md = suite.markdown(result, ["good"], [0], [2], "test")
+    md = suite_tables.markdown(result, ["good"], [0], [2], "test")
     assert "an earlier table's" in md and "earlier table (earlier.csv)" in md
-    assert "an earlier table's" not in suite.markdown(
+    assert "an earlier table's" not in suite_tables.markdown(
         suite.collect([second], ["good"], [0], [2], tmp_path), ["good"], [0], [2], "test")
 
 
@@ -226,17 +229,17 @@ def test_carry_keeps_an_earlier_tables_cells_where_no_run_is_here(tmp_path):
     earlier.write_text(header
                        + f"1,{entry['name']},tuning,budgets,good,2,50.0,1.2,x,1.3,77\n"
                        + f"1,{entry['name']},tuning,budgets,other,2,25.0,1.2,x,1.3,77\n"
-                       + f"1,{entry['name']},tuning,budgets,none,2,{suite.NO_FEASIBLE},1.2,x,"
+                       + f"1,{entry['name']},tuning,budgets,none,2,{suite_tables.NO_FEASIBLE},1.2,x,"
                          "1.3,77\n")
     earlier.with_suffix(".md").write_text(
         "| study | evaluations | s | classes / combinations | within margin / refined "
         "| cross-check | searches | reference from |\n|---|---|---|---|---|---|---|---|\n"
         f"| {entry['name']} | 77 | 9.5 | 1 / 1 | — | did not beat phases 1-6 | 1 | x |\n")
-    old = suite.earlier_table(earlier)
+    old = suite_tables.earlier_table(earlier)
     assert old.cells[entry["name"], "other", 2] == pytest.approx(1.5)
     assert old.cells[entry["name"], "none", 2] is None
     result = suite.collect([entry], ["good", "other", "none"], [0], [2], tmp_path,
-                           suite.carried_references(earlier), old)
+                           suite_tables.carried_references(earlier), old)
     (row,) = result["rows"]
     assert row["reference"] == 1.0 and row["reference_source"] == "good s0 @2"
     assert row["gaps"]["good", 2] == 0.0  # its run here, not the earlier 50 %
@@ -244,7 +247,7 @@ def test_carry_keeps_an_earlier_tables_cells_where_no_run_is_here(tmp_path):
     assert row["gaps"]["none", 2] is None
     assert result["carried_cells"] == 2 and result["missing"] == 0
     assert row["best_known"] == 1.3 and row["best_known_evaluations"] == 77
-    md = suite.markdown(result, ["good", "other", "none"], [0], [2], "test")
+    md = suite_tables.markdown(result, ["good", "other", "none"], [0], [2], "test")
     assert "Cells carried from old.csv" in md
     assert f"| {entry['name']} | 77 | 9.5 | 1 / 1 | — | did not beat phases 1-6 | 1 | good s0 @2 |" in md
 
@@ -259,7 +262,7 @@ def test_with_no_sampler_the_table_lists_the_references_alone(tmp_path):
     result = suite.collect([entry], [], [0], [300, 1000], tmp_path)
     (row,) = result["rows"]
     assert (row["reference"], row["reference_source"]) == (0.25, "best-known")
-    md = suite.markdown(result, [], [0], [300, 1000], "test")
+    md = suite_tables.markdown(result, [], [0], [300, 1000], "test")
     assert "| half | sampler |" not in md
     assert "| # | study | half | kind | reference (s) | from |\n|---|---|---|---|---|---|\n" in md
     assert f"| {entry['name']} | {entry['half']} | {entry['kind']} | 0.25 | best-known |" in md
@@ -272,7 +275,7 @@ def test_a_carried_reference_keeps_the_run_that_found_it(tmp_path):
     earlier.write_text("study,reference,reference_source\n"
                        "a,1.0,structured s0 @1000\nb,2.0,earlier table (older.csv)\n"
                        "c,3.0,best-known\n")
-    assert suite.carried_references(earlier) == {
+    assert suite_tables.carried_references(earlier) == {
         "a": (1.0, "earlier table (old.csv: structured s0 @1000)"),
         "b": (2.0, "earlier table (older.csv)"),
         "c": (3.0, "earlier table (old.csv: best-known)")}
