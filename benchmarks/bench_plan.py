@@ -66,7 +66,7 @@ def run(spec, budget: int, seed: int, settings: dict,
 
     from crossflow.search.objective import evaluate, evaluate_many
     from crossflow.search.samplers.structured import _inner, _plan
-    from crossflow.search.samplers.structured._plan import Settings, plan
+    from crossflow.search.samplers.structured._plan import Settings, _point, plan
     from crossflow.search.samplers.structured._problem import Problem, point_key
     from crossflow.search.study import load_study
 
@@ -108,15 +108,19 @@ def run(spec, budget: int, seed: int, settings: dict,
             w = np.maximum(v, 1e-9) * np.exp(rng.normal(0.0, jitter, len(v)))
             shaken[name] = w / w.sum()
         start = P.params(Cont(shaken, x0.floats), d0)
-    if turbo is not None:
+    if turbo is not None or cma_sigma is not None:  # a baseline instead of the plan
         x0, d0 = P.start() if start is None else P.split(start)
-        return _turbo_alone(setup, P, x0, d0, seed, budget, values, value, dict(turbo),
-                            known)
-    if cma_sigma is not None:
-        x0, d0 = P.start() if start is None else P.split(start)
+
+        def price(vectors) -> list[float]:
+            """Each split of ``d0`` given in the driver's natural coordinates, priced."""
+            return [value(e) for e in evaluate_many(
+                setup, [setup.design(P.params(_point(P, v, x0), d0)) for v in vectors])]
+
+        if turbo is not None:
+            return _turbo_alone(P, x0, d0, seed, budget, values, price, dict(turbo), known)
         options = dict(cma_sigma) if isinstance(cma_sigma, dict) else {"sigma": cma_sigma}
-        return _cma_alone(setup, P, x0, d0, float(options.pop("sigma", 1.0)), seed, budget,
-                          values, value, options)
+        return _cma_alone(P, x0, float(options.pop("sigma", 1.0)), seed, budget, values,
+                          price, options)
     if searches is not None:
         _traced(_plan, searches, len(values))
     elif hasattr(_plan._Local, "_untraced_advance"):  # a traced task ran in this worker
@@ -147,38 +151,35 @@ def run(spec, budget: int, seed: int, settings: dict,
     return values
 
 
-def _cma_alone(setup, P, x0, d0, sigma: float, seed: int, budget: int,
-               values: list[float], value, options: dict | None = None) -> list[float]:
+def _cma_alone(P, x0, sigma: float, seed: int, budget: int, values: list[float], price,
+               options: dict | None = None) -> list[float]:
     """``values`` (the baseline trials') followed by CMA-ES's own until ``budget``: whole
     generations of :func:`~crossflow.search.samplers.structured._plan.cma_es` from ``x0``
-    with step ``sigma`` (and ``options`` for ``cmaes.CMA``), each sample a split of the
-    combination ``d0``."""
-    from crossflow.search.objective import evaluate_many
-    from crossflow.search.samplers.structured._plan import _point, cma_es, told
+    with step ``sigma`` (and ``options`` for ``cmaes.CMA``), each sample priced by
+    ``price`` as a split of the template's combination."""
+    from crossflow.search.samplers.structured._plan import cma_es, told
 
     cma = cma_es(P, x0, sigma, seed, **(options or {}))
     while len(values) < budget:
         xs = [cma.ask() for _ in range(cma.population_size)]
-        got = [value(e) for e in evaluate_many(
-            setup, [setup.design(P.params(_point(P, x, x0), d0)) for x in xs])]
+        got = price(xs)
         values += got
         cma.tell(told(xs, got))
     return values[:budget]
 
 
-def _turbo_alone(setup, P, x0, d0, seed: int, budget: int, values: list[float], value,
+def _turbo_alone(P, x0, d0, seed: int, budget: int, values: list[float], price,
                  options: dict, known: dict) -> list[float]:
     """``values`` (the baseline trials') followed by TuRBO-1's (:mod:`turbo`) until
     ``budget``: the template's split first (told from ``known``, the baseline trials by
     point, when one of them was it), then batches of ``q`` (option, default 4) in the
-    driver's natural coordinates scaled to the unit cube, each a split of ``d0``; the other
-    options go to :class:`turbo.Turbo`."""
+    driver's natural coordinates scaled to the unit cube, each priced by ``price`` as a
+    split of ``d0``; the other options go to :class:`turbo.Turbo`."""
     import numpy as np
     import turbo as trust_region
 
     from crossflow.search import encoding
-    from crossflow.search.objective import evaluate_many
-    from crossflow.search.samplers.structured._plan import _point, _vector
+    from crossflow.search.samplers.structured._plan import _vector
     from crossflow.search.samplers.structured._problem import point_key
 
     q = int(options.pop("q", 4))
@@ -191,8 +192,7 @@ def _turbo_alone(setup, P, x0, d0, seed: int, budget: int, values: list[float], 
         search.tell(batch, [template])
         batch = search.ask(q)
     while len(values) < budget:
-        got = [value(e) for e in evaluate_many(setup, [
-            setup.design(P.params(_point(P, u * 2 * span - span, x0), d0)) for u in batch])]
+        got = price([u * 2 * span - span for u in batch])
         values += got
         if len(values) < budget:  # no GP is fitted for a batch that would not be priced
             search.tell(batch, got)

@@ -125,11 +125,7 @@ def _searches(b: Mapping[str, Any]) -> str:
 
 
 def _gap(g: float | None) -> str:
-    if g is None:
-        return NO_FEASIBLE
-    if math.isinf(g):
-        return NO_FEASIBLE
-    return f"{g:.2f}"
+    return NO_FEASIBLE if g is None or math.isinf(g) else f"{g:.2f}"
 
 
 def markdown(result: Mapping[str, Any], samplers, seeds, budgets, command: str) -> str:

@@ -50,10 +50,8 @@ class GP:
         self._sq = (X[:, None, :] - X[None, :, :]) ** 2
         if theta is None:
             theta = np.concatenate([np.full(d, math.log(0.5)), [0.0, math.log(1e-2)]])
-        low = np.array([_LOG_BOUNDS["length"][0]] * d
-                       + [_LOG_BOUNDS["signal"][0], _LOG_BOUNDS["noise"][0]])
-        high = np.array([_LOG_BOUNDS["length"][1]] * d
-                        + [_LOG_BOUNDS["signal"][1], _LOG_BOUNDS["noise"][1]])
+        low, high = np.array([_LOG_BOUNDS["length"]] * d
+                             + [_LOG_BOUNDS["signal"], _LOG_BOUNDS["noise"]]).T
         theta = np.clip(np.asarray(theta, float), low, high)
         m, v = np.zeros_like(theta), np.zeros_like(theta)
         best, best_f = theta, math.inf
@@ -66,23 +64,26 @@ class GP:
             theta = np.clip(theta - lr * (m / (1 - 0.9 ** t))
                             / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8), low, high)
         self.theta = best
-        d = X.shape[1]
-        self.scales = np.exp(best[:d])
-        self.signal, noise = math.exp(best[d]), math.exp(best[d + 1])
-        K = self.signal * _matern52(_distance(X, X, self.scales)) \
-            + (noise + 1e-8) * np.eye(len(X))
-        self.L = np.linalg.cholesky(K)
+        self.scales, self.signal = np.exp(best[:d]), math.exp(best[d])
+        self.L = np.linalg.cholesky(self._terms(best)[-1])
         self.alpha = np.linalg.solve(self.L.T, np.linalg.solve(self.L, self.y))
+
+    def _terms(self, theta: np.ndarray):
+        """The kernel at ``theta`` over the data: each dimension's scaled squared distances,
+        the distance r, exp(-sqrt5 r), the Matérn correlation and the covariance matrix."""
+        d = self.X.shape[1]
+        parts = self._sq / np.exp(theta[:d]) ** 2
+        r = np.sqrt(parts.sum(-1))
+        e = np.exp(-_SQRT5 * r)
+        k = (1 + _SQRT5 * r + 5 * r * r / 3) * e
+        K = math.exp(theta[d]) * k + (math.exp(theta[d + 1]) + 1e-8) * np.eye(len(self.X))
+        return parts, r, e, k, K
 
     def nll(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
         """Negative log marginal likelihood (constant dropped) and its gradient."""
         d, n = self.X.shape[1], len(self.X)
-        scales, signal, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
-        parts = self._sq / scales ** 2
-        r = np.sqrt(parts.sum(-1))
-        e = np.exp(-_SQRT5 * r)
-        k = (1 + _SQRT5 * r + 5 * r * r / 3) * e
-        K = signal * k + (noise + 1e-8) * np.eye(n)
+        signal, noise = math.exp(theta[d]), math.exp(theta[d + 1])
+        parts, r, e, k, K = self._terms(theta)
         try:
             L = np.linalg.cholesky(K)
         except np.linalg.LinAlgError:
