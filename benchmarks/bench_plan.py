@@ -16,7 +16,9 @@ of the template's combination, in the driver's natural coordinates, from the tem
 split with step SIGMA — the driver's own late optimiser as a baseline; ``{"cma_alone":
 {"sigma": SIGMA, "lr_adapt": true}}`` passes the other keys to ``cmaes.CMA``; or
 ``{"turbo_alone": {}}``: TuRBO-1, trust-region Bayesian optimisation (``benchmarks/turbo.py``),
-from the same split, its options ``q`` and :class:`turbo.Turbo`'s keywords) runs on
+from the same split, its options ``q`` and :class:`turbo.Turbo`'s keywords); or
+``{"scipy_alone": {"method": "de" | "nelder-mead", ...}}``: scipy's differential evolution
+or Nelder-Mead over the same split (:func:`_scipy_alone`)) runs on
 every selected study of ``benchmarks/suite/studies.yaml`` (without
 ``--studies``, the 22 with a budget split: a strategy-only study's plan ends with its
 screen, where a study hands over to TPE).  A study's reference is
@@ -87,6 +89,7 @@ def run(spec, budget: int, seed: int, settings: dict,
 
     cma_sigma = settings.pop("cma_alone", None)
     turbo = settings.pop("turbo_alone", None)
+    scipy_alone = settings.pop("scipy_alone", None)
     baseline = setup.baseline_trials()
     values = [value(evaluate(setup, setup.design(p))) if names <= set(p) else math.inf
               for p in baseline]
@@ -108,7 +111,8 @@ def run(spec, budget: int, seed: int, settings: dict,
             w = np.maximum(v, 1e-9) * np.exp(rng.normal(0.0, jitter, len(v)))
             shaken[name] = w / w.sum()
         start = P.params(Cont(shaken, x0.floats), d0)
-    if turbo is not None or cma_sigma is not None:  # a baseline instead of the plan
+    if turbo is not None or cma_sigma is not None or scipy_alone is not None:
+        # a baseline instead of the plan
         x0, d0 = P.start() if start is None else P.split(start)
 
         def price(vectors) -> list[float]:
@@ -116,6 +120,8 @@ def run(spec, budget: int, seed: int, settings: dict,
             return [value(e) for e in evaluate_many(
                 setup, [setup.design(P.params(_point(P, v, x0), d0)) for v in vectors])]
 
+        if scipy_alone is not None:
+            return _scipy_alone(P, x0, seed, budget, values, price, dict(scipy_alone))
         if turbo is not None:
             return _turbo_alone(P, x0, d0, seed, budget, values, price, dict(turbo), known)
         options = dict(cma_sigma) if isinstance(cma_sigma, dict) else {"sigma": cma_sigma}
@@ -165,6 +171,78 @@ def _cma_alone(P, x0, sigma: float, seed: int, budget: int, values: list[float],
         got = price(xs)
         values += got
         cma.tell(told(xs, got))
+    return values[:budget]
+
+
+class _Spent(Exception):
+    """The budget is spent: ends a scipy optimiser mid-run."""
+
+
+def _scipy_alone(P, x0, seed: int, budget: int, values: list[float], price,
+                 options: dict) -> list[float]:
+    """``values`` (the baseline trials') followed by a scipy optimiser's until ``budget``,
+    over the split of the template's combination in the driver's natural coordinates
+    (bounded to them), restarted with another seed whenever it converges before the budget
+    is spent: ``{"method": "de"}`` (default) ``scipy.optimize.differential_evolution``,
+    whole generations priced as one batch, the template's split in the first population,
+    its other options (``popsize``, ``strategy``, ``mutation``, ``recombination``,
+    ``maxiter``) passed on; ``{"method": "nelder-mead", "step": S}`` adaptive Nelder-Mead from the template's
+    split (restarts from the best point), its first simplex ``S`` along each axis.  An
+    infeasible design is priced 1e30: both compare values only."""
+    import warnings
+
+    import numpy as np
+    from scipy import optimize
+
+    from crossflow.search import encoding
+    from crossflow.search.samplers.structured._plan import _vector
+
+    method = options.pop("method", "de")
+    span = encoding.SPAN
+    start = np.clip(_vector(P, x0), -span + 1e-6, span - 1e-6)
+    bounds = [(-span, span)] * len(start)
+    best = [math.inf, start]
+
+    def f(xs: np.ndarray) -> np.ndarray:
+        batch = [xs] if xs.ndim == 1 else list(xs.T)
+        room = budget - len(values)
+        if room <= 0:
+            raise _Spent
+        got = price(batch[:room])
+        values.extend(got)
+        for x, v in zip(batch, got, strict=False):  # got is cut to the budget
+            if v < best[0]:
+                best[:] = [v, np.array(x)]
+        if len(got) < len(batch):
+            raise _Spent
+        out = np.array([v if math.isfinite(v) else 1e30 for v in got])
+        return out[0] if xs.ndim == 1 else out
+
+    restart = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        while len(values) < budget:
+            try:
+                if method == "de":
+                    optimize.differential_evolution(
+                        f, bounds, x0=start if restart == 0 else None, seed=seed + 1000 * restart,
+                        vectorized=True, updating="deferred", polish=False,
+                        **{"tol": 0.0, "maxiter": budget, **options})
+                elif method == "nelder-mead":
+                    step = float(options.get("step", 1.0))
+                    x = np.clip(best[1], -span + 1e-6, span - 1e-6)
+                    simplex = [x] + [np.clip(x + step * e, -span, span)
+                                     for e in np.eye(len(x))]
+                    optimize.minimize(f, x, method="Nelder-Mead", bounds=bounds,
+                                      options={"initial_simplex": np.array(simplex),
+                                               "adaptive": True, "maxfev": budget,
+                                               "xatol": 1e-4, "fatol": 0.0})
+                else:
+                    raise ValueError(f"scipy_alone: method {method!r} is not 'de' or "
+                                     "'nelder-mead'")
+            except _Spent:
+                break
+            restart += 1
     return values[:budget]
 
 

@@ -129,6 +129,31 @@ def test_turbo_alone_is_a_reproducible_baseline_that_starts_from_the_template():
     assert bench_plan.run("quickstart", 40, 1, {"turbo_alone": {"n_init": 4}}) != turbo
 
 
+@pytest.mark.parametrize("options", [{"popsize": 2}, {"method": "nelder-mead"}])
+def test_scipy_alone_fills_the_budget_reproducibly_from_the_template(options):
+    """``{"scipy_alone": {...}}`` runs differential evolution or Nelder-Mead instead of the
+    plan: the baseline trials, then the optimiser's points cut to the budget exactly
+    (restarted when it converges first), the template's split among the first; the same
+    seed gives the same run, another seed another (Nelder-Mead, deterministic, the same)."""
+    from crossflow.search.study import load_study
+
+    first = len(load_study("quickstart").baseline_trials())
+    plain = bench_plan.run("quickstart", 300, 0, {})
+    alone = bench_plan.run("quickstart", 300, 0, {"scipy_alone": dict(options)})
+    assert len(alone) == 300 and alone[:first] == plain[:first]
+    # the template's split (clipped inside the bounds) is among its first points
+    assert any(v == pytest.approx(alone[0], rel=1e-6) for v in alone[first:first + 16])
+    assert min(v for v in alone[first:] if math.isfinite(v)) < 0.9 * alone[0]
+    assert bench_plan.run("quickstart", 300, 0, {"scipy_alone": dict(options)}) == alone
+    other = bench_plan.run("quickstart", 300, 1, {"scipy_alone": dict(options)})
+    assert (other == alone) == (options.get("method") == "nelder-mead")
+    if "popsize" in options:  # two generations a run: restarted until the budget is spent
+        short = bench_plan.run("quickstart", 300, 0, {"scipy_alone": {**options,
+                                                                      "maxiter": 2}})
+        assert len(short) == 300 and short[:first + 16] == alone[:first + 16]
+        assert short[first + 16:] != alone[first + 16:]
+
+
 def test_turbo_gp_gradient_matches_finite_differences_and_its_fit_predicts():
     """The marginal likelihood's analytic gradient (what Adam fits the length-scales by)
     agrees with central differences, and the fitted GP's posterior mean interpolates a
