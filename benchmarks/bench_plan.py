@@ -188,7 +188,9 @@ def _scipy_alone(P, x0, seed: int, budget: int, values: list[float], price,
     its other options (``popsize``, ``strategy``, ``mutation``, ``recombination``,
     ``maxiter``) passed on; ``{"method": "nelder-mead", "step": S}`` adaptive Nelder-Mead from the template's
     split (restarts from the best point), its first simplex ``S`` along each axis.  An
-    infeasible design is priced 1e30: both compare values only."""
+    infeasible design is priced 1e30: both compare values only.  Unlike the other baselines
+    these price the template's split again (scipy takes no value for a starting point):
+    one evaluation of the budget."""
     import warnings
 
     import numpy as np
