@@ -174,6 +174,9 @@ def _cma_alone(P, x0, sigma: float, seed: int, budget: int, values: list[float],
     return values[:budget]
 
 
+SCIPY_METHODS = ("de", "nelder-mead")  # what ``{"scipy_alone": {"method": ...}}`` runs
+
+
 class _Spent(Exception):
     """The budget is spent: ends a scipy optimiser mid-run."""
 
@@ -240,8 +243,8 @@ def _scipy_alone(P, x0, seed: int, budget: int, values: list[float], price,
                                                "adaptive": True, "maxfev": budget,
                                                "xatol": 1e-4, "fatol": 0.0})
                 else:
-                    raise ValueError(f"scipy_alone: method {method!r} is not 'de' or "
-                                     "'nelder-mead'")
+                    raise ValueError(f"scipy_alone: method {method!r} is not one of "
+                                     f"{', '.join(SCIPY_METHODS)}")
             except _Spent:
                 break
             restart += 1
@@ -386,6 +389,13 @@ def main() -> None:
             ap.error(f"--variants: variant {name!r} sets {', '.join(unknown)}, which the plan "
                      f"(crossflow/search/samplers/structured/_plan.py) has no constant of; "
                      f"its constants: {', '.join(k for k in dir(_plan) if k.isupper())}")
+        scipy_options = v.get("scipy_alone", {})
+        if not isinstance(scipy_options, dict):
+            ap.error(f"--variants: variant {name!r} sets scipy_alone to {scipy_options!r}; "
+                     'it takes an object, e.g. {"method": "nelder-mead"}')
+        if scipy_options.get("method", "de") not in SCIPY_METHODS:
+            ap.error(f"--variants: variant {name!r} asks scipy_alone for method "
+                     f"{scipy_options['method']!r}; allowed: {', '.join(SCIPY_METHODS)}")
     if args.shipped:
         studies = [{"name": n, "half": "shipped", "spec": n} for n in args.shipped.split(",")]
     else:

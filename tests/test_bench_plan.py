@@ -63,18 +63,22 @@ def test_a_trace_accounts_for_every_local_search_turn_and_changes_nothing():
     assert _plan._Local.advance is _plan._Local._untraced_advance
 
 
-def test_a_variant_setting_a_constant_the_plan_does_not_have_is_refused(monkeypatch, capsys):
+@pytest.mark.parametrize("variants, said", [
+    ('{"off": {"plan": {"SIDE_COMPASS": false}}}', ("'off'", "SIDE_COMPASS", "COMPASS_RACE")),
+    ('{"pso": {"scipy_alone": {"method": "pso"}}}', ("'pso'", "'pso'", "de, nelder-mead"))])
+def test_a_variant_the_benchmark_cannot_run_is_refused(monkeypatch, capsys, variants, said):
     """A constant the plan has no longer (or a misspelt one) would be set and never read, so
-    the variant would measure the default under another name: refused before anything
-    runs, naming the variant and the constant."""
+    the variant would measure the default under another name; a scipy method it does not
+    run would fail in every worker: both refused before anything runs, naming the variant,
+    the value and what is allowed."""
     monkeypatch.setattr(sys, "argv", [
         "bench_plan.py", "--shipped", "quickstart", "--budgets", "10", "--seeds", "1",
-        "--variants", '{"off": {"plan": {"SIDE_COMPASS": false}}}'])
+        "--variants", variants])
     with pytest.raises(SystemExit) as exit_:
         bench_plan.main()
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "'off'" in err and "SIDE_COMPASS" in err and "COMPASS_RACE" in err
+    assert all(s in err for s in said)
 
 
 def test_a_selection_with_no_study_is_refused_not_a_traceback(monkeypatch, capsys):
