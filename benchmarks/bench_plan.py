@@ -185,15 +185,19 @@ def _scipy_alone(P, x0, seed: int, budget: int, values: list[float], price,
                  options: dict) -> list[float]:
     """``values`` (the baseline trials') followed by a scipy optimiser's until ``budget``,
     over the split of the template's combination in the driver's natural coordinates
-    (bounded to them), restarted with another seed whenever it converges before the budget
-    is spent: ``{"method": "de"}`` (default) ``scipy.optimize.differential_evolution``,
-    whole generations priced as one batch, the template's split in the first population,
-    its other options (``popsize``, ``strategy``, ``mutation``, ``recombination``,
-    ``maxiter``) passed on; ``{"method": "nelder-mead", "step": S}`` adaptive Nelder-Mead from the template's
-    split (restarts from the best point), its first simplex ``S`` along each axis.  An
-    infeasible design is priced 1e30: both compare values only.  Unlike the other baselines
-    these price the template's split again (scipy takes no value for a starting point):
-    one evaluation of the budget."""
+    (bounded to them), restarted whenever it stops before the budget is spent:
+
+    * ``{"method": "de"}`` (default): ``scipy.optimize.differential_evolution``, whole
+      generations priced as one batch, the template's split in the first population, a
+      restart with another seed; its other options (``popsize``, ``strategy``,
+      ``mutation``, ``recombination``, ``maxiter``) passed on;
+    * ``{"method": "nelder-mead", "step": S}``: adaptive Nelder-Mead from the template's
+      split, a restart from the best point so far, its first simplex ``S`` (default 1)
+      along each axis.
+
+    An infeasible design is priced 1e30: both compare values only.  Unlike the other
+    baselines these price the template's split again (scipy takes no value for a starting
+    point): one evaluation of the budget."""
     import warnings
 
     import numpy as np
