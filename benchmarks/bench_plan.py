@@ -342,7 +342,7 @@ def references(path: Path) -> dict[str, float]:
     ``reference`` columns (``suite.csv`` repeats a study's reference on each of its rows; read
     as the suite reads an earlier table, :func:`suite_tables.carried_references`)."""
     if path.suffix == ".csv":
-        return {study: value for study, (value, _) in suite_tables.carried_references(path).items()}
+        return suite_tables.reference_values(path)
     return {k: float(v) for k, v in json.loads(path.read_text()).items()}
 
 

@@ -46,7 +46,7 @@ def pairs(run_file: Path, budget: int, results: Path = RESULTS) -> list[dict]:
     """Per study of ``run_file``: the driver's gap at ``budget`` and twice it, CMA-ES's at
     ``budget``, and the pair's (the better of the first and CMA-ES's), in %."""
     table = table_csv(run_file, results)
-    reference = {k: v for k, (v, _) in suite_tables.carried_references(table).items()}
+    reference = suite_tables.reference_values(table)
     cells = suite_tables.earlier_table(table).cells  # None: CMA-ES found no feasible design
     best: dict[str, dict[int, list[float]]] = {}
     for r in json.loads(run_file.read_text())["rows"]:

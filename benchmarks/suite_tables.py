@@ -40,6 +40,12 @@ def carried_references(path: Path) -> dict[str, tuple[float, str]]:
     return found
 
 
+def reference_values(path: Path) -> dict[str, float]:
+    """study -> reference of an earlier table's CSV, as :func:`carried_references` reads it,
+    without where each came from."""
+    return {study: value for study, (value, _) in carried_references(path).items()}
+
+
 def _carried_source(table: str, source: str | None) -> str:
     """Where a carried reference came from, the run that found it kept across tables
     (``earlier table (fresh3.csv: structured s0 @1000)``)."""
