@@ -207,6 +207,9 @@ def _scipy_alone(P, x0, seed: int, budget: int, values: list[float], price,
     from crossflow.search.samplers.structured._plan import _vector
 
     method = options.pop("method", "de")
+    if method not in SCIPY_METHODS:
+        raise ValueError(f"scipy_alone: method {method!r} is not one of "
+                         f"{', '.join(SCIPY_METHODS)}")
     span = encoding.SPAN
     start = np.clip(_vector(P, x0), -span + 1e-6, span - 1e-6)
     bounds = [(-span, span)] * len(start)
@@ -237,7 +240,7 @@ def _scipy_alone(P, x0, seed: int, budget: int, values: list[float], price,
                         f, bounds, x0=start if restart == 0 else None, seed=seed + 1000 * restart,
                         vectorized=True, updating="deferred", polish=False,
                         **{"tol": 0.0, "maxiter": budget, **options})
-                elif method == "nelder-mead":
+                else:  # nelder-mead
                     step = float(options.get("step", 1.0))
                     x = np.clip(best[1], -span + 1e-6, span - 1e-6)
                     simplex = [x] + [np.clip(x + step * e, -span, span)
@@ -246,9 +249,6 @@ def _scipy_alone(P, x0, seed: int, budget: int, values: list[float], price,
                                       options={"initial_simplex": np.array(simplex),
                                                "adaptive": True, "maxfev": budget,
                                                "xatol": 1e-4, "fatol": 0.0})
-                else:
-                    raise ValueError(f"scipy_alone: method {method!r} is not one of "
-                                     f"{', '.join(SCIPY_METHODS)}")
             except _Spent:
                 break
             restart += 1

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from suite_tables import NO_FEASIBLE  # noqa: E402  (how suite.py writes a run with no feasible design)
+from suite_tables import NO_FEASIBLE  # noqa: E402  (how a table writes a run with no feasible design)
 
 DRIVER, BASELINE = "structured", "cmaes"
 
