@@ -414,6 +414,7 @@ def main() -> None:
             ap.error(f"no study of {args.study_table} is in half {args.half!r}"
                      + (f" of kind {args.kind}" if kinds else "")
                      + (f" among {args.studies}" if names else ""))
+        suite.preflight(studies, args.study_table)
     tasks = [(e, v, variants[v], seed, budgets[-1], args.jitter, args.trace) for e in studies
              for v in variants for seed in range(args.seeds)]
     t0 = time.perf_counter()

@@ -167,6 +167,28 @@ def select(studies: Sequence[dict[str, Any]], half: str = "all",
             and (not kinds or s["kind"] in kinds)]
 
 
+def preflight(studies: Sequence[dict[str, Any]], table: str | Path) -> None:
+    """Every study of ``studies`` loaded as a run would load it, and its chip checked for the
+    workload's arithmetic (as ``crossflow check`` does), before any worker starts: a row a
+    table cannot run (an unknown system, a bf16 workload on the fp16 template) is refused
+    with its name and the reason, exit status 2, instead of a traceback from a worker or
+    every one of its trials infeasible."""
+    from crossflow.errors import ConfigError
+    from crossflow.search.study import load_study
+    from crossflow.search.study.setup import check_precision_of
+
+    problems = []
+    for s in studies:
+        try:
+            check_precision_of(load_study(s["spec"]))
+        except ConfigError as exc:
+            problems.append(f"{table}: study {s['name']!r} (row {s.get('row', '?')}) cannot "
+                            f"run: {exc}")
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        raise SystemExit(2)
+
+
 # --- runs (each cached as one JSON file) -------------------------------------------------------
 
 
@@ -464,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = select(studies, args.half, names, _list(args.kind))
     seeds = list(range(args.seeds))
     if not args.report_only:
+        preflight(chosen, args.table)
         execute(chosen, samplers, seeds, budgets, out, jobs=max(1, args.jobs),
                 fresh=args.fresh, best_known_options=bk_options,
                 with_best_known=not args.no_best_known)

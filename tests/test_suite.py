@@ -66,6 +66,28 @@ def test_studies_are_selected_by_kind_and_a_wrong_kind_or_name_is_refused():
         suite.select(STUDIES, "all", [single["name"]], ["strategy"])
 
 
+def test_a_table_row_that_cannot_run_is_refused_before_any_worker_starts(tmp_path, capsys):
+    """``preflight`` (suite.py and bench_plan.py call it before their workers): every
+    committed table passes; a bf16 workload on the fp16 template and an unknown system
+    are each named with their row and reason, exit status 2."""
+    for table in sorted((REPO / "benchmarks" / "suite").glob("*.yaml")):
+        suite.preflight(suite.load_table(table), table)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        f"blocks_from: {REPO / 'benchmarks' / 'suite' / 'studies.yaml'}\n"
+        "studies:\n"
+        "  - {name: llama-bf16, workload: llama3-8b, system: torus-64,"
+        " space: budgets-strategy-order-tp, kind: budgets+strategy+order}\n"
+        "  - {name: nowhere, workload: gemm-16k, system: torus-999,"
+        " space: budgets-parallelism, kind: budgets+strategy+order}\n")
+    with pytest.raises(SystemExit) as exit_:
+        suite.preflight(suite.load_table(bad), bad)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "study 'llama-bf16' (row 1) cannot run" in err and "no bf16 arithmetic" in err
+    assert "study 'nowhere' (row 2) cannot run" in err and "'torus-999'" in err
+
+
 FRESH = ["fresh.yaml", "fresh2.yaml", "fresh3.yaml", "fresh4.yaml", "fresh5.yaml", "fresh6.yaml",
          "fresh7.yaml"]
 #: the kinds of study of each set: the seventh (fresh5) checks a rule that touches only
