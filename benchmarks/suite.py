@@ -181,9 +181,9 @@ def preflight(studies: Sequence[dict[str, Any]], table: str | Path) -> None:
     for s in studies:
         try:
             check_precision_of(load_study(s["spec"]))
-        except ConfigError as exc:
-            problems.append(f"{table}: study {s['name']!r} (row {s.get('row', '?')}) cannot "
-                            f"run: {exc}")
+        except ConfigError as exc:  # each error found, attributed to the table's row
+            row = f"{table}, study {s['name']!r} (row {s.get('row', '?')})"
+            problems += [str(e) for e in exc.with_file(row).every()]
     if problems:
         print("\n".join(problems), file=sys.stderr)
         raise SystemExit(2)
