@@ -177,7 +177,7 @@ def preflight(studies: Sequence[dict[str, Any]], table: str | Path) -> None:
     from crossflow.search.study import load_study
     from crossflow.search.study.setup import check_precision_of
 
-    problems = []
+    problems: list[str] = []
     for s in studies:
         try:
             check_precision_of(load_study(s["spec"]))

@@ -90,21 +90,21 @@ def test_a_table_row_that_cannot_run_is_refused_before_any_worker_starts(tmp_pat
 
 
 FRESH = ["fresh.yaml", "fresh2.yaml", "fresh3.yaml", "fresh4.yaml", "fresh5.yaml", "fresh6.yaml",
-         "fresh7.yaml"]
+         "fresh7.yaml", "fresh8.yaml"]
 #: the kinds of study of each set: the seventh (fresh5) checks a rule that touches only
 #: strategy studies, so it has nothing else
 KINDS = {"fresh5.yaml": {"budgets+strategy+order"}}
 #: studies per set (the eighth and ninth, fresh6 and fresh7, check rules that touch both
-#: kinds: sixteen)
-SIZES = {"fresh6.yaml": 16, "fresh7.yaml": 16}
+#: kinds: sixteen; the tenth, fresh8, eight Llama-style transformers)
+SIZES = {"fresh6.yaml": 16, "fresh7.yaml": 16, "fresh8.yaml": 8}
 
 
 @pytest.mark.parametrize("table", FRESH)
 def test_the_new_studies_load_and_are_none_of_the_suites(table):
-    """benchmarks/suite/fresh*.yaml: twelve studies each (the eighth and ninth sixteen),
-    written after the rules were chosen, the generalisation checks of docs/search-benchmarks.md; each
-    loads, and none is a suite study or another set's; each has the kinds it was written
-    with."""
+    """benchmarks/suite/fresh*.yaml: twelve studies each (the eighth and ninth sixteen, the
+    tenth eight), written after the rules were chosen, the generalisation checks of
+    docs/search-benchmarks.md; each loads, and none is a suite study or another set's; each
+    has the kinds it was written with."""
     from crossflow.search.study import load_study
 
     fresh = suite.load_table(REPO / "benchmarks" / "suite" / table)
