@@ -2,7 +2,7 @@
 (docs/speed.md).  Prints one JSON object.
 
     python benchmarks/bench_driver.py [--studies a,b] [--evaluations 1000] [--rounds 1]
-                                      [--reference DIR]
+                                      [--table benchmarks/suite/TABLE.yaml] [--reference DIR]
 
 Each study's plan runs as ``bench_plan.py`` runs it (no Optuna, no MLflow: the points and
 values of a study with the ``structured`` sampler, seed 0) for ``--evaluations`` model
@@ -13,7 +13,9 @@ snaps moves to; also loading the study and its baseline trial), ``total_s`` and 
 the same digest).
 With ``--reference DIR`` (another source tree, e.g. ``git worktree add DIR COMMIT``) each
 study runs from it too, alternating, so load on a shared machine hits both alike, and the
-ratios reference / this tree are given.
+ratios reference / this tree are given (``model_speedup``: the model's own time, what a
+change to the model's pricing moves).  ``--table``: the studies of another table than the
+suite's (``benchmarks/suite/studies.yaml``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def seen(points, values, seconds):
     for p, v in zip(points, values):
         digest.update((point_key(p) + repr(v)).encode())
 
-spec = suite.select(suite.load_table(), "all", [sys.argv[1]])[0]["spec"]
+table = suite.load_table(sys.argv[4]) if sys.argv[4] else suite.load_table()
+spec = suite.select(table, "all", [sys.argv[1]])[0]["spec"]
 t0 = time.perf_counter()
 done = len(bench_plan.run(spec, int(sys.argv[2]), 0, {}, on_batch=seen))
 total = time.perf_counter() - t0
@@ -54,10 +57,10 @@ print(json.dumps({"model_s": model[0], "driver_s": total - model[0], "total_s": 
 """
 
 
-def _one(tree: Path, study: str, evaluations: int) -> dict:
+def _one(tree: Path, study: str, evaluations: int, table: Path | None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", _CHILD, study, str(evaluations),
-                          str(REPO / "benchmarks")], env=env, cwd=tree, check=True,
+                          str(REPO / "benchmarks"), str(table or "")], env=env, cwd=tree, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -67,6 +70,8 @@ def main() -> None:
     ap.add_argument("--studies", default=",".join(STUDIES))
     ap.add_argument("--evaluations", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--table", type=Path, default=None,
+                    help="a table of studies (default: the suite's, benchmarks/suite/studies.yaml)")
     ap.add_argument("--reference", type=Path, default=None,
                     help="another source tree, run alternately with this one")
     args = ap.parse_args()
@@ -76,7 +81,8 @@ def main() -> None:
         for study in args.studies.split(","):
             for label, tree in trees.items():
                 runs.setdefault(study, {}).setdefault(label, []).append(
-                    _one(tree, study, args.evaluations))
+                    _one(tree, study, args.evaluations,
+                         args.table.resolve() if args.table else None))
     report = {}
     for study, by in runs.items():
         row = {}
@@ -88,6 +94,7 @@ def main() -> None:
                                                    / row[label]["model_s"], 2)
         if "reference" in row:
             ref, this = row["reference"], row["this"]
+            row["model_speedup"] = round(ref["model_s"] / this["model_s"], 2)
             row["driver_speedup"] = round(ref["driver_s"] / this["driver_s"], 2)
             row["total_speedup"] = round(ref["total_s"] / this["total_s"], 2)
             row["same_search"] = ref["digest"] == this["digest"]

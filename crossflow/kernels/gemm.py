@@ -134,25 +134,27 @@ def _level_traffic(
         os_fits = (c_tile <= acc_fraction * capacity_B) & (
             stream_ab <= (1.0 - acc_fraction) * capacity_B
         )
-    by_order = {
-        "ws": lambda: np.where(ws_need <= capacity_B, ws_raw, inf),
-        "os": lambda: np.where(os_fits, os_raw, inf),
-        "as": lambda: np.where(as_need <= capacity_B, as_raw, inf),
-    }
     # The first order (in ORDERS) of least traffic, as np.argmin over the stacked orders
-    # would pick, with two comparisons instead of a stack, argmin and gather.
-    best = np.full(g.shape, inf)
-    order = np.zeros(g.shape, dtype=np.intp)
+    # would pick, with a strict comparison per further order instead of a stack, argmin and
+    # gather (the arrays are small: numpy's per-call overhead is most of the cost).
+    best = order = None
     for i, name in enumerate(ORDERS):
         if name not in allowed:
             continue
-        traffic = by_order[name]()  # full shape: the *_need arrays span all three axes
-        if i == 0:
-            best = np.array(traffic)
+        if name == "ws":
+            traffic = np.where(ws_need <= capacity_B, ws_raw, inf)
+        elif name == "os":
+            traffic = np.where(os_fits, os_raw, inf)
+        else:
+            traffic = np.where(as_need <= capacity_B, as_raw, inf)
+        if best is None:  # full shape: the *_need arrays span all three axes
+            best, order = traffic, np.full(g.shape, i, dtype=np.intp)
             continue
         less = traffic < best
-        best = np.where(less, traffic, best)
+        np.copyto(best, traffic, where=less)
         order[less] = i
+    if best is None:  # no loop order allowed: no tile fits
+        return np.full(g.shape, inf), np.zeros(g.shape, dtype=np.intp)
     return best, order
 
 
@@ -190,8 +192,11 @@ def _register_accesses_of(m: int, k: int, n: int, mcu_rows: int, mcu_cols: int,
     per = flops * (nx * ny + factors * nx + factors * ny) / (2.0 * factors * nx * ny)
     idx = np.argmin(per, axis=0)
     pick = idx[None]
-    out = (np.take_along_axis(per, pick, axis=0)[0], np.array(flows)[idx],
-           np.take_along_axis(factors, pick, axis=0)[0])
+    # each over the whole tile grid (one dataflow alone leaves the axes it does not vary
+    # on at 1), so that a chosen tile indexes it directly
+    out = tuple(np.array(np.broadcast_to(a, g.shape)) for a in (
+        np.take_along_axis(per, pick, axis=0)[0], np.array(flows)[idx],
+        np.take_along_axis(factors, pick, axis=0)[0]))
     for array in out:
         array.flags.writeable = False
     return out
@@ -286,9 +291,9 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int,
         if i == dist:
             cost = np.maximum(cost, compute)
         bests.append(cost if not bests else np.maximum(cost, _running_min(bests[-1])))
-        traffics.append(np.broadcast_to(traffic, g.shape))
+        traffics.append(traffic)  # full shape, as _level_traffic returns it
         orders.append(order)
-        owns.append(np.broadcast_to(own, g.shape))
+        owns.append(own)
 
     total = float(np.min(bests[-1]))
     if not math.isfinite(total):
@@ -318,9 +323,9 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int,
     detail: dict[str, object] = {"tiles_mkn": tiles, "loop_orders": loop_orders}
     if reg_bytes is not None:
         idx = chosen[0]
-        bytes_per_level[levels[0].name] += float(np.broadcast_to(reg_bytes, g.shape)[idx])
-        detail["mcu_dataflow"] = str(np.broadcast_to(reg_flow, g.shape)[idx])
-        detail["register_reuse_factor"] = float(np.broadcast_to(reg_reuse, g.shape)[idx])
+        bytes_per_level[levels[0].name] += float(reg_bytes[idx])
+        detail["mcu_dataflow"] = str(reg_flow[idx])
+        detail["register_reuse_factor"] = float(reg_reuse[idx])
     idx = chosen[dist]
     work_tiles = int(g.nm[idx[0], 0, 0] * g.nn[0, 0, idx[2]])
     waves = math.ceil(work_tiles / arch.num_bundles)
