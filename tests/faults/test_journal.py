@@ -71,6 +71,52 @@ def test_the_repair_is_said_once_per_journal(tmp_path, capsys):
     assert capsys.readouterr().err.count("ended in a record that was not finished") == 1
 
 
+def test_a_tail_torn_while_the_journal_is_open_is_cut_before_the_next_record(tmp_path,
+                                                                             capsys):
+    """Another writer dies mid-record after this process opened the journal: the next
+    append cuts the torn bytes off (keeping them in ``.torn``) and writes after the last
+    complete record, so the file stays readable by Optuna itself."""
+    path = tmp_path / "q.journal"
+    _run(path, 3)
+    storage = make_storage(str(path))
+    good = path.read_bytes()
+    with open(path, "ab") as fh:
+        fh.write(b'{"op_code":8,"worker_id":"x","trial_id":1,"user_att')
+    study = optuna.load_study(study_name="quickstart", storage=storage)
+    study.set_user_attr("after", 1)
+    assert path.read_bytes().startswith(good) and path.read_bytes().endswith(b"\n")
+    assert (tmp_path / "q.journal.torn").read_bytes().startswith(b'{"op_code":8')
+    assert "torn bytes are saved" in capsys.readouterr().err
+    logs = list(optuna.storages.journal.JournalFileBackend(str(path)).read_logs(0))
+    assert logs[-1]["op_code"] == 2 and logs[-1]["user_attr"] == {"after": 1}
+
+
+def test_records_of_a_running_trial_are_made_durable_with_its_result(tmp_path, monkeypatch):
+    """One fsync for each record that creates or ends a trial or changes the study (it
+    flushes every record before it); none for a running trial's parameters and attributes,
+    which every reader sees at once all the same."""
+    path = tmp_path / "q.journal"
+    synced: list[int] = []
+    real = os.fsync
+
+    def counted(fd):
+        synced.append(os.fstat(fd).st_size)
+        real(fd)
+
+    monkeypatch.setattr(J.os, "fsync", counted)
+    _run(path, 4)
+    records = [json.loads(line) for line in path.read_bytes().splitlines()]
+    ends, durable = [], 0
+    for r in records:
+        durable += len(json.dumps(r, separators=(",", ":"))) + 1
+        if r["op_code"] not in (5, 7, 8, 9):
+            ends.append(durable)
+    assert synced == ends  # every durable record synced as it was written, nothing else
+    assert records[-1]["op_code"] == 6 and synced[-1] == path.stat().st_size
+    assert len(records) > 3 * len(synced)  # most records are a running trial's
+    assert _complete(path) == 4
+
+
 def test_a_failed_write_leaves_no_torn_record(tmp_path, monkeypatch):
     """ENOSPC half-way through a record: the file is cut back to where it was, the error
     says what happened, and the study resumes once there is room."""
