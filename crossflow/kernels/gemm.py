@@ -117,8 +117,9 @@ def _traffic_terms(m: int, k: int, n: int, b: int, acc: int) -> tuple[np.ndarray
 def _level_traffic(
     g: _Grid, b: int, acc: int, capacity_B: float, reg_capacity_B: float, acc_fraction: float,
     allowed: tuple[str, ...],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes crossing into a level for each tile (min over loop orders) and the order index.
+) -> tuple[np.ndarray, tuple[tuple[int, np.ndarray], ...]]:
+    """Bytes crossing into a level for each tile (min over loop orders), and each allowed
+    order's own (its index in :data:`ORDERS`, its bytes; inf where its tiles do not fit).
 
     ``reg_capacity_B`` is the register capacity inside one instance of this level's scope,
     where an output-stationary tile accumulates (None-like 0 means: this *is* the register
@@ -127,35 +128,36 @@ def _level_traffic(
     stream_ab, c_tile, os_raw, ws_need, ws_raw, as_need, as_raw = _traffic_terms(
         g.m, g.k, g.n, b, acc)
     inf = np.inf
-
-    if reg_capacity_B > 0:  # accumulators live in the registers under this level
-        os_fits = (stream_ab <= capacity_B) & (c_tile <= acc_fraction * reg_capacity_B)
-    else:  # the register level itself holds accumulators and operand fragments
-        os_fits = (c_tile <= acc_fraction * capacity_B) & (
-            stream_ab <= (1.0 - acc_fraction) * capacity_B
-        )
-    # The first order (in ORDERS) of least traffic, as np.argmin over the stacked orders
-    # would pick, with a strict comparison per further order instead of a stack, argmin and
-    # gather (the arrays are small: numpy's per-call overhead is most of the cost).
-    best = order = None
+    by_order = []
     for i, name in enumerate(ORDERS):
         if name not in allowed:
             continue
         if name == "ws":
             traffic = np.where(ws_need <= capacity_B, ws_raw, inf)
-        elif name == "os":
-            traffic = np.where(os_fits, os_raw, inf)
-        else:
+        elif name == "as":
             traffic = np.where(as_need <= capacity_B, as_raw, inf)
-        if best is None:  # full shape: the *_need arrays span all three axes
-            best, order = traffic, np.full(g.shape, i, dtype=np.intp)
-            continue
-        less = traffic < best
-        np.copyto(best, traffic, where=less)
-        order[less] = i
-    if best is None:  # no loop order allowed: no tile fits
-        return np.full(g.shape, inf), np.zeros(g.shape, dtype=np.intp)
-    return best, order
+        elif reg_capacity_B > 0:  # os: accumulators in the registers under this level
+            traffic = np.where((stream_ab <= capacity_B)
+                               & (c_tile <= acc_fraction * reg_capacity_B), os_raw, inf)
+        else:  # os at the register level: it holds accumulators and operand fragments
+            traffic = np.where((c_tile <= acc_fraction * capacity_B)
+                               & (stream_ab <= (1.0 - acc_fraction) * capacity_B), os_raw, inf)
+        by_order.append((i, traffic))
+    if not by_order:  # no loop order allowed: no tile fits
+        return np.full(g.shape, inf), ()
+    # full shape: the *_need arrays span all three axes.  Which order moves the least is
+    # asked only of the tile chosen (:func:`_order_of`), not of every tile.
+    best = by_order[0][1]
+    for _, traffic in by_order[1:]:
+        best = np.minimum(best, traffic)
+    return best, tuple(by_order)
+
+
+def _order_of(by_order: tuple[tuple[int, np.ndarray], ...], idx: tuple[int, int, int]) -> str:
+    """The loop order of least traffic at tile ``idx``: the first in :data:`ORDERS` of
+    those that tie (as np.argmin over the orders would pick)."""
+    least = min(traffic[idx] for _, traffic in by_order)
+    return ORDERS[next(i for i, traffic in by_order if traffic[idx] == least)]
 
 
 def _register_accesses(
@@ -319,7 +321,7 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int,
         bytes_per_level[levels[i + 1].name] += float(traffics[i][idx])
         tiles[onchip[i].name] = [int(min(g.tm[idx[0], 0, 0], m)), int(min(g.tk[0, idx[1], 0], k)),
                                  int(min(g.tn[0, 0, idx[2]], n))]
-        loop_orders[onchip[i].name] = ORDERS[int(orders[i][idx])]
+        loop_orders[onchip[i].name] = _order_of(orders[i], idx)
     detail: dict[str, object] = {"tiles_mkn": tiles, "loop_orders": loop_orders}
     if reg_bytes is not None:
         idx = chosen[0]
