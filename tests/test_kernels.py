@@ -238,3 +238,32 @@ def test_attention_efficiency_follows_the_head_dimension_table():
     rows_s = 16 * 8192 * kernel.backward_row_s
     assert (product_time(h200, 192) - rows_s) == pytest.approx(
         (product_time(plain, 192) - rows_s) / table[192][1])
+
+
+def test_the_loop_order_reported_is_the_first_of_least_traffic_at_the_chosen_tile():
+    """``_order_of`` (the order is found at the chosen tile only): ties go to the first in
+    ORDERS, as np.argmin over the orders would; an order whose tiles do not fit (inf) is
+    never it; a level allowed one order reports that order."""
+    import numpy as np
+
+    from crossflow.kernels.gemm import ORDERS, _order_of
+
+    ws, os_, as_ = (np.full((2, 2, 2), v) for v in (5.0, 5.0, 7.0))
+    os_[1, 1, 1], as_[0, 1, 0], ws[0, 0, 1] = 3.0, 1.0, np.inf
+    by_order = tuple(zip(range(3), (ws, os_, as_), strict=True))
+    assert ORDERS == ("ws", "os", "as")
+    assert _order_of(by_order, (0, 0, 0)) == "ws"  # ws and os tie: the first
+    assert _order_of(by_order, (1, 1, 1)) == "os"
+    assert _order_of(by_order, (0, 1, 0)) == "as"
+    assert _order_of(by_order, (0, 0, 1)) == "os"  # ws does not fit there
+    assert _order_of(by_order[1:], (0, 0, 0)) == "os"  # ws not allowed
+
+
+def test_a_level_allowed_one_loop_order_reports_it(a100):
+    level = next(lv for lv in a100.memory if lv.name == "L1")
+    for order in ("ws", "os", "as"):
+        only = replace(a100, memory=tuple(replace(lv, loop_orders=(order,)) if lv is level
+                                          else lv for lv in a100.memory))
+        r = gemm(only, 4096, 4096, 4096, "fp16")
+        assert r.detail["loop_orders"]["L1"] == order
+        assert r.time_s >= gemm(a100, 4096, 4096, 4096, "fp16").time_s * (1 - 1e-12)
