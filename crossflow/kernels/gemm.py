@@ -273,10 +273,10 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int,
     compute = _compute_time(arch, g, per_bundle, levels[-1].latency_s)
     reg_bytes = reg_flow = reg_reuse = None
 
-    traffics, orders, owns, bests = [], [], [], []
+    traffics, orders, owns, bests = [], [], [], []  # per on-chip level
     for i, level in enumerate(onchip):
         outer = levels[i + 1]
-        traffic, order = _level_traffic(
+        traffic, by_order = _level_traffic(
             g, b, acc, level.capacity_B, regs_in_scope[level.scope] if i > 0 else 0.0,
             arch.accumulator_fraction, level.loop_orders,
         )
@@ -294,7 +294,7 @@ def _gemm(arch: MicroArch, m: int, k: int, n: int, precision: str, count: int,
             cost = np.maximum(cost, compute)
         bests.append(cost if not bests else np.maximum(cost, _running_min(bests[-1])))
         traffics.append(traffic)  # full shape, as _level_traffic returns it
-        orders.append(order)
+        orders.append(by_order)  # each allowed loop order's traffic, asked at one tile
         owns.append(own)
 
     total = float(np.min(bests[-1]))
