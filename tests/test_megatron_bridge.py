@@ -85,6 +85,50 @@ def test_b200_profile_is_datasheet_hardware_with_the_h100_software():
     assert 1.5 < ph.time_s / pb.time_s < 2.5
 
 
+def test_the_b200_runs_are_read_whole_and_split_by_what_the_model_can_price():
+    """Every DGX-B200 pre-training row of the archive is in the file; the dense data set
+    takes the Llama runs, the MoE one every MoE and hybrid run but the NVFP4 ones."""
+    from crossflow.validation.dataset import measurements_dir, read_measurements
+    from crossflow.validation.megatron_bridge import (
+        B200_FILE,
+        b200_dense_rows,
+        b200_moe_rows,
+    )
+
+    header, rows = read_measurements(measurements_dir() / B200_FILE)
+    assert len(rows) == 36 and {r["system"] for r in rows} == {"DGX-B200"}
+    assert sum(r["variant"] == "paren_alt" for r in rows) == 6
+    assert any("4ab94dfad36641cabdeb96452b21bf676aac4772" in line for line in header)
+    dense = b200_dense_rows()
+    assert {(r["release"], r["model_key"]) for r in dense} == {
+        (rel, key) for rel in ("25.09", "25.11") for key in ("llama3_8b", "llama3.1_405b")}
+    moe = b200_moe_rows()
+    assert len(moe) == 24 and not any(r["precision"] == "NVFP4" for r in moe)
+    assert sum(r["model_key"] == "nemotron_3_super" for r in moe) == 2
+    mains = [r for r in rows if r["variant"] == "main" and r["precision"] != "NVFP4"]
+    assert len(dense) + len(moe) == len(mains)
+
+
+def test_the_b200_runs_are_predicted_within_their_held_out_bounds():
+    """The B200 profile (datasheet hardware, the H100 profile's constants) against the
+    published DGX-B200 runs it was never fitted to: the dense runs within 20 %, each of
+    them too fast (docs/validation.md); the MoE runs under their guard."""
+    from crossflow.validation.megatron_bridge import (
+        MAX_MAPE_B200,
+        MAX_MAPE_B200_MOE,
+        b200_dataset,
+        b200_moe_dataset,
+    )
+
+    dense = b200_dataset()
+    assert dense.passed and dense.mape <= MAX_MAPE_B200 == 0.20, dense.render()
+    assert all(0 < r.error < MAX_MAPE_B200 for r in dense.rows), dense.render()
+    moe = b200_moe_dataset()
+    assert moe.passed and moe.mape <= MAX_MAPE_B200_MOE, moe.render()
+    names = [ds.name for ds in collect("training")]
+    assert dense.name in names and moe.name in names
+
+
 def test_a100_40gb_has_the_40gb_parts_memory():
     from crossflow.predict import load_hardware
 

@@ -63,11 +63,11 @@ def architectures() -> dict[str, dict[str, str]]:
     return {r["model_key"]: r for r in rows}
 
 
-def _published(kind: str) -> list[dict[str, str]]:
-    """The rows of models of ``kind`` (``dense``, ``moe``, ``hybrid``: the start of the
-    architecture table's type) with a printed throughput, their main variant, without
+def _published(kind: str, file: str = FILE) -> list[dict[str, str]]:
+    """The rows of ``file`` of models of ``kind`` (``dense``, ``moe``, ``hybrid``: the start
+    of the architecture table's type) with a printed throughput, their main variant, without
     FSDP."""
-    _, rows = read_measurements(measurements_dir() / FILE)
+    _, rows = read_measurements(measurements_dir() / file)
     arch = architectures()
     return [r for r in rows if r["variant"] == "main" and r["tokens_per_s_per_gpu"]
             and arch.get(r["model_key"], {}).get("type", "").startswith(kind)
@@ -85,7 +85,7 @@ def dense_rows() -> tuple[dict[str, str], ...]:
 SKIPPED: dict[str, str] = {}
 #: Hybrid stacks (model_architectures.csv type "hybrid …") -> the workload preset that
 #: spells out their pattern and Mamba-2 widths (the table gives them as prose)
-HYBRID_PRESETS = {"nemotron_3_nano": "nemotron-3-nano"}
+HYBRID_PRESETS = {"nemotron_3_nano": "nemotron-3-nano", "nemotron_3_super": "nemotron-3-super"}
 
 
 def _tokendrop(r: dict[str, str]) -> bool:
@@ -235,7 +235,7 @@ def label(r: dict[str, str]) -> str:
     ep = f" e{r['ep']}" if _int(r["ep"]) > 1 else ""
     return (f"{r['release']} {group(r)} {r['model_key']} n{r['num_gpus']} t{r['tp']} "
             f"p{r['pp']} c{_int(r['cp'])} v{_int(r['vp'])}{ep} mb{r['micro_batch_size']} "
-            f"gb{r['global_batch_size']}")
+            f"gb{r['global_batch_size']}" + (" tokendrop" if _tokendrop(r) else ""))
 
 
 @cache
@@ -389,6 +389,60 @@ def hybrid_dataset(system=SYSTEM) -> DataSet:
                "not fitted to",
         quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_HYBRID,
         min_spearman=0.0, group_of=groups)
+
+
+#: The DGX-B200 runs of the same pages, and the profile that predicts them: datasheet
+#: hardware with the H100 profile's software constants, nothing fitted to a B200 row.
+#: Every row is a check of a prediction for a generation the constants never saw.
+B200_FILE = "megatron_bridge_pretrain_b200.csv"
+B200_SYSTEM = "dgx-b200-megatron-core"
+#: Tolerance of the dense B200 rows: the every-row MoE guard's 20 %, the bound the H100
+#: data sets not fitted to are held to
+MAX_MAPE_B200 = MAX_MAPE_MOE_ALL
+#: Tolerance of the B200 MoE and hybrid rows: a guard against getting worse, not a target.
+#: The same model on the same machine moves between releases by more than any modelling
+#: term (Qwen3 30B-A3B on 8 GPUs 9299 tokens/s in 25.11, 27136 in 26.04.01; GPT-OSS 120B
+#: 8213 and 13568; the file's header), and no constant is fitted to them.
+MAX_MAPE_B200_MOE = 0.45
+
+
+@cache
+def b200_dense_rows() -> tuple[dict[str, str], ...]:
+    """The dense DGX-B200 rows (Llama-3 8B, Llama-3.1 405B; releases 25.09 and 25.11)."""
+    return tuple(_published("dense", B200_FILE))
+
+
+@cache
+def b200_moe_rows() -> tuple[dict[str, str], ...]:
+    """The DGX-B200 rows of MoE models (token-dropping ones as labelled) and of the hybrid
+    stacks with a preset (:data:`HYBRID_PRESETS`), but for NVFP4 runs: the workload has no
+    4-bit precision to price them with."""
+    return tuple(r for r in (*_published("moe", B200_FILE), *_published("hybrid", B200_FILE))
+                 if r["precision"] != "NVFP4"
+                 and (r["model_key"] in HYBRID_PRESETS or not r["model_key"].startswith("nemotron")))
+
+
+def b200_dataset(system=B200_SYSTEM) -> DataSet:
+    """The dense DGX-B200 rows predicted on the B200 profile (held out: nothing fitted)."""
+    rows, groups = _rows(system, b200_dense_rows())
+    return DataSet(
+        name="training: NeMo / Megatron-Bridge on DGX B200, dense, predicted from datasheets "
+             "and the H100 profile (held out)",
+        source=f"{B200_FILE} (dense rows) on system {B200_SYSTEM}, not fitted to",
+        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_B200, min_spearman=0.0,
+        group_of=groups)
+
+
+def b200_moe_dataset(system=B200_SYSTEM) -> DataSet:
+    """The DGX-B200 MoE and hybrid rows on the B200 profile (held out: nothing fitted)."""
+    rows, groups = _rows(system, b200_moe_rows())
+    return DataSet(
+        name="training: NeMo / Megatron-Bridge on DGX B200, MoE and hybrid, predicted from "
+             "datasheets and the H100 profile (held out)",
+        source=f"{B200_FILE} (MoE rows, Nemotron 3 Nano) on system {B200_SYSTEM}, not "
+               "fitted to",
+        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_B200_MOE, min_spearman=0.0,
+        group_of=groups)
 
 
 #: The MoE constants :func:`fit_moe` sets (SoftwareSpec field, lower, upper bound).  They
