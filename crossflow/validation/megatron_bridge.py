@@ -13,6 +13,9 @@ the token-dropping Qwen3 runs (:func:`tokendrop_dataset`).  The profile's consta
 fitted to the 17 rows without context
 parallelism (:func:`dataset`, the issue's tolerances); the 7 with context parallelism 2
 (Llama-3 8B and 70B of 24.07, every Llama-3.1 405B run) are held out (:func:`cp_dataset`).
+The DGX-B200 runs of the same pages (``megatron_bridge_pretrain_b200.csv``) are held out
+whole: :func:`b200_dataset` and :func:`b200_moe_dataset` predict them on
+``dgx-b200-megatron-core``, datasheet hardware with this profile's constants.
 The 405B runs put 126 layers on 8 × 8 pipeline chunks: predicted with Megatron-Core's uneven
 split, the embedding and the loss counted as a layer each.
 
@@ -417,9 +420,8 @@ def b200_moe_rows() -> tuple[dict[str, str], ...]:
     """The DGX-B200 rows of MoE models (token-dropping ones as labelled) and of the hybrid
     stacks with a preset (:data:`HYBRID_PRESETS`), but for NVFP4 runs: the workload has no
     4-bit precision to price them with."""
-    return tuple(r for r in (*_published("moe", B200_FILE), *_published("hybrid", B200_FILE))
-                 if r["precision"] != "NVFP4"
-                 and (r["model_key"] in HYBRID_PRESETS or not r["model_key"].startswith("nemotron")))
+    hybrid = [r for r in _published("hybrid", B200_FILE) if r["model_key"] in HYBRID_PRESETS]
+    return tuple(r for r in (*_published("moe", B200_FILE), *hybrid) if r["precision"] != "NVFP4")
 
 
 def b200_dataset(system=B200_SYSTEM) -> DataSet:
