@@ -252,6 +252,7 @@ def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
             spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp // cp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software),
+            fsdp=par.fsdp if par else "",
             cp=cp, extra_layers=par.pipeline_extra_layers if par else (0, 0),
             ep=par.expert_parallel if par else 1,
             etp=par.expert_tensor_parallel if par else 1)
@@ -459,7 +460,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         spec, arch, network, tp=strategy.tp, pp=strategy.pp,
         dp=strategy.dp // (par.context_parallel if par else 1), vp=strategy.vp,
         sp=strategy.sp, schedule=par.schedule if par else "1f1b",
-        zero1=par.sharded_optimizer if par else False,
+        zero1=par.sharded_optimizer if par else False, fsdp=par.fsdp if par else "",
         overlap_grad_reduce=par.overlap_grad_reduce if par else False, software=software,
         cp=par.context_parallel if par else 1,
         extra_layers=par.pipeline_extra_layers if par else (0, 0),

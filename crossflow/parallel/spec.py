@@ -15,7 +15,8 @@ here too: the pipeline ``schedule`` (1F1B, interleaved when virtual stages > 1, 
 ``zero1`` (optimizer state sharded over the data-parallel group, Rajbhandari et al. 2020,
 stage 1; Megatron's name ``use_distributed_optimizer`` is accepted as its alias), a
 ``micro_batch_size`` and a ``recompute_granularity`` (Megatron's name: none, selective or
-full) that override the workload's.
+full) that override the workload's, and Megatron-FSDP (``use_megatron_fsdp`` with its
+``data_parallel_sharding_strategy``: ZeRO-1, -2 or -3 over the data × context ranks).
 """
 
 from __future__ import annotations
@@ -95,6 +96,16 @@ class ParallelismSpec(Spec):
     #: one layer fewer; (num_layers + the accounted ones) must divide evenly
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    #: Megatron's ``--use-megatron-fsdp``: the data-parallel (× context) ranks run
+    #: Megatron-FSDP, which shards what ``data_parallel_sharding_strategy`` names
+    use_megatron_fsdp: bool = False
+    #: Megatron's ``--data-parallel-sharding-strategy`` (only with use_megatron_fsdp; its
+    #: default is Megatron's): ``no_shard`` (DDP), ``optim`` (ZeRO-1, as the distributed
+    #: optimizer), ``optim_grads`` (ZeRO-2: each micro-batch's gradients reduce-scattered
+    #: during its backward pass), ``optim_grads_params`` (ZeRO-3: the parameters sharded
+    #: too, each layer's all-gathered before its forward and again before its backward)
+    data_parallel_sharding_strategy: Literal[
+        "no_shard", "optim", "optim_grads", "optim_grads_params"] = "optim_grads_params"
 
     @property
     def pipeline_extra_layers(self) -> tuple[int, int]:
@@ -104,8 +115,16 @@ class ParallelismSpec(Spec):
 
     @property
     def sharded_optimizer(self) -> bool:
-        """Whether the optimizer state is sharded (``zero1`` or its alias)."""
-        return self.zero1 or bool(self.use_distributed_optimizer)
+        """Whether the optimizer state is sharded (``zero1``, its alias, or Megatron-FSDP's
+        sharding of it)."""
+        return self.zero1 or bool(self.use_distributed_optimizer) or bool(self.fsdp)
+
+    @property
+    def fsdp(self) -> str:
+        """What Megatron-FSDP shards beyond DDP: its sharding strategy, or "" (off, or
+        ``no_shard``)."""
+        strategy = self.data_parallel_sharding_strategy
+        return strategy if self.use_megatron_fsdp and strategy != "no_shard" else ""
 
     @model_validator(mode="before")
     @classmethod
@@ -142,6 +161,14 @@ class ParallelismSpec(Spec):
                 raise ConfigError(
                     f"give either 'strategy' or the Megatron degrees, not both (also "
                     f"given: {', '.join(both)})", key="strategy", value=self.strategy)
+        if ("data_parallel_sharding_strategy" in self.model_fields_set
+                and not self.use_megatron_fsdp):
+            raise ConfigError("the sharding strategy is Megatron-FSDP's: it acts only with "
+                              "use_megatron_fsdp: true (use_distributed_optimizer alone "
+                              "shards the optimizer state)",
+                              key="data_parallel_sharding_strategy",
+                              value=self.data_parallel_sharding_strategy,
+                              allowed="use_megatron_fsdp: true beside it, or no such key")
         if self.virtual_pipeline_stages > 1 and self.schedule != "1f1b":
             raise ConfigError("interleaved virtual stages run the 1F1B schedule (SC21 "
                               "§2.2.2)", key="virtual_pipeline_stages",

@@ -40,7 +40,8 @@ Named parameters: AGE overrides of :data:`crossflow.arch.age.OVERRIDE_KEYS`
 (``logic_node``, ``dram``, ``intra_link``, ``inter_link``, ``memory.<level>``, ``tdp_W``,
 ``chip_area_mm2``, ``node_area_mm2``; these need an architecture template) and parallelism
 options (``micro_batch_size``, ``schedule``, ``zero1`` or Megatron's
-``use_distributed_optimizer``, ``overlap_grad_reduce``, ``recompute_granularity``,
+``use_distributed_optimizer``, ``use_megatron_fsdp`` (ZeRO-3, Megatron's default sharding),
+``overlap_grad_reduce``, ``recompute_granularity``,
 ``expert_parallel`` and ``expert_tensor_parallel`` for MoE workloads, ``context_parallel``
 for transformers: a degree that does not fit a strategy is an invalid combination, dropped
 before any evaluation).
@@ -76,7 +77,8 @@ SIMPLEX_OVERRIDE = {s: f"{s}_fractions" for s in SIMPLEXES}
 #: Named dimensions that go into the parallelism file.
 PARALLELISM_PARAMS = ("micro_batch_size", "schedule", "zero1", "overlap_grad_reduce",
                       "recompute_granularity", "use_distributed_optimizer",
-                      "expert_parallel", "expert_tensor_parallel", "context_parallel")
+                      "use_megatron_fsdp", "expert_parallel", "expert_tensor_parallel",
+                      "context_parallel")
 _NUMERIC = (*SCALAR_DIMS, "micro_batch_size")
 STRATEGY = "strategy"
 MAPPING_ORDER = "mapping_order"
@@ -275,7 +277,8 @@ def _check_param(name: str, dist: tuple[Choice, ...] | RangeSpec) -> None:
     _unique(key, dist)
     for i, v in enumerate(dist):
         where = f"{key}[{i}]"
-        if name in ("zero1", "overlap_grad_reduce", "use_distributed_optimizer"):
+        if name in ("zero1", "overlap_grad_reduce", "use_distributed_optimizer",
+                    "use_megatron_fsdp"):
             ok, allowed = isinstance(v, bool), "true, false"
         elif name == "recompute_granularity":
             ok, allowed = v in ("none", "selective", "full"), "none, selective, full"

@@ -113,6 +113,7 @@ def transformer_iteration(
     sp: bool = False,
     schedule: str = "1f1b",
     zero1: bool = False,
+    fsdp: str = "",
     overlap_grad_reduce: bool = False,
     software=None,
     cp: int = 1,
@@ -128,6 +129,12 @@ def transformer_iteration(
     ``software`` (a system's SoftwareSpec) adds the host: each pass's dispatch time runs on
     a host resource beside the device in the pipeline simulation, and the iteration's host
     tail (optimizer step and synchronising checks) bounds the tail with the device's.
+
+    ``fsdp`` is Megatron-FSDP's sharding strategy (``ParallelismSpec.fsdp``; "" for DDP or
+    the distributed optimizer, which ``zero1`` says): with ``optim_grads`` each layer's
+    gradients are reduce-scattered during every micro-batch's backward pass, with
+    ``optim_grads_params`` its parameters are also all-gathered before its forward and its
+    backward, each collective behind the layer's GEMMs as far as they last.
     """
     L, h, s, V = spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size
     prec, b = spec.activation_precision, spec.micro_batch_size
@@ -181,10 +188,17 @@ def transformer_iteration(
         kv_s = network.p2p(kv, "dp")
         kv_dkv_s = network.p2p(2 * kv, "dp") if cp > 2 else 0.0
     cp_f, cp_b = ring_comm(cp, kv_s, kv_dkv_s)
+    dense_params, expert_params = stage_parameter_split(
+        spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp, ep=ep, etp=etp)
+    edp = tp * dp * cp // (ep * etp)  # the experts' data-parallel ranks
+    fsdp_f, fsdp_b = _fsdp_layer_comm(network, fsdp, dense_params, expert_params,
+                                      grad_reduce_bytes, sum(layers[::pp]) or 1, tp=tp,
+                                      dp=dp, cp=cp, edp=edp)
     # per kind of layer (``spec.layer_kinds``): (forward, backward) seconds and the
     # communication hidden behind them
     kinds = {kind: _layer_times(bf, bb, overlap, cp_f, cp_b,
-                                ring_exposed(cp, kv_s, kv_dkv_s, bf.attention, bb.attention))
+                                ring_exposed(cp, kv_s, kv_dkv_s, bf.attention, bb.attention),
+                                (fsdp_f, fsdp_b))
              for kind, (bf, bb) in blocks.items()}
     # the block the host, the breakdown's detail and the per-layer figures describe: the
     # MoE one where there are MoE layers (a model mixing both is priced layer by layer on
@@ -208,13 +222,14 @@ def transformer_iteration(
     pipe = simulate_pipeline(stages=pp, microbatches=m, fwd_s=fwd_s, bwd_s=bwd_s,
                              schedule=schedule, virtual_stages=vp, host=host)
 
-    dense_params, expert_params = stage_parameter_split(
-        spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp, ep=ep, etp=etp)
     stage_params = dense_params + expert_params
-    edp = tp * dp * cp // (ep * etp)  # the experts' data-parallel ranks
     reduce_s, gather_s = _gradient_sync(network, dense_params, expert_params,
                                         grad_reduce_bytes, tp=tp, dp=dp, cp=cp, edp=edp,
                                         zero1=zero1)
+    if fsdp in ("optim_grads", "optim_grads_params"):
+        reduce_s = 0.0  # reduce-scattered layer by layer in every backward pass (above)
+    if fsdp == "optim_grads_params":
+        gather_s = 0.0  # the updated shards stay sharded: the next forward gathers them
     dp_time = _sync_exposed(reduce_s, gather_s, vp * per_chunk, layer_f, layer_b,
                             overlap_reduce=overlap_grad_reduce or overlap.grad_reduce,
                             overlap_gather=overlap.param_gather)
@@ -259,6 +274,9 @@ def transformer_iteration(
     if spec.moe:
         layers_share["ep_comm_s"] = per_layer(lambda k, f, b: f.ep_comm + b.ep_comm
                                               - kinds[k][6] - kinds[k][7])
+    if fsdp_f or fsdp_b:
+        layers_share["fsdp_comm_s"] = per_layer(lambda k, f, b: fsdp_f + fsdp_b
+                                                - kinds[k][8] - kinds[k][9])
     breakdown = {
         **layers_share,
         "embedding_and_head_s": m * (emb_f + emb_b + head_f + head_b) / max(pp, 1),
@@ -276,6 +294,8 @@ def transformer_iteration(
         "cp_comm_s": per_layer(lambda k, f, b: kinds[k][4] + kinds[k][5]),
         **({"ep_comm_s": per_layer(lambda k, f, b: kinds[k][6] + kinds[k][7])}
            if spec.moe else {}),
+        **({"fsdp_comm_s": per_layer(lambda k, f, b: kinds[k][8] + kinds[k][9])}
+           if fsdp_f or fsdp_b else {}),
         "pp_p2p_s": 4 * (p2p - p2p_on_device) * m * vp if pp > 1 else 0.0,
         "dp_allreduce_s": reduce_s + gather_s - dp_time,
     }
@@ -286,7 +306,7 @@ def transformer_iteration(
             sum(host.fwd_s[c * pp + s] + host.bwd_s[c * pp + s] for c in range(vp))
             for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
-                                zero1=zero1, grad_bytes=grad_bytes(software), cp=cp,
+                                zero1=zero1, fsdp=fsdp, grad_bytes=grad_bytes(software), cp=cp,
                                 extra_layers=extra_layers, ep=ep, etp=etp)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
@@ -304,7 +324,9 @@ def transformer_iteration(
                 "exposed_comm_s": {"tp_comm_s": breakdown["tp_comm_s"],
                                    "cp_comm_s": breakdown["cp_comm_s"],
                                    "pp_p2p_s": breakdown["pp_p2p_s"],
-                                   "dp_allreduce_s": dp_time},
+                                   "dp_allreduce_s": dp_time,
+                                   **({"fsdp_comm_s": breakdown["fsdp_comm_s"]}
+                                      if "fsdp_comm_s" in breakdown else {})},
                 "attention": spec.attention_backend or "unfused",
                 "schedule": schedule, "pipeline_makespan_s": pipe.makespan_s},
     )
@@ -378,6 +400,25 @@ def _gradient_sync(network: Network, dense_params: float, expert_params: float,
     return reduce_s, gather_s
 
 
+def _fsdp_layer_comm(network: Network, fsdp: str, dense_params: float,
+                     expert_params: float, grad_bytes: float, layers_here: int, *, tp: int,
+                     dp: int, cp: int, edp: int) -> tuple[float, float]:
+    """Seconds of one layer's Megatron-FSDP collectives in one micro-batch's (forward,
+    backward) pass: under ``optim_grads`` the reduce-scatter of its gradients after its
+    backward, under ``optim_grads_params`` also the all-gather of its parameters before
+    its forward and again before its backward (they are freed after each).  A layer is an
+    FSDP unit of the device's parameters shared evenly over its layers (the embedding and
+    output layer's spread with them), over the groups :func:`_gradient_sync` uses."""
+    if fsdp not in ("optim_grads", "optim_grads_params"):
+        return 0.0, 0.0
+    reduce_s, gather_s = _gradient_sync(network, dense_params / layers_here,
+                                        expert_params / layers_here, grad_bytes, tp=tp,
+                                        dp=dp, cp=cp, edp=edp, zero1=True)
+    if fsdp == "optim_grads":
+        return 0.0, reduce_s
+    return gather_s, gather_s + reduce_s
+
+
 def _sync_exposed(reduce_s: float, gather_s: float, layers_here: int, layer_f: float,
                   layer_b: float, *, overlap_reduce: bool, overlap_gather: bool) -> float:
     """What of the gradient synchronisation (:func:`_gradient_sync`) the iteration waits
@@ -395,10 +436,12 @@ def _sync_exposed(reduce_s: float, gather_s: float, layers_here: int, layer_f: f
 
 
 def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float,
-                 cp_exposed: tuple[float, float] = (0.0, 0.0)) -> tuple[float, ...]:
+                 cp_exposed: tuple[float, float] = (0.0, 0.0),
+                 fsdp: tuple[float, float] = (0.0, 0.0)) -> tuple[float, ...]:
     """(forward, backward, tp hidden forward, tp hidden backward, cp hidden forward, cp
-    hidden backward, ep hidden forward, ep hidden backward) seconds of one layer of a
-    kind."""
+    hidden backward, ep hidden forward, ep hidden backward, fsdp hidden forward, fsdp
+    hidden backward) seconds of one layer of a kind; ``fsdp`` its Megatron-FSDP
+    collectives (:func:`_fsdp_layer_comm`)."""
     # Megatron-Core's tp-comm-overlap splits each GEMM and its all-gather / reduce-scatter
     # into chunks on separate streams: up to ``overlap.tp_comm`` of the collectives hide
     # behind the pass's GEMMs, never more than the GEMMs' time
@@ -411,9 +454,17 @@ def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float,
     # more than the GEMM time left after the tensor-parallel overlap
     ep_hidden_f = min(overlap.ep_comm * block_f.ep_comm, block_f.compute - tp_hidden_f)
     ep_hidden_b = min(overlap.ep_comm * block_b.ep_comm, block_b.compute - tp_hidden_b)
-    return (block_f.total - tp_hidden_f - ep_hidden_f + cp_f - cp_hidden_f,
-            block_b.total - tp_hidden_b - ep_hidden_b + cp_b - cp_hidden_b,
-            tp_hidden_f, tp_hidden_b, cp_hidden_f, cp_hidden_b, ep_hidden_f, ep_hidden_b)
+    # Megatron-FSDP prefetches the next unit's parameters and reduce-scatters the last
+    # one's gradients on streams of their own (its overlap is always on for ZeRO-2 and -3):
+    # hidden behind the GEMM time the other overlaps leave
+    fsdp_hidden_f = min(fsdp[0], block_f.compute - tp_hidden_f - ep_hidden_f)
+    fsdp_hidden_b = min(fsdp[1], block_b.compute - tp_hidden_b - ep_hidden_b)
+    return (block_f.total - tp_hidden_f - ep_hidden_f + cp_f - cp_hidden_f
+            + fsdp[0] - fsdp_hidden_f,
+            block_b.total - tp_hidden_b - ep_hidden_b + cp_b - cp_hidden_b
+            + fsdp[1] - fsdp_hidden_b,
+            tp_hidden_f, tp_hidden_b, cp_hidden_f, cp_hidden_b, ep_hidden_f, ep_hidden_b,
+            fsdp_hidden_f, fsdp_hidden_b)
 
 
 def _chunk_kinds(spec, layers: list[int]) -> list[dict[str, int]]:

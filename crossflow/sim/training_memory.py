@@ -69,7 +69,7 @@ def grad_bytes(software) -> int:
 
 
 def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
-                       schedule: str = "1f1b", zero1: bool = False,
+                       schedule: str = "1f1b", zero1: bool = False, fsdp: str = "",
                        grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
                        extra_layers: tuple[int, int] = (0, 0), ep: int = 1, etp: int = 1
                        ) -> dict[str, float]:
@@ -79,7 +79,7 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
     if vp > 1 and schedule == "1f1b":
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
-    return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1,
+    return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
                    stage_params=stage_parameter_split(spec, tp=tp, pp=pp,
                                                       extra_layers=extra_layers, vp=vp,
                                                       ep=ep, etp=etp),
@@ -100,7 +100,8 @@ def _hybrid_split(spec, qkv: float, dense_mlp: float, moe_mlp: float) -> float:
 
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
-            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1) -> dict[str, float]:
+            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1,
+            fsdp="") -> dict[str, float]:
     """Bytes on the first pipeline stage's device (the fullest).
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
@@ -187,11 +188,19 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     params = dense + expert
     # FP8 (Transformer Engine without FP8 primary weights): the weights stay bf16; their
     # FP8 casts are transient workspaces, not counted
-    optimizer = (params * OPTIMIZER_BYTES / shard if not expert else
-                 (dense / shard + expert / expert_shard) * OPTIMIZER_BYTES)
+    sharded = dense / shard + expert / expert_shard  # one rank's shard of the parameters
+    optimizer = sharded * OPTIMIZER_BYTES
+    weights, gradients = params * WEIGHT_BYTES, params * grad_bytes
+    # Megatron-FSDP keeps the shards, and two units (layers) whole at a time: its double
+    # buffer, one unit in use while the next is gathered or the last reduce-scattered
+    units = 2 * params / max(1, L // pp)
+    if fsdp in ("optim_grads", "optim_grads_params"):
+        gradients = (sharded + units) * grad_bytes
+    if fsdp == "optim_grads_params":
+        weights = (sharded + units) * WEIGHT_BYTES
     return {
-        "weights_bytes": params * WEIGHT_BYTES,
-        "gradients_bytes": params * grad_bytes,
+        "weights_bytes": weights,
+        "gradients_bytes": gradients,
         "optimizer_state_bytes": optimizer,
         "activations_bytes": activations,
     }

@@ -38,6 +38,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "megatron_bridge_b200_moe": ("megatron_bridge", "b200_moe_dataset"),
     "megatron_bridge_cp_dataset": ("megatron_bridge", "cp_dataset"),
     "megatron_bridge_dataset": ("megatron_bridge", "dataset"),
+    "megatron_bridge_fsdp": ("megatron_bridge", "fsdp_dataset"),
     "megatron_bridge_hybrid": ("megatron_bridge", "hybrid_dataset"),
     "megatron_bridge_moe_all": ("megatron_bridge", "moe_all_dataset"),
     "megatron_bridge_moe_dataset": ("megatron_bridge", "moe_dataset"),
@@ -70,7 +71,7 @@ def _training_sets() -> list[DataSet]:
     from crossflow.validation.training import training_datasets
     from crossflow.validation.vtrain import vtrain_dataset
 
-    return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(),
+    return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(), mb.fsdp_dataset(),
             mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset(), mb.hybrid_dataset(),
             mb.b200_dataset(), mb.b200_moe_dataset(), *lstm_datasets(), *block_datasets()]
 

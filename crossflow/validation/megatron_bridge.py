@@ -25,8 +25,8 @@ distributed optimizer, no activation recomputation (Megatron-Bridge's H100 FP8 p
 Llama-3 70B, scripts/performance/configs/llama, sets only TP 4, PP 8, VP 5 on its base
 config), FP8 GEMMs for every row (the 25.09 table
 states no precision; its footnote makes its plain numbers FP8 current scaling).  Rows run
-with FSDP (Llama-3 8B, 25.09 / 25.11) are left out: FSDP (weights and gradients sharded too)
-is not modelled.
+with FSDP (Llama-3 8B, 25.09 / 25.11) are a held-out data set of their own
+(:func:`fsdp_dataset`), predicted with Megatron-FSDP as ZeRO-3.
 
 Where the memory model says a published run does not fit (it over-counts a little: GPT-3 20B
 by 0.05 GB of 80, Nemotron-4 340B by 13 GB), the row is still predicted — on the same device
@@ -66,15 +66,15 @@ def architectures() -> dict[str, dict[str, str]]:
     return {r["model_key"]: r for r in rows}
 
 
-def _published(kind: str, file: str = FILE) -> list[dict[str, str]]:
+def _published(kind: str, file: str = FILE, fsdp: bool = False) -> list[dict[str, str]]:
     """The rows of ``file`` of models of ``kind`` (``dense``, ``moe``, ``hybrid``: the start
-    of the architecture table's type) with a printed throughput, their main variant, without
-    FSDP."""
+    of the architecture table's type) with a printed throughput, their main variant, run
+    without FSDP (with it, given ``fsdp``)."""
     _, rows = read_measurements(measurements_dir() / file)
     arch = architectures()
     return [r for r in rows if r["variant"] == "main" and r["tokens_per_s_per_gpu"]
             and arch.get(r["model_key"], {}).get("type", "").startswith(kind)
-            and _int(r["fsdp"], 0) == 0]
+            and (_int(r["fsdp"], 0) > 0) == fsdp]
 
 
 @cache
@@ -167,6 +167,12 @@ def _parallelism(r: dict[str, str], num_layers: int) -> dict:
            "data_parallel": int(r["num_gpus"]) // (tp * pp * cp),
            "virtual_pipeline_stages": _int(r["vp"]), "sequence_parallel": tp > 1,
            "use_distributed_optimizer": True}
+    if _int(r["fsdp"], 0) > 0:
+        # the tables' FSDP column is the sharding group, #GPUs / (TP × PP): every data ×
+        # context rank; Megatron-Bridge's performance scripts run Megatron-FSDP as ZeRO-3
+        # (scripts/performance/utils/overrides.py, _set_megatron_fsdp_overrides:
+        # data_parallel_sharding_strategy "optim_grads_params")
+        par |= {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads_params"}
     if num_layers % (pp * _int(r["vp"])):
         # Llama-3.1 405B: 126 layers on 8 x 8 chunks (Qwen3 235B: 94 on 8 x 4), which
         # Megatron-Core splits by counting the embedding and the loss as a layer each
@@ -392,6 +398,24 @@ def hybrid_dataset(system=SYSTEM) -> DataSet:
                "not fitted to",
         quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_HYBRID,
         min_spearman=0.0, group_of=groups)
+
+
+@cache
+def fsdp_rows() -> tuple[dict[str, str], ...]:
+    """The dense rows run with Megatron-FSDP (Llama-3 8B on 8 GPUs, 25.09 and 25.11)."""
+    return tuple(_published("dense", fsdp=True))
+
+
+def fsdp_dataset(system=SYSTEM) -> DataSet:
+    """The dense rows run with Megatron-FSDP, held out (the profile is fitted without them),
+    with the dense rows' tolerance."""
+    rows, groups = _rows(system, fsdp_rows())
+    return DataSet(
+        name="training: NeMo / Megatron-Bridge on DGX H100, dense, Megatron-FSDP (held out)",
+        source=f"{FILE} (dense rows with FSDP > 0: ZeRO-3 over every data-parallel rank) on "
+               f"system {SYSTEM}, not fitted to",
+        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE, min_spearman=0.0,
+        group_of=groups)
 
 
 #: The DGX-B200 runs of the same pages, and the profile that predicts them: datasheet
