@@ -275,8 +275,8 @@ def transformer_iteration(
         layers_share["ep_comm_s"] = per_layer(lambda k, f, b: f.ep_comm + b.ep_comm
                                               - kinds[k][6] - kinds[k][7])
     if fsdp_f or fsdp_b:
-        layers_share["fsdp_comm_s"] = per_layer(lambda k, f, b: fsdp_f + fsdp_b
-                                                - kinds[k][8] - kinds[k][9])
+        layers_share["fsdp_comm_s"] = per_layer(lambda k, f, b: (fsdp_f - kinds[k][8])
+                                                + (fsdp_b - kinds[k][9]))
     breakdown = {
         **layers_share,
         "embedding_and_head_s": m * (emb_f + emb_b + head_f + head_b) / max(pp, 1),
