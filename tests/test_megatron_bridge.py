@@ -129,6 +129,57 @@ def test_the_b200_runs_are_predicted_within_their_held_out_bounds():
     assert dense.name in names and moe.name in names
 
 
+def test_the_gb200_runs_are_read_whole_and_checked_held_out():
+    """Every DGX-GB200 row of both pages is in the file (the 25.09 alternatives with their
+    own parallelism); the dense data set takes the FSDP runs too; both data sets pass."""
+    from crossflow.validation.dataset import measurements_dir, read_measurements
+    from crossflow.validation.megatron_bridge import (
+        BLACKWELL,
+        MAX_MAPE_B200,
+        _blackwell_rows,
+        blackwell_dataset,
+    )
+
+    _, rows = read_measurements(measurements_dir() / BLACKWELL["GB200"][0])
+    assert len(rows) == 94 and {r["system"] for r in rows} == {"DGX-GB200"}
+    alt = {(r["release"], r["model_key"]): r for r in rows if r["variant"] == "paren_alt"}
+    assert len(alt) == 7
+    assert (alt["25.09", "llama3_70b"]["tp"], alt["25.09", "llama3_70b"]["fsdp"]) == ("2", "0")
+    dense = _blackwell_rows("GB200", moe=False)
+    assert sum(r["fsdp"] == "64" for r in dense) == 7
+    moe = _blackwell_rows("GB200", moe=True)
+    assert not any(r["model_key"] == "deepseek_v4_flash" or r["precision"] == "NVFP4"
+                   for r in moe)
+    ds = blackwell_dataset("GB200")
+    assert ds.passed and ds.mape <= MAX_MAPE_B200, ds.render()
+    assert all(r.error > 0 for r in ds.rows)  # every dense GB200 run predicted too fast
+    assert blackwell_dataset("GB200", moe=True).passed
+
+
+def test_gb200_jobs_get_nvlink_domains_of_64_gpus():
+    """A rack holds 72 GPUs, but the launcher's Slurm segments give jobs of 64-256 GPUs
+    domains of 16 trays: an expert-parallel group of 64 stays on NVLink.  With 72-GPU
+    domains it would straddle two racks and DeepSeek-V3 would be predicted 2.4x slower."""
+    from crossflow.predict import load_hardware
+    from crossflow.validation.megatron_bridge import _roomy, case
+
+    gb200 = load_spec("gb200-nvl72-megatron-core", "systems")
+    assert gb200.devices_per_node == 64
+    hw = load_hardware(gb200.device)
+    assert hw.peak_flops["fp8"] == 5000e12 and hw.peak_flops["bf16"] == 2500e12
+    assert hw.main_memory.capacity_B == 186e9
+    row = {"model_key": "deepseek_v3", "num_gpus": "256", "global_batch_size": "4096",
+           "micro_batch_size": "1", "seq_length": "4096", "tp": "1", "pp": "4", "cp": "1",
+           "vp": "4", "ep": "64", "fsdp": "", "precision": "MXFP8", "model": "DeepSeekV3"}
+    spec, par = case(row)
+    roomy = _roomy(gb200.device)
+    ours = crossflow.predict(workload=spec, system=gb200, parallelism=par, hardware=roomy)
+    rack = crossflow.predict(workload=spec, parallelism=par, hardware=roomy,
+                             system=gb200.model_copy(update={"devices_per_node": 72}))
+    assert rack.time_s > 2 * ours.time_s
+    assert ours.breakdown["ep_comm_s"] < 0.25 * rack.breakdown["ep_comm_s"]
+
+
 def test_a100_40gb_has_the_40gb_parts_memory():
     from crossflow.predict import load_hardware
 

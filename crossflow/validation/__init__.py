@@ -34,8 +34,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "collective_datasets": ("collectives", "collective_datasets"),
     "gemm_datasets": ("gemm", "gemm_datasets"),
     "lstm_datasets": ("lstm", "lstm_datasets"),
-    "megatron_bridge_b200": ("megatron_bridge", "b200_dataset"),
-    "megatron_bridge_b200_moe": ("megatron_bridge", "b200_moe_dataset"),
+    "megatron_bridge_blackwell": ("megatron_bridge", "blackwell_datasets"),
     "megatron_bridge_cp_dataset": ("megatron_bridge", "cp_dataset"),
     "megatron_bridge_dataset": ("megatron_bridge", "dataset"),
     "megatron_bridge_fsdp": ("megatron_bridge", "fsdp_dataset"),
@@ -73,7 +72,7 @@ def _training_sets() -> list[DataSet]:
 
     return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(), mb.fsdp_dataset(),
             mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset(), mb.hybrid_dataset(),
-            mb.b200_dataset(), mb.b200_moe_dataset(), *lstm_datasets(), *block_datasets()]
+            *mb.blackwell_datasets(), *lstm_datasets(), *block_datasets()]
 
 
 def _ops_sets() -> list[DataSet]:

@@ -13,9 +13,9 @@ the token-dropping Qwen3 runs (:func:`tokendrop_dataset`).  The profile's consta
 fitted to the 17 rows without context
 parallelism (:func:`dataset`, the issue's tolerances); the 7 with context parallelism 2
 (Llama-3 8B and 70B of 24.07, every Llama-3.1 405B run) are held out (:func:`cp_dataset`).
-The DGX-B200 runs of the same pages (``megatron_bridge_pretrain_b200.csv``) are held out
-whole: :func:`b200_dataset` and :func:`b200_moe_dataset` predict them on
-``dgx-b200-megatron-core``, datasheet hardware with this profile's constants.
+The DGX-B200 and GB200 NVL72 runs of the same pages (:data:`BLACKWELL`) are held out whole:
+:func:`blackwell_dataset` predicts them on ``dgx-b200-megatron-core`` and
+``gb200-nvl72-megatron-core``, datasheet hardware with this profile's constants.
 The 405B runs put 126 layers on 8 × 8 pipeline chunks: predicted with Megatron-Core's uneven
 split, the embedding and the loss counted as a layer each.
 
@@ -85,7 +85,9 @@ def dense_rows() -> tuple[dict[str, str], ...]:
 
 #: MoE models left out of :func:`moe_rows`, and why (Nemotron 3 Nano, a hybrid of Mamba-2,
 #: MoE and attention layers, is not an "moe" row: :func:`hybrid_rows`)
-SKIPPED: dict[str, str] = {}
+SKIPPED: dict[str, str] = {
+    "deepseek_v4_flash": "its compressed sparse attention (sliding-window and compressed "
+                         "blocks, hash-routed layers) is not a layer the workload has"}
 #: Hybrid stacks (model_architectures.csv type "hybrid …") -> the workload preset that
 #: spells out their pattern and Mamba-2 widths (the table gives them as prose)
 HYBRID_PRESETS = {"nemotron_3_nano": "nemotron-3-nano", "nemotron_3_super": "nemotron-3-super"}
@@ -418,57 +420,73 @@ def fsdp_dataset(system=SYSTEM) -> DataSet:
         group_of=groups)
 
 
-#: The DGX-B200 runs of the same pages, and the profile that predicts them: datasheet
-#: hardware with the H100 profile's software constants, nothing fitted to a B200 row.
+#: The Blackwell runs of the same pages, and the profiles that predict them: datasheet
+#: hardware with the H100 profile's software constants, nothing fitted to a Blackwell row.
 #: Every row is a check of a prediction for a generation the constants never saw.
-B200_FILE = "megatron_bridge_pretrain_b200.csv"
-B200_SYSTEM = "dgx-b200-megatron-core"
-#: Tolerance of the dense B200 rows: the every-row MoE guard's 20 %, the bound the H100
-#: data sets not fitted to are held to
+#: name -> (measurement file, system preset)
+BLACKWELL = {"B200": ("megatron_bridge_pretrain_b200.csv", "dgx-b200-megatron-core"),
+             "GB200": ("megatron_bridge_pretrain_gb200.csv", "gb200-nvl72-megatron-core")}
+B200_FILE, B200_SYSTEM = BLACKWELL["B200"]
+#: Tolerance of the dense Blackwell rows: the every-row MoE guard's 20 %, the bound the
+#: H100 data sets not fitted to are held to
 MAX_MAPE_B200 = MAX_MAPE_MOE_ALL
-#: Tolerance of the B200 MoE and hybrid rows: a guard against getting worse, not a target.
-#: The same model on the same machine moves between releases by more than any modelling
-#: term (Qwen3 30B-A3B on 8 GPUs 9299 tokens/s in 25.11, 27136 in 26.04.01; GPT-OSS 120B
-#: 8213 and 13568; the file's header), and no constant is fitted to them.
+#: Tolerance of the Blackwell MoE and hybrid rows: a guard against getting worse, not a
+#: target.  The same model on the same machine moves between releases by more than any
+#: modelling term (Qwen3 30B-A3B on 8 B200s 9299 tokens/s in 25.11, 27136 in 26.04.01;
+#: GPT-OSS 120B 8213 and 13568; the files' headers), and no constant is fitted to them.
 MAX_MAPE_B200_MOE = 0.45
 
 
-@cache
+def _blackwell_rows(name: str, moe: bool) -> tuple[dict[str, str], ...]:
+    """The rows of :data:`BLACKWELL`'s ``name`` the model can price: dense ones (with and
+    without FSDP) or MoE and hybrid ones (the hybrids with a preset, :data:`HYBRID_PRESETS`;
+    no model of :data:`SKIPPED`), none in NVFP4 (the workload has no 4-bit precision)."""
+    file = BLACKWELL[name][0]
+    if moe:
+        rows = [*_published("moe", file),
+                *(r for r in _published("hybrid", file) if r["model_key"] in HYBRID_PRESETS)]
+        rows = [r for r in rows if r["model_key"] not in SKIPPED]
+    else:
+        rows = [*_published("dense", file), *_published("dense", file, fsdp=True)]
+    return tuple(r for r in rows if r["precision"] != "NVFP4")
+
+
 def b200_dense_rows() -> tuple[dict[str, str], ...]:
     """The dense DGX-B200 rows (Llama-3 8B, Llama-3.1 405B; releases 25.09 and 25.11)."""
-    return tuple(_published("dense", B200_FILE))
+    return _blackwell_rows("B200", moe=False)
 
 
-@cache
 def b200_moe_rows() -> tuple[dict[str, str], ...]:
-    """The DGX-B200 rows of MoE models (token-dropping ones as labelled) and of the hybrid
-    stacks with a preset (:data:`HYBRID_PRESETS`), but for NVFP4 runs: the workload has no
-    4-bit precision to price them with."""
-    hybrid = [r for r in _published("hybrid", B200_FILE) if r["model_key"] in HYBRID_PRESETS]
-    return tuple(r for r in (*_published("moe", B200_FILE), *hybrid) if r["precision"] != "NVFP4")
+    """The DGX-B200 rows of MoE models (token-dropping ones as labelled) and hybrid stacks."""
+    return _blackwell_rows("B200", moe=True)
 
 
-def b200_dataset(system=B200_SYSTEM) -> DataSet:
-    """The dense DGX-B200 rows predicted on the B200 profile (held out: nothing fitted)."""
-    rows, groups = _rows(system, b200_dense_rows())
+def blackwell_dataset(name: str = "B200", moe: bool = False, system=None) -> DataSet:
+    """:data:`BLACKWELL`'s ``name`` runs, dense or MoE and hybrid, predicted on its profile
+    (held out: nothing fitted)."""
+    file, preset = BLACKWELL[name]
+    rows, groups = _rows(system or preset, _blackwell_rows(name, moe))
+    what = "MoE and hybrid" if moe else "dense"
     return DataSet(
-        name="training: NeMo / Megatron-Bridge on DGX B200, dense, predicted from datasheets "
+        name=f"training: NeMo / Megatron-Bridge on {name}, {what}, predicted from datasheets "
              "and the H100 profile (held out)",
-        source=f"{B200_FILE} (dense rows) on system {B200_SYSTEM}, not fitted to",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_B200, min_spearman=0.0,
+        source=f"{file} ({what} rows) on system {preset}, not fitted to",
+        quantity="tokens/s per GPU", rows=rows,
+        max_mape=MAX_MAPE_B200_MOE if moe else MAX_MAPE_B200, min_spearman=0.0,
         group_of=groups)
 
 
-def b200_moe_dataset(system=B200_SYSTEM) -> DataSet:
-    """The DGX-B200 MoE and hybrid rows on the B200 profile (held out: nothing fitted)."""
-    rows, groups = _rows(system, b200_moe_rows())
-    return DataSet(
-        name="training: NeMo / Megatron-Bridge on DGX B200, MoE and hybrid, predicted from "
-             "datasheets and the H100 profile (held out)",
-        source=f"{B200_FILE} (MoE rows, Nemotron 3 Nano) on system {B200_SYSTEM}, not "
-               "fitted to",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_B200_MOE, min_spearman=0.0,
-        group_of=groups)
+def b200_dataset() -> DataSet:
+    return blackwell_dataset("B200")
+
+
+def b200_moe_dataset() -> DataSet:
+    return blackwell_dataset("B200", moe=True)
+
+
+def blackwell_datasets() -> list[DataSet]:
+    """Every :data:`BLACKWELL` data set, dense and MoE."""
+    return [blackwell_dataset(name, moe) for name in BLACKWELL for moe in (False, True)]
 
 
 #: The MoE constants :func:`fit_moe` sets (SoftwareSpec field, lower, upper bound).  They
