@@ -87,6 +87,7 @@ def test_a_design_over_memory_lists_the_options_that_make_it_fit(cli):
     code, out, _ = cli(*args, "--json")
     fits = json.loads(out)["fits_with"]
     assert {"use_distributed_optimizer": True} in [f["options"] for f in fits]
+    assert {"use_megatron_fsdp": True} in [f["options"] for f in fits]
     for f in fits:
         p = crossflow.predict(workload="llama3-70b", system="dgx-h100-megatron-core",
                               parallelism={"tensor_parallel": 4, "pipeline_parallel": 4,
@@ -98,6 +99,17 @@ def test_a_design_over_memory_lists_the_options_that_make_it_fit(cli):
     code, out, _ = cli("predict", "--workload", "gemm-64k", "--hardware", "v100-sxm2-32gb",
                        "--json")
     assert "fits_with" not in json.loads(out)
+
+
+def test_a_design_no_single_option_fits_gets_a_sharding_with_a_recomputation(cli):
+    """Llama 3 70B whole on each of 64 H100s: no option alone fits it; Megatron-FSDP with
+    full recomputation does (the weights, gradients and optimizer state sharded 64 ways)."""
+    code, out, _ = cli("predict", "--workload", "llama3-70b", "--system",
+                       "dgx-h100-megatron-core", "--parallelism", "{data_parallel: 64}",
+                       "--json")
+    assert code == 3
+    fits = [f["options"] for f in json.loads(out)["fits_with"]]
+    assert fits == [{"use_megatron_fsdp": True, "recompute_granularity": "full"}]
 
 
 def test_the_first_fix_runs_as_printed(cli, tmp_path):

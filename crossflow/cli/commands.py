@@ -76,10 +76,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 #: Parallelism options that shrink a transformer's memory per device, in Megatron-LM's
-#: names, tried one (then two) at a time when a design does not fit: the optimizer state
-#: sharded over the data-parallel ranks, and activations recomputed
-_MEMORY_OPTIONS = ({"use_distributed_optimizer": True}, {"recompute_granularity": "selective"},
-                   {"recompute_granularity": "full"})
+#: names, tried one at a time when a design does not fit, then a sharding with a
+#: recomputation: the optimizer state sharded over the data-parallel ranks (the distributed
+#: optimizer), or the weights and gradients too (Megatron-FSDP, its default ZeRO-3), and
+#: activations recomputed
+_SHARDING = ({"use_distributed_optimizer": True}, {"use_megatron_fsdp": True})
+_RECOMPUTE = ({"recompute_granularity": "selective"}, {"recompute_granularity": "full"})
 
 
 def _fits_with(args: argparse.Namespace, p) -> list[tuple[dict, object]]:
@@ -109,10 +111,9 @@ def _fits_with(args: argparse.Namespace, p) -> list[tuple[dict, object]]:
             return None
         return (options, q) if q.feasible else None
 
-    fits = [f for f in map(tried, _MEMORY_OPTIONS) if f]
+    fits = [f for f in map(tried, (*_SHARDING, *_RECOMPUTE)) if f]
     if not fits:
-        fits = [f for f in (tried({**_MEMORY_OPTIONS[0], **o}) for o in _MEMORY_OPTIONS[1:])
-                if f]
+        fits = [f for f in (tried({**s, **r}) for s in _SHARDING for r in _RECOMPUTE) if f]
     return fits
 
 
