@@ -1,7 +1,8 @@
-"""A small derivative-free minimiser for the calibration scripts (no SciPy dependency).
+"""Small derivative-free minimisers for the calibration scripts (no SciPy dependency).
 
 Nelder–Mead on an unconstrained vector; callers fit positive constants on a log scale and
-fractions through a logistic, so every trial point is physical.
+fractions through a logistic, so every trial point is physical.  Golden-section search for
+one factor in a bracket.
 """
 
 from __future__ import annotations
@@ -42,6 +43,20 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0, *, step: float = 0.3,
                 simplex[1:] = simplex[0] + 0.5 * (simplex[1:] - simplex[0])
                 values[1:] = [f(x) for x in simplex[1:]]
     return simplex[int(np.argmin(values))]
+
+
+def golden(f: Callable[[float], float], lo: float, hi: float, *,
+           iterations: int = 25) -> float:
+    """The minimiser of a unimodal ``f`` on [lo, hi], by golden-section search (the bracket
+    shrinks by 0.618 an iteration: 25 take a bracket of 0.4 to 1e-6)."""
+    ratio = (5 ** 0.5 - 1) / 2
+    for _ in range(iterations):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if f(a) < f(b):
+            hi = b
+        else:
+            lo = a
+    return (lo + hi) / 2
 
 
 def logistic(x: float) -> float:

@@ -48,7 +48,7 @@ from crossflow.config.loader import load_spec
 from crossflow.config.workload import TransformerSpec
 from crossflow.predict import load_hardware
 from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements, spearman
-from crossflow.validation.fitting import logistic, logit, nelder_mead
+from crossflow.validation.fitting import golden, logistic, logit, nelder_mead
 
 FILE = "megatron_bridge_pretrain_h100.csv"
 ARCH_FILE = "model_architectures.csv"
@@ -421,14 +421,17 @@ def fsdp_dataset(system=SYSTEM) -> DataSet:
 
 
 #: The Blackwell runs of the same pages, and the profiles that predict them: datasheet
-#: hardware with the H100 profile's software constants, nothing fitted to a Blackwell row.
-#: Every row is a check of a prediction for a generation the constants never saw.
-#: name -> (measurement file, system preset)
+#: hardware, and the H100 profile's software constants with its four efficiencies
+#: (:data:`BLACKWELL_SCALED`) times one factor, fitted to the GB200 dense runs without FSDP
+#: (:func:`fit_blackwell`, as dgx-a100-sc21's factor is fitted to SC21 Table 2); the B200
+#: runs, the FSDP runs and every MoE run are held out.  name -> (measurement file, system)
 BLACKWELL = {"B200": ("megatron_bridge_pretrain_b200.csv", "dgx-b200-megatron-core"),
              "GB200": ("megatron_bridge_pretrain_gb200.csv", "gb200-nvl72-megatron-core")}
 B200_FILE, B200_SYSTEM = BLACKWELL["B200"]
-#: Tolerance of the dense Blackwell rows: the every-row MoE guard's 20 %, the bound the
-#: H100 data sets not fitted to are held to
+BLACKWELL_SCALED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency",
+                    "memory_bound_efficiency")
+#: Tolerance of the held-out dense Blackwell rows: the every-row MoE guard's 20 %, the bound
+#: the H100 data sets not fitted to are held to
 MAX_MAPE_B200 = MAX_MAPE_MOE_ALL
 #: Tolerance of the Blackwell MoE and hybrid rows: a guard against getting worse, not a
 #: target.  The same model on the same machine moves between releases by more than any
@@ -437,17 +440,20 @@ MAX_MAPE_B200 = MAX_MAPE_MOE_ALL
 MAX_MAPE_B200_MOE = 0.45
 
 
-def _blackwell_rows(name: str, moe: bool) -> tuple[dict[str, str], ...]:
-    """The rows of :data:`BLACKWELL`'s ``name`` the model can price: dense ones (with and
-    without FSDP) or MoE and hybrid ones (the hybrids with a preset, :data:`HYBRID_PRESETS`;
-    no model of :data:`SKIPPED`), none in NVFP4 (the workload has no 4-bit precision)."""
+def _blackwell_rows(name: str, moe: bool, fsdp: bool | None = None
+                    ) -> tuple[dict[str, str], ...]:
+    """The rows of :data:`BLACKWELL`'s ``name`` the model can price: dense ones (those run
+    with FSDP or without where ``fsdp`` says which) or MoE and hybrid ones (the hybrids with
+    a preset, :data:`HYBRID_PRESETS`; no model of :data:`SKIPPED`), none in NVFP4 (the
+    workload has no 4-bit precision)."""
     file = BLACKWELL[name][0]
     if moe:
         rows = [*_published("moe", file),
                 *(r for r in _published("hybrid", file) if r["model_key"] in HYBRID_PRESETS)]
         rows = [r for r in rows if r["model_key"] not in SKIPPED]
     else:
-        rows = [*_published("dense", file), *_published("dense", file, fsdp=True)]
+        rows = [r for with_fsdp in (False, True) if fsdp in (None, with_fsdp)
+                for r in _published("dense", file, fsdp=with_fsdp)]
     return tuple(r for r in rows if r["precision"] != "NVFP4")
 
 
@@ -461,19 +467,58 @@ def b200_moe_rows() -> tuple[dict[str, str], ...]:
     return _blackwell_rows("B200", moe=True)
 
 
-def blackwell_dataset(name: str = "B200", moe: bool = False, system=None) -> DataSet:
-    """:data:`BLACKWELL`'s ``name`` runs, dense or MoE and hybrid, predicted on its profile
-    (held out: nothing fitted)."""
+def blackwell_fit_rows() -> tuple[dict[str, str], ...]:
+    """The rows :func:`fit_blackwell` fits to: GB200's dense runs without FSDP."""
+    return _blackwell_rows("GB200", moe=False, fsdp=False)
+
+
+def with_blackwell_factor(alpha: float, name: str = "GB200"):
+    """:data:`BLACKWELL`'s ``name`` system with the H100 profile's :data:`BLACKWELL_SCALED`
+    efficiencies times ``alpha``."""
+    h100 = load_spec(SYSTEM, "systems").software
+    base = load_spec(BLACKWELL[name][1], "systems")
+    return base.model_copy(update={"software": base.software.model_copy(update={
+        k: getattr(h100, k) * alpha for k in BLACKWELL_SCALED})})
+
+
+def blackwell_loss(alpha: float) -> float:
+    """Mean squared relative tokens/s error of :func:`blackwell_fit_rows` at ``alpha``."""
+    system = with_blackwell_factor(alpha)
+    return float(np.mean([(predict_row(r, system)[0] / float(r["tokens_per_s_per_gpu"]) - 1)
+                          ** 2 for r in blackwell_fit_rows()]))
+
+
+def shipped_blackwell_factor(name: str = "GB200") -> float:
+    """The shipped profile's GEMM efficiency over the H100 profile's (every one of
+    :data:`BLACKWELL_SCALED` has the same ratio, to their rounding)."""
+    ours = load_spec(BLACKWELL[name][1], "systems").software
+    return ours.gemm_efficiency / load_spec(SYSTEM, "systems").software.gemm_efficiency
+
+
+def fit_blackwell() -> float:
+    """The factor on the H100 profile's efficiencies that fits the GB200 dense runs without
+    FSDP best (golden-section search)."""
+    return golden(blackwell_loss, 0.6, 1.1)
+
+
+def blackwell_dataset(name: str = "B200", moe: bool = False, fsdp: bool | None = None,
+                      system=None) -> DataSet:
+    """:data:`BLACKWELL`'s ``name`` runs — dense (with or without FSDP where ``fsdp`` says)
+    or MoE and hybrid — predicted on its profile.  Only GB200's dense runs without FSDP are
+    fit data (of the one factor); every other set is held out."""
     file, preset = BLACKWELL[name]
-    rows, groups = _rows(system or preset, _blackwell_rows(name, moe))
-    what = "MoE and hybrid" if moe else "dense"
+    rows, groups = _rows(system or preset, _blackwell_rows(name, moe, fsdp))
+    fitted = name == "GB200" and not moe and fsdp is False
+    what = ("MoE and hybrid" if moe else
+            "dense" + {None: "", False: " without FSDP", True: ", Megatron-FSDP"}[fsdp])
     return DataSet(
-        name=f"training: NeMo / Megatron-Bridge on {name}, {what}, predicted from datasheets "
-             "and the H100 profile (held out)",
-        source=f"{file} ({what} rows) on system {preset}, not fitted to",
+        name=f"training: NeMo / Megatron-Bridge on {name}, {what}"
+             + (" (fit data of the Blackwell factor)" if fitted else " (held out)"),
+        source=f"{file} (rows: {what}) on system {preset}, "
+               + ("the rows its one factor is fitted to" if fitted else "not fitted to"),
         quantity="tokens/s per GPU", rows=rows,
-        max_mape=MAX_MAPE_B200_MOE if moe else MAX_MAPE_B200, min_spearman=0.0,
-        group_of=groups)
+        max_mape=MAX_MAPE if fitted else MAX_MAPE_B200_MOE if moe else MAX_MAPE_B200,
+        min_spearman=0.0, group_of=groups)
 
 
 def b200_dataset() -> DataSet:
@@ -485,8 +530,11 @@ def b200_moe_dataset() -> DataSet:
 
 
 def blackwell_datasets() -> list[DataSet]:
-    """Every :data:`BLACKWELL` data set, dense and MoE."""
-    return [blackwell_dataset(name, moe) for name in BLACKWELL for moe in (False, True)]
+    """Every Blackwell data set: GB200's dense runs without FSDP (fit data), with FSDP, and
+    B200's dense runs; each system's MoE and hybrid runs."""
+    return [blackwell_dataset("GB200", fsdp=False), blackwell_dataset("GB200", fsdp=True),
+            blackwell_dataset("B200"), blackwell_dataset("B200", moe=True),
+            blackwell_dataset("GB200", moe=True)]
 
 
 #: The MoE constants :func:`fit_moe` sets (SoftwareSpec field, lower, upper bound).  They
@@ -587,6 +635,12 @@ def fit() -> tuple[dict[str, float], DataSet]:
 if __name__ == "__main__":
     import sys
 
+    if sys.argv[1:] == ["blackwell"]:  # the Blackwell factor and every Blackwell data set
+        print(f"Blackwell factor: {fit_blackwell():.3f} (the shipped profiles' ratio to the "
+              f"H100 profile: {shipped_blackwell_factor():.3f})")
+        for ds in blackwell_datasets():
+            print(ds.render())
+        raise SystemExit(0)
     if sys.argv[1:] == ["moe"]:  # the MoE constants only (the dense ones do not move them)
         constants, ds, every = fit_moe()
         print("  ".join(f"{k}: {v:.3f}" for k, v in constants.items()))

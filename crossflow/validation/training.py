@@ -35,6 +35,7 @@ from crossflow.sim.training import _passes, accum_bytes
 from crossflow.system import build_system
 from crossflow.system.network import MappedNetwork
 from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
+from crossflow.validation.fitting import golden
 from crossflow.workloads.flops import megatron_eq3_flops
 
 SYSTEM = "dgx-a100"
@@ -169,15 +170,7 @@ def fit_sc21_software(system: str = SYSTEM) -> tuple[float, float]:
             total += (_tflops_per_gpu(model, t, gpus) / measured - 1) ** 2
         return total
 
-    lo, hi = 0.7, 1.1
-    ratio = (5 ** 0.5 - 1) / 2
-    for _ in range(25):
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if loss(a) < loss(b):
-            hi = b
-        else:
-            lo = a
-    alpha = (lo + hi) / 2
+    alpha = golden(loss, 0.7, 1.1)
     return base.software.gemm_efficiency * alpha, base.software.memory_bound_efficiency * alpha
 
 
