@@ -272,3 +272,28 @@ def test_the_validation_package_still_exports_its_data_set_functions():
     assert [ds.name for ds in v.SUITES["gemm"]()] == [ds.name for ds in v.collect("gemm")]
     with pytest.raises(AttributeError):
         v.nothing_here  # noqa: B018
+
+
+def test_calibrate_software_calls_every_fit_as_it_is_declared(monkeypatch):
+    """``crossflow calibrate software`` runs minutes of fits, so each fit is replaced here by
+    a recorder that binds the arguments ``refit_all`` passes to the fit's own signature (a
+    call that no longer matches, as ``vtrain._main()`` without its argv did, fails here)."""
+    import inspect
+
+    from crossflow.validation import collectives, megatron_bridge, ops, refit, training, vtrain
+
+    calls = []
+    for module, name in ((collectives, "_print_vidur_fit"), (ops, "_print_fit"),
+                         (vtrain, "_main"), (training, "print_fits"),
+                         (megatron_bridge, "print_fit")):
+        signature = inspect.signature(getattr(module, name))
+
+        def record(*args, _name=name, _signature=signature, **kwargs):
+            _signature.bind(*args, **kwargs)
+            calls.append((_name, args))
+
+        monkeypatch.setattr(module, name, record)
+    refit.refit_all()
+    names = [n for n, _ in calls]
+    assert {"_print_vidur_fit", "_print_fit", "_main", "print_fits"} <= set(names)
+    assert [a for n, a in calls if n == "print_fit"] == [("",), ("moe",), ("blackwell",)]

@@ -47,7 +47,7 @@ import crossflow
 from crossflow.config.loader import load_spec
 from crossflow.config.workload import TransformerSpec
 from crossflow.predict import load_hardware
-from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements, spearman
+from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_measurements
 from crossflow.validation.fitting import golden, logistic, logit, nelder_mead
 
 FILE = "megatron_bridge_pretrain_h100.csv"
@@ -632,24 +632,29 @@ def fit() -> tuple[dict[str, float], DataSet]:
             dataset(with_constants(best, base)))
 
 
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["blackwell"]:  # the Blackwell factor and every Blackwell data set
+def print_fit(what: str = "") -> None:
+    """Re-fit and print (``python -m crossflow.validation.megatron_bridge [moe|blackwell]``):
+    the H100 profile's constants with its dense and MoE data sets, the two MoE constants,
+    or the Blackwell factor with every Blackwell data set."""
+    if what == "blackwell":
         print(f"Blackwell factor: {fit_blackwell():.3f} (the shipped profiles' ratio to the "
               f"H100 profile: {shipped_blackwell_factor():.3f})")
         for ds in blackwell_datasets():
             print(ds.render())
-        raise SystemExit(0)
-    if sys.argv[1:] == ["moe"]:  # the MoE constants only (the dense ones do not move them)
+    elif what == "moe":  # the MoE constants only (the dense ones do not move them)
         constants, ds, every = fit_moe()
         print("  ".join(f"{k}: {v:.3f}" for k, v in constants.items()))
         print(ds.render())
         print(every.render())
-        raise SystemExit(0)
-    constants, ds = fit()
-    print("  ".join(f"{k}: {v:.3f}" for k, v in constants.items()))
-    print(ds.render())
-    print(f"Spearman {spearman([r.predicted for r in ds.rows], [r.measured for r in ds.rows]):.3f}")
-    print(moe_dataset().render())
-    print(moe_all_dataset().render())
+    else:
+        constants, ds = fit()
+        print("  ".join(f"{k}: {v:.3f}" for k, v in constants.items()))
+        print(ds.render())
+        print(moe_dataset().render())
+        print(moe_all_dataset().render())
+
+
+if __name__ == "__main__":
+    import sys
+
+    print_fit(*sys.argv[1:2])

@@ -257,7 +257,12 @@ def training_datasets() -> list[DataSet]:
     return [korthikanti_table4(), *korthikanti_table5(), sc21_table2(), megatron_table1()]
 
 
-if __name__ == "__main__":
+def print_fits() -> None:
+    """Re-fit and print ``dgx-a100``'s two efficiencies and ``dgx-a100-sc21``'s."""
     for system, fit in ((SYSTEM, fit_software_efficiency), (SC21_SYSTEM, fit_sc21_software)):
         gemm_eff, mem_eff = fit()
         print(f"{system}: gemm_efficiency: {gemm_eff:.3f}, memory_bound_efficiency: {mem_eff:.3f}")
+
+
+if __name__ == "__main__":
+    print_fits()
