@@ -1,5 +1,10 @@
 """One training iteration of a GPT-style transformer (paper §6.5 with Megatron-LM's layout).
 
+(Over 600 lines, one job on purpose: every term of the iteration — the layers' passes and
+what each overlap hides, the pipeline, the data-parallel, FSDP and embedding
+synchronisation, the optimizer, the breakdown — reads the same per-kind layer times; the
+memory is :mod:`crossflow.sim.training_memory`'s.)
+
 Per micro-batch, each pipeline chunk's forward and backward time is the sum of its layers'
 ops on one tensor-parallel rank (:mod:`crossflow.sim.transformer`), plus the embedding on the
 first chunk and the vocabulary projection and loss on the last.  The pipeline schedule runs

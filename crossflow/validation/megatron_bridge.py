@@ -1,5 +1,9 @@
 """Published NeMo / Megatron-Bridge pre-training throughput on DGX H100 against the model.
 
+(Over 600 lines, one source on purpose: the H100, B200 and GB200 runs of the same pages
+share their row parsing (:func:`case`, :func:`_published`), and the Blackwell and MoE fits
+start from the H100 profile this module fits.)
+
 ``megatron_bridge_pretrain_h100.csv`` (sources in its header): tokens per second per GPU of
 GPT-3, Llama-2/3/3.1 and Nemotron runs, NeMo 24.07 … Megatron-Bridge 26.06, predicted on
 ``dgx-h100-megatron-core``.  Tokens/s is compared, not TFLOP/s: the two page families count
