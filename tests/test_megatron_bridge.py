@@ -98,19 +98,18 @@ def test_the_b200_runs_are_read_whole_and_split_by_what_the_model_can_price():
     takes the Llama runs, the MoE one every MoE and hybrid run but the NVFP4 ones."""
     from crossflow.validation.dataset import measurements_dir, read_measurements
     from crossflow.validation.megatron_bridge import (
-        B200_FILE,
-        b200_dense_rows,
-        b200_moe_rows,
+        BLACKWELL,
+        _blackwell_rows,
     )
 
-    header, rows = read_measurements(measurements_dir() / B200_FILE)
+    header, rows = read_measurements(measurements_dir() / BLACKWELL["B200"][0])
     assert len(rows) == 36 and {r["system"] for r in rows} == {"DGX-B200"}
     assert sum(r["variant"] == "paren_alt" for r in rows) == 6
     assert any("4ab94dfad36641cabdeb96452b21bf676aac4772" in line for line in header)
-    dense = b200_dense_rows()
+    dense = _blackwell_rows("B200", moe=False)
     assert {(r["release"], r["model_key"]) for r in dense} == {
         (rel, key) for rel in ("25.09", "25.11") for key in ("llama3_8b", "llama3.1_405b")}
-    moe = b200_moe_rows()
+    moe = _blackwell_rows("B200", moe=True)
     assert len(moe) == 24 and not any(r["precision"] == "NVFP4" for r in moe)
     assert sum(r["model_key"] == "nemotron_3_super" for r in moe) == 2
     mains = [r for r in rows if r["variant"] == "main" and r["precision"] != "NVFP4"]
@@ -124,15 +123,14 @@ def test_the_b200_runs_are_predicted_within_their_held_out_bounds():
     from crossflow.validation.megatron_bridge import (
         MAX_MAPE_B200,
         MAX_MAPE_B200_MOE,
-        b200_dataset,
-        b200_moe_dataset,
+        blackwell_dataset,
     )
 
-    dense = b200_dataset()
+    dense = blackwell_dataset("B200")
     assert dense.passed and dense.mape <= MAX_MAPE_B200 == 0.20, dense.render()
     # the Blackwell factor, fitted on GB200, carries to the B200 (datasheet-only: +8...+18 %)
     assert all(abs(r.error) < 0.10 for r in dense.rows), dense.render()
-    moe = b200_moe_dataset()
+    moe = blackwell_dataset("B200", moe=True)
     assert moe.passed and moe.mape <= MAX_MAPE_B200_MOE, moe.render()
     names = [ds.name for ds in collect("training")]
     assert dense.name in names and moe.name in names

@@ -431,7 +431,6 @@ def fsdp_dataset(system=SYSTEM) -> DataSet:
 #: runs, the FSDP runs and every MoE run are held out.  name -> (measurement file, system)
 BLACKWELL = {"B200": ("megatron_bridge_pretrain_b200.csv", "dgx-b200-megatron-core"),
              "GB200": ("megatron_bridge_pretrain_gb200.csv", "gb200-nvl72-megatron-core")}
-B200_FILE, B200_SYSTEM = BLACKWELL["B200"]
 BLACKWELL_SCALED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency",
                     "memory_bound_efficiency")
 #: Tolerance of the held-out dense Blackwell rows: the every-row MoE guard's 20 %, the bound
@@ -459,16 +458,6 @@ def _blackwell_rows(name: str, moe: bool, fsdp: bool | None = None
         rows = [r for with_fsdp in (False, True) if fsdp in (None, with_fsdp)
                 for r in _published("dense", file, fsdp=with_fsdp)]
     return tuple(r for r in rows if r["precision"] != "NVFP4")
-
-
-def b200_dense_rows() -> tuple[dict[str, str], ...]:
-    """The dense DGX-B200 rows (Llama-3 8B, Llama-3.1 405B; releases 25.09 and 25.11)."""
-    return _blackwell_rows("B200", moe=False)
-
-
-def b200_moe_rows() -> tuple[dict[str, str], ...]:
-    """The DGX-B200 rows of MoE models (token-dropping ones as labelled) and hybrid stacks."""
-    return _blackwell_rows("B200", moe=True)
 
 
 def blackwell_fit_rows() -> tuple[dict[str, str], ...]:
@@ -505,13 +494,13 @@ def fit_blackwell() -> float:
     return golden(blackwell_loss, 0.6, 1.1)
 
 
-def blackwell_dataset(name: str = "B200", moe: bool = False, fsdp: bool | None = None,
-                      system=None) -> DataSet:
+def blackwell_dataset(name: str = "B200", moe: bool = False,
+                      fsdp: bool | None = None) -> DataSet:
     """:data:`BLACKWELL`'s ``name`` runs — dense (with or without FSDP where ``fsdp`` says)
     or MoE and hybrid — predicted on its profile.  Only GB200's dense runs without FSDP are
     fit data (of the one factor); every other set is held out."""
     file, preset = BLACKWELL[name]
-    rows, groups = _rows(system or preset, _blackwell_rows(name, moe, fsdp))
+    rows, groups = _rows(preset, _blackwell_rows(name, moe, fsdp))
     fitted = name == "GB200" and not moe and fsdp is False
     what = ("MoE and hybrid" if moe else
             "dense" + {None: "", False: " without FSDP", True: ", Megatron-FSDP"}[fsdp])
@@ -523,14 +512,6 @@ def blackwell_dataset(name: str = "B200", moe: bool = False, fsdp: bool | None =
         quantity="tokens/s per GPU", rows=rows,
         max_mape=MAX_MAPE if fitted else MAX_MAPE_B200_MOE if moe else MAX_MAPE_B200,
         min_spearman=0.0, group_of=groups)
-
-
-def b200_dataset() -> DataSet:
-    return blackwell_dataset("B200")
-
-
-def b200_moe_dataset() -> DataSet:
-    return blackwell_dataset("B200", moe=True)
 
 
 def blackwell_datasets() -> list[DataSet]:
