@@ -17,11 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
-PRECISIONS: tuple[str, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
+Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp4"]
+PRECISIONS: tuple[str, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 #: Bytes per element as stored in memory.  TF32 is an fp32 storage format computed on
 #: tensor cores at reduced mantissa (NVIDIA A100 whitepaper, "TF32"), so it moves 4 bytes.
-BYTES_PER_ELEMENT: Mapping[str, int] = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+#: fp4 is NVFP4, the only 4-bit format Megatron-Core trains with (``--fp4-format e2m1``,
+#: recipe ``nvfp4``): E2M1 elements with one E4M3 scale per block of 16 (NVIDIA,
+#: "Pretraining Large Language Models with NVFP4", arXiv:2509.25149, §2), so an element and
+#: its share of the scale move 4/8 + 1/16 = 0.5625 bytes.
+BYTES_PER_ELEMENT: Mapping[str, float] = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2,
+                                          "fp8": 1, "fp4": 0.5625}
 #: Accumulator bytes: all listed formats accumulate GEMMs in fp32 on current hardware
 #: (A100 / H100 whitepapers, "FP32 accumulate"); fp64 accumulates in fp64.
 ACCUMULATOR_BYTES: Mapping[str, int] = {p: 8 if p == "fp64" else 4 for p in PRECISIONS}

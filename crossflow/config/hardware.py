@@ -27,6 +27,7 @@ from crossflow.config.device import (
     Link,
     MemoryLevel,
     MicroArch,
+    Precision,
 )
 from crossflow.errors import ConfigError
 
@@ -34,7 +35,6 @@ Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 Count = Annotated[int, Field(ge=1)]
-PrecisionName = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
 
 
 class ComputeSpec(Spec):
@@ -42,14 +42,14 @@ class ComputeSpec(Spec):
     mcus_per_bundle: Count
     mcu_array: tuple[Count, Count]
     frequency_Hz: Positive
-    peak_FLOPS: dict[PrecisionName, Positive]
+    peak_FLOPS: dict[Precision, Positive]
     efficiency: Fraction = 1.0
     #: GEMM efficiency of a precision whose kernels sustain a different share of its peak
     #: (Hopper's fp8 matmuls: a lower one); the others use ``efficiency``.
-    precision_efficiency: dict[PrecisionName, Fraction] = Field(default_factory=dict)
+    precision_efficiency: dict[Precision, Fraction] = Field(default_factory=dict)
     dataflow: Literal["ws", "os", "as", "best"] = "best"
     accumulator_fraction: Fraction = 0.5
-    energy_J_per_FLOP: dict[PrecisionName, NonNegative] = Field(default_factory=dict)
+    energy_J_per_FLOP: dict[Precision, NonNegative] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _has_a_precision(self) -> ComputeSpec:

@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
+from crossflow.config.device import Precision
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -34,7 +35,6 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 Overhead = Annotated[float, Field(ge=0, lt=1)]
 Count = Annotated[int, Field(ge=1)]
 Divisor = Annotated[float, Field(ge=1)]
-PrecisionName = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
 
 
 class VoltageRangeSpec(Spec):
@@ -75,7 +75,7 @@ class LogicNodeSpec(VoltageRangeSpec):
     """The minimal compute unit (MCU) a logic node builds, at nominal V/f."""
 
     mcu_array: tuple[Count, Count]
-    mcu_flops_per_cycle: dict[PrecisionName, Positive] = Field(min_length=1)
+    mcu_flops_per_cycle: dict[Precision, Positive] = Field(min_length=1)
     mcu_area_mm2: Positive
     mcu_power_W: Positive
     frequency_Hz: Positive

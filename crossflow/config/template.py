@@ -35,7 +35,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
-from crossflow.config.device import SCOPES
+from crossflow.config.device import SCOPES, Precision
 from crossflow.errors import ConfigError
 
 Positive = Annotated[float, Field(gt=0)]
@@ -43,7 +43,6 @@ NonNegative = Annotated[float, Field(ge=0)]
 Unit = Annotated[float, Field(ge=0, le=1)]
 Utilization = Annotated[float, Field(gt=0, le=1)]
 Count = Annotated[int, Field(ge=1)]
-PrecisionName = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
 LoopOrder = Literal["ws", "os", "as"]
 
 #: Area / power budget keys besides the on-chip memory levels (named by the template).
@@ -77,7 +76,7 @@ class McuSpec(Spec):
     #: relative to the logic node's MCU
     array: tuple[Count, Count]
     #: FLOP per clock per precision; empty: the logic node's, scaled by the array size
-    flops_per_cycle: dict[PrecisionName, Positive] = Field(default_factory=dict)
+    flops_per_cycle: dict[Precision, Positive] = Field(default_factory=dict)
     dataflow: Literal["ws", "os", "as", "best"] = "best"
     #: sustained fraction of peak (paper §4.2.1 "maximum utilization")
     max_utilization: Utilization = 1.0

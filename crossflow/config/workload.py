@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
+from crossflow.config.device import Precision
 from crossflow.errors import ConfigError
 
 Dim = Annotated[int, Field(ge=1)]
-PrecisionName = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8"]
 
 
 class GemmSpec(Spec):
@@ -26,7 +26,7 @@ class GemmSpec(Spec):
     m: Dim
     k: Dim
     n: Dim
-    precision: PrecisionName = "fp16"
+    precision: Precision = "fp16"
     #: how many identical GEMMs run one after another (e.g. a batched matmul's batch)
     count: Dim = 1
 
@@ -59,7 +59,7 @@ class TransformerSpec(Spec):
     vocab_size: Dim
     global_batch_size: Dim
     micro_batch_size: Dim = 1
-    precision: PrecisionName = "fp16"
+    precision: Precision = "fp16"
     activation_recompute: Recompute = "none"
     #: the MLP's inner width; Megatron's default is 4 · hidden_size
     ffn_hidden_size: Dim | None = None
@@ -308,10 +308,16 @@ class TransformerSpec(Spec):
         return min(tokens * k, E * capacity)
 
     @property
+    def quantized(self) -> bool:
+        """Whether Transformer Engine runs the Linear layers' GEMMs in a quantized format
+        (``fp8``; ``fp4``, its NVFP4 recipe) from casts of their bf16 inputs."""
+        return self.precision in ("fp8", "fp4")
+
+    @property
     def activation_precision(self) -> str:
-        """Precision of activations, memory-bound ops and communication: with ``fp8``
-        only the GEMMs run in FP8 (Transformer Engine); the rest stays bf16."""
-        return "bf16" if self.precision == "fp8" else self.precision
+        """Precision of activations, memory-bound ops and communication: with ``fp8`` or
+        ``fp4`` only the GEMMs run quantized (Transformer Engine); the rest stays bf16."""
+        return "bf16" if self.quantized else self.precision
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> TransformerSpec:
@@ -444,7 +450,7 @@ class LstmSpec(Spec):
     seq_length: Dim
     #: input, forget, cell and output gates
     num_gates: Dim = 4
-    precision: PrecisionName = "fp16"
+    precision: Precision = "fp16"
     #: ``per_step``: the paper's formulation, every GEMM step by step; ``cudnn``: what
     #: cuDNN's LSTM runs, the input half of the cell GEMM, its weight gradient and the
     #: projection batched over all time steps (docs/model.md)
