@@ -59,19 +59,22 @@ def with_software(arch: MicroArch, software) -> MicroArch:
         return arch
     return _device(arch, software.gemm_efficiency, software.memory_bound_efficiency,
                    software.kernel_min_s, tuple(software.memory_passes.model_dump().items()),
-                   software.attention_efficiency, software.fp8_gemm_efficiency)
+                   software.attention_efficiency, software.fp8_gemm_efficiency,
+                   software.fp4_gemm_efficiency)
 
 
 @lru_cache(maxsize=256)
 def _device(arch: MicroArch, gemm_efficiency: float, memory_bound_efficiency: float,
             kernel_min_s: float, memory_passes: tuple, attention_efficiency: float | None = None,
-            fp8_gemm_efficiency: float | None = None) -> MicroArch:
+            fp8_gemm_efficiency: float | None = None,
+            fp4_gemm_efficiency: float | None = None) -> MicroArch:
+    fp4_gemm_efficiency = fp4_gemm_efficiency or fp8_gemm_efficiency
+    quantized = {"fp8": fp8_gemm_efficiency, "fp4": fp4_gemm_efficiency}
     return replace(arch, compute_efficiency=gemm_efficiency,
                    memory_bound_efficiency=memory_bound_efficiency,
                    kernel_min_s=kernel_min_s, memory_passes=dict(memory_passes),
                    attention_efficiency=attention_efficiency,
-                   precision_efficiency=({"fp8": fp8_gemm_efficiency}
-                                         if fp8_gemm_efficiency else {}))
+                   precision_efficiency={p: e for p, e in quantized.items() if e})
 
 
 @lru_cache(maxsize=256)

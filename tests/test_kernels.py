@@ -69,7 +69,12 @@ def test_a_software_profile_replaces_the_devices_fp8_efficiency():
 
     software = load_spec("dgx-h100-megatron-core", "systems").software
     driven = with_software(load_hardware("h100-sxm5-80gb"), software)
-    assert driven.precision_efficiency == {"fp8": software.fp8_gemm_efficiency}
+    e = software.fp8_gemm_efficiency
+    # NVFP4 GEMMs take the FP8 ones' share of their peak unless the profile says otherwise
+    assert driven.precision_efficiency == {"fp8": e, "fp4": e}
+    own = software.model_copy(update={"fp4_gemm_efficiency": 0.4})
+    assert with_software(load_hardware("gb200-186gb"), own).precision_efficiency == {
+        "fp8": e, "fp4": 0.4}
 
 
 def test_unsupported_precision_is_a_config_error(a100):

@@ -267,6 +267,10 @@ class SoftwareSpec(Spec):
     attention_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
     #: FP8 GEMMs' fraction of the FP8 peak (None: gemm_efficiency)
     fp8_gemm_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    #: NVFP4 GEMMs' fraction of the FP4 peak (None: fp8_gemm_efficiency — no FP4 kernel
+    #: has been measured to fit one to; the GB200 NVFP4 runs check the assumption,
+    #: docs/validation.md)
+    fp4_gemm_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
     #: what an MoE layer's own kernels (router, top-k, permutation, grouped expert GEMMs,
     #: expert activation, un-permutation and their backward) reach as a fraction of the
     #: kernel model's time at the efficiencies above: their time is divided by it (1: as

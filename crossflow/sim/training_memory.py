@@ -8,6 +8,7 @@ after Korthikanti et al. 2022, and the per-stage layer and parameter split
 
 from __future__ import annotations
 
+from crossflow.arch.microarch import BYTES_PER_ELEMENT
 from crossflow.workloads.transformer import block_params, layer_params
 
 #: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
@@ -119,10 +120,10 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     # GeLU outputs, 2·4h each), 6 the q, k, v, 2 the attention output.  A gated MLP keeps
     # its 2·ffn-wide fc1 output and the ffn-wide SwiGLU output; GQA keeps smaller k, v.
     mlp = dense_mlp = moe_mlp = (6 if spec.gated_linear_unit else 4) * spec.ffn / h
-    # under FP8, what the feed-forward GEMMs' saved inputs shed (1 byte instead of 2): a
-    # dense MLP's fc2 input; an MoE layer's permuted copies (the experts' fc1 input) and
+    # the elements (per token and hidden unit) of the feed-forward GEMMs' inputs a quantized
+    # run saves in the GEMMs' format: a dense MLP's fc2 input; an MoE layer's permuted copies (the experts' fc1 input) and
     # the experts' and the shared expert's fc2 inputs
-    fp8_dense = fp8_moe = spec.ffn / h
+    quant_dense = quant_moe = spec.ffn / h
     share = 0.0
     if spec.moe:
         # An MoE layer keeps, per token, its k permuted copies and their expert outputs
@@ -139,7 +140,7 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         wide = spec.moe_width / h
         moe_mlp = (2 * k * (1 + etp) * wide + gate * (k * spec.moe_ffn + spec.shared_ffn) / h
                    + (2 * wide if spec.moe_latent_size else 0))
-        fp8_moe = k * etp * wide + (k * spec.moe_ffn + spec.shared_ffn) / h
+        quant_moe = k * etp * wide + (k * spec.moe_ffn + spec.shared_ffn) / h
         share = sum(spec.moe_layers) / L
         mlp = share * moe_mlp + (1 - share) * mlp
     qkv = 2 * spec.qkv_width / h
@@ -161,18 +162,20 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
             base = (5 + split) / tp if sp else 5 + split / tp
         else:
             base = (10 + split) / tp if sp else 10 + split / tp
-        if spec.precision == "fp8":
-            # Transformer Engine saves the FP8 copies of the GEMM inputs it made anyway for
-            # the weight gradients: the qkv and fc1 inputs (layernorm outputs) and the fc2
-            # input take 1 byte instead of 2 (the attention output stays bf16: the flash
-            # backward reads it)
+        if spec.quantized:
+            # Transformer Engine saves the quantized copies of the GEMM inputs it made anyway
+            # for the weight gradients: the qkv and fc1 inputs (layernorm outputs) and the
+            # fc2 input take 1 byte (FP8) or 0.5625 (NVFP4) instead of 2 (the attention
+            # output stays bf16: the flash backward reads it)
+            shed = 2 - BYTES_PER_ELEMENT[spec.precision]
             if spec.hybrid_override_pattern is None:
-                base -= 2 / tp if sp else 2
-                base -= (share * fp8_moe + (1 - share) * fp8_dense) / tp
+                base -= shed * (2 / tp if sp else 2)
+                base -= shed * (share * quant_moe + (1 - share) * quant_dense) / tp
             else:  # one norm-fed GEMM per layer; the feed-forward GEMMs in - and E layers
                 pattern = spec.hybrid_override_pattern
-                base -= 1 / tp if sp else 1
-                base -= (pattern.count("-") * fp8_dense + pattern.count("E") * fp8_moe) / L / tp
+                base -= shed * (1 / tp if sp else 1)
+                base -= shed * (pattern.count("-") * quant_dense
+                                + pattern.count("E") * quant_moe) / L / tp
         per_layer = s * b * h * (base + attention)
     if schedule == "gpipe":
         in_flight = m  # every micro-batch's activations wait for the backward pass

@@ -142,6 +142,13 @@ def _int(value: str, default: int = 1) -> int:
     return int(value) if value and value.isdigit() else default
 
 
+def _precision(r: dict[str, str]) -> str:
+    """The workload precision of a row: BF16 as printed, NVFP4 as ``fp4`` (Transformer
+    Engine's NVFP4 recipe), every FP8 recipe (delayed, current scaling, MXFP8) and an
+    unstated precision (release 25.09, whose runs are FP8) as ``fp8``."""
+    return {"BF16": "bf16", "NVFP4": "fp4"}.get(r["precision"], "fp8")
+
+
 def case(r: dict[str, str]):
     """(TransformerSpec, parallelism dict) of one row."""
     a = architectures()[r["model_key"]]
@@ -160,7 +167,7 @@ def case(r: dict[str, str]):
         position_embedding_type="learned_absolute" if key.startswith("gpt3") else "rope",
         seq_length=int(r["seq_length"]), vocab_size=_int(a["vocab_size"], DEFAULT_VOCAB),
         global_batch_size=int(r["global_batch_size"]),
-        micro_batch_size=int(r["micro_batch_size"]), precision="fp8",
+        micro_batch_size=int(r["micro_batch_size"]), precision=_precision(r),
         activation_recompute="none")
     par = _parallelism(r, spec.num_layers)
     return spec, par
@@ -207,7 +214,7 @@ def _deepseek_case(r: dict[str, str]):
         "moe_layer_freq": base.moe_layer_freq + (1,) * DEEPSEEK_MTP_LAYERS,
         "seq_length": int(r["seq_length"]), "global_batch_size": int(r["global_batch_size"]),
         "micro_batch_size": int(r["micro_batch_size"]),
-        "precision": "bf16" if r["precision"] == "BF16" else "fp8"}))
+        "precision": _precision(r)}))
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 
@@ -218,7 +225,7 @@ def _hybrid_case(r: dict[str, str]):
     spec = TransformerSpec(**(base.model_dump() | {
         "seq_length": int(r["seq_length"]), "global_batch_size": int(r["global_batch_size"]),
         "micro_batch_size": int(r["micro_batch_size"]),
-        "precision": "bf16" if r["precision"] == "BF16" else "fp8"}))
+        "precision": _precision(r)}))
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 
@@ -237,7 +244,7 @@ def _moe_case(r: dict[str, str], a: dict[str, str]):
         position_embedding_type="rope", seq_length=int(r["seq_length"]),
         vocab_size=int(a["vocab_size"]), global_batch_size=int(r["global_batch_size"]),
         micro_batch_size=int(r["micro_batch_size"]),
-        precision="bf16" if r["precision"] == "BF16" else "fp8", activation_recompute="none",
+        precision=_precision(r), activation_recompute="none",
         num_moe_experts=int(a["num_experts"]), moe_router_topk=int(a["moe_topk"]),
         moe_ffn_hidden_size=int(a["moe_ffn_hidden_size"]),
         moe_shared_expert_intermediate_size=_int(a["shared_expert_ffn_size"], 0) or None,
@@ -443,12 +450,14 @@ MAX_MAPE_B200 = MAX_MAPE_MOE_ALL
 MAX_MAPE_B200_MOE = 0.45
 
 
-def _blackwell_rows(name: str, moe: bool, fsdp: bool | None = None
+def _blackwell_rows(name: str, moe: bool, fsdp: bool | None = None, nvfp4: bool = False
                     ) -> tuple[dict[str, str], ...]:
     """The rows of :data:`BLACKWELL`'s ``name`` the model can price: dense ones (those run
     with FSDP or without where ``fsdp`` says which) or MoE and hybrid ones (the hybrids with
-    a preset, :data:`HYBRID_PRESETS`; no model of :data:`SKIPPED`), none in NVFP4 (the
-    workload has no 4-bit precision)."""
+    a preset, :data:`HYBRID_PRESETS`; no model of :data:`SKIPPED`); the NVFP4 runs alone
+    where ``nvfp4`` says so, else none of them.  The MoE NVFP4 runs (Nemotron 3 Super) keep
+    their last 14 layers in BF16 (Megatron-Bridge's ``num_layers_at_end_in_bf16``), which a
+    workload cannot say: none is priced."""
     file = BLACKWELL[name][0]
     if moe:
         rows = [*_published("moe", file),
@@ -457,7 +466,7 @@ def _blackwell_rows(name: str, moe: bool, fsdp: bool | None = None
     else:
         rows = [r for with_fsdp in (False, True) if fsdp in (None, with_fsdp)
                 for r in _published("dense", file, fsdp=with_fsdp)]
-    return tuple(r for r in rows if r["precision"] != "NVFP4")
+    return tuple(r for r in rows if (r["precision"] == "NVFP4") == (nvfp4 and not moe))
 
 
 def blackwell_fit_rows() -> tuple[dict[str, str], ...]:
@@ -495,15 +504,17 @@ def fit_blackwell() -> float:
 
 
 def blackwell_dataset(name: str = "B200", moe: bool = False,
-                      fsdp: bool | None = None) -> DataSet:
-    """:data:`BLACKWELL`'s ``name`` runs — dense (with or without FSDP where ``fsdp`` says)
-    or MoE and hybrid — predicted on its profile.  Only GB200's dense runs without FSDP are
-    fit data (of the one factor); every other set is held out."""
+                      fsdp: bool | None = None, nvfp4: bool = False) -> DataSet:
+    """:data:`BLACKWELL`'s ``name`` runs — dense (with or without FSDP where ``fsdp`` says;
+    the NVFP4 ones alone where ``nvfp4`` says) or MoE and hybrid — predicted on its profile.
+    Only GB200's dense FP8 runs without FSDP are fit data (of the one factor); every other
+    set is held out."""
     file, preset = BLACKWELL[name]
-    rows, groups = _rows(preset, _blackwell_rows(name, moe, fsdp))
-    fitted = name == "GB200" and not moe and fsdp is False
+    rows, groups = _rows(preset, _blackwell_rows(name, moe, fsdp, nvfp4))
+    fitted = name == "GB200" and not moe and fsdp is False and not nvfp4
     what = ("MoE and hybrid" if moe else
-            "dense" + {None: "", False: " without FSDP", True: ", Megatron-FSDP"}[fsdp])
+            "dense" + {None: "", False: " without FSDP", True: ", Megatron-FSDP"}[fsdp]
+            + (", NVFP4" if nvfp4 else ""))
     return DataSet(
         name=f"training: NeMo / Megatron-Bridge on {name}, {what}"
              + (" (fit data of the Blackwell factor)" if fitted else " (held out)"),
@@ -515,11 +526,11 @@ def blackwell_dataset(name: str = "B200", moe: bool = False,
 
 
 def blackwell_datasets() -> list[DataSet]:
-    """Every Blackwell data set: GB200's dense runs without FSDP (fit data), with FSDP, and
-    B200's dense runs; each system's MoE and hybrid runs."""
+    """Every Blackwell data set: GB200's dense runs without FSDP (fit data), with FSDP, in
+    NVFP4, and B200's dense runs; each system's MoE and hybrid runs."""
     return [blackwell_dataset("GB200", fsdp=False), blackwell_dataset("GB200", fsdp=True),
-            blackwell_dataset("B200"), blackwell_dataset("B200", moe=True),
-            blackwell_dataset("GB200", moe=True)]
+            blackwell_dataset("GB200", nvfp4=True), blackwell_dataset("B200"),
+            blackwell_dataset("B200", moe=True), blackwell_dataset("GB200", moe=True)]
 
 
 #: The MoE constants :func:`fit_moe` sets (SoftwareSpec field, lower, upper bound).  They

@@ -119,6 +119,16 @@ SWIGLU_FLOPS = 6.0
 ROPE_FLOPS = 3.0
 CAST_FLOPS = 2.0
 DROPOUT_FLOPS = 2.0
+#: Transformer Engine's quantization of a bf16 GEMM input, per precision: (reads of the
+#: bf16 tensor, quantized copies a forward cast writes).  FP8: one cast kernel, one copy (a
+#: gradient's cast-transpose writes two, :meth:`_Block._dy_cast`), fused into the layernorm
+#: for the norm-fed GEMMs.  NVFP4: the per-tensor amax first (its global scale, taken after
+#: the Hadamard rotation for the column-wise copy: ``nvte_hadamard_transform_amax``), then
+#: one kernel writing the row-wise copy and the rotated column-wise one the weight gradient
+#: reads — for inputs and gradients alike, and not fused into the layernorm
+#: (TransformerEngine@d0067d0: pytorch/csrc/quantizer.cpp, NVFP4Quantizer::quantize_impl;
+#: pytorch/csrc/extensions/normalization.cpp, layernorm_fwd)
+QUANTIZE: dict[str, tuple[int, int]] = {"fp8": (1, 1), "fp4": (2, 2)}
 
 
 def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]:
@@ -127,7 +137,7 @@ def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]
     attention and an MoE layer, or one layer of a hybrid stack (``M``, ``*``, ``-``, ``E``);
     ``True`` / ``False`` are ``*E`` / ``*-``."""
     kind = {True: "*E", False: "*-"}.get(kind, kind)
-    fp8 = spec.precision == "fp8"
+    fp8 = spec.quantized
     if "M" in kind:  # a Mamba-2 mixer (MAMBA_OPS), its norm and residual named as attention's
         return (("ln1",) + MAMBA_OPS[:-1] + (("out_cast",) if fp8 else ())
                 + ("out_proj", "proj_residual"))
@@ -245,7 +255,13 @@ class _Block:
         self.b, self.t = b, b * spec.seq_length
         self.bytes = BYTES_PER_ELEMENT[spec.activation_precision]
         self.gemm_precision = spec.precision
-        self.fp8 = spec.precision == "fp8"
+        self.quantized = spec.quantized  # the Linear GEMMs read casts of their inputs
+        #: a cast reads bf16 and writes the GEMM's format (QUANTIZE): its reads counted in
+        #: elements of that format (2 for FP8, 2 · 2 / 0.5625 for NVFP4)
+        reads, self.cast_writes = QUANTIZE.get(spec.precision, (0, 0))
+        self.cast_reads = reads * self.bytes / BYTES_PER_ELEMENT[spec.precision]
+        self.cast = f"{spec.precision}_cast"
+        self.norm_cast = spec.precision == "fp4"  # no layernorm kernel writes NVFP4
         self.causal = int(spec.causal)
         self.kind = spec.layer_kinds[layer]
         self.moe = "E" in self.kind
@@ -302,6 +318,7 @@ class _Block:
             if op == "ln1":
                 g.rowwise(n, "layernorm", op, t, h, sp="rows", params=2 * h * own)
                 g.edge(x, n, act if own else "stash")
+                n = self._norm_cast(n, node("ln1_cast"), gp)
             elif op == "qkv":
                 g.gemm(n, op, t, h, qkv_n, tp="n", params=(h * qkv_n + qkv_n) * own, **gp)
                 g.edge(get("ln1"), n, act)
@@ -338,12 +355,12 @@ class _Block:
                 g.edge(get("attn_dropout"), n, act)
                 g.edge(qkv_out(), n, act, t * q * self.bytes)
             elif op == "proj_cast":
-                g.elementwise(n, "fp8_cast", t * q, inputs=2, outputs=1, precision="fp8",
+                g.elementwise(n, self.cast, t * q, inputs=self.cast_reads, outputs=self.cast_writes, **gp,
                               flops_per_element=CAST_FLOPS, tp="elements")
                 g.edge(get("attn" if "attn" in self.ops else "av"), n, act)
             elif op == "proj":
                 g.gemm(n, op, t, q, h, tp="k", params=(q * h + h) * own, **gp)
-                g.edge(get("proj_cast" if self.fp8 else
+                g.edge(get("proj_cast" if self.quantized else
                            ("attn" if "attn" in self.ops else "av")), n, act)
             elif op == "proj_residual":
                 g.elementwise(n, op, t * h, inputs=2, flops_per_element=DROPOUT_FLOPS + 1,
@@ -353,6 +370,8 @@ class _Block:
             elif op == "ln2":
                 g.rowwise(n, "layernorm", op, t, h, sp="rows", params=2 * h * own)
                 g.edge(ffn_input(), n, act)
+                if not self.moe:  # an MoE layer's router reads it in bf16
+                    n = self._norm_cast(n, node("ln2_cast"), gp)
             elif op == "mlp1":
                 g.gemm(n, op, t, h, f_in, tp="n", params=(h * f_in + f_in) * own, **gp)
                 g.edge(get("ln2"), n, act)
@@ -424,12 +443,12 @@ class _Block:
             g.edge(get("ssd_state"), n, act, t * di * nb)
             g.edge(get("in_proj"), n, act, t * di * nb)  # z
         elif op == "out_cast":
-            g.elementwise(n, "fp8_cast", t * di, inputs=2, outputs=1, precision="fp8",
+            g.elementwise(n, self.cast, t * di, inputs=self.cast_reads, outputs=self.cast_writes, **gp,
                           flops_per_element=CAST_FLOPS, tp="elements")
             g.edge(get("mamba_norm"), n, act)
         elif op == "out_proj":
             g.gemm(n, op, t, di, h, tp="k", params=di * h * own, **gp)
-            g.edge(get("out_cast" if self.fp8 else "mamba_norm"), n, act)
+            g.edge(get("out_cast" if self.quantized else "mamba_norm"), n, act)
         else:
             raise ValueError(f"unknown block op {op!r}")
 
@@ -473,7 +492,7 @@ class _Block:
         gp = self.gemm_precision
 
         def cast(name: str, elements: int, grad: list[str], key: str) -> list[str]:
-            return [self._dy_cast(name, elements, grad[0], key)] + grad[1:] if self.fp8 else grad
+            return [self._dy_cast(name, elements, grad[0], key)] + grad[1:] if self.quantized else grad
 
         def down_bwd(op: str, n: int, dout: list[str]) -> tuple[str, str]:
             # a replicated GEMM on this rank's sequence share: no tensor-parallel split
@@ -561,14 +580,14 @@ class _Block:
             g.edge(get("latent_down" if spec.moe_latent_size else "ln2"), n, act)
             g.edge(get("router_topk"), n, act, t * k * 4)
         elif op == "expert_cast":
-            g.elementwise(n, "fp8_cast", rows * w, inputs=2, outputs=1, precision="fp8",
+            g.elementwise(n, self.cast, rows * w, inputs=self.cast_reads, outputs=self.cast_writes, **gp,
                           flops_per_element=CAST_FLOPS, sp="elements",
                           expert_gathered="elements")
             g.edge(get("permute"), n, act)
         elif op == "expert_fc1":
             g.gemm(n, op, me, w, f_in, count=E, sp="m", expert_tokens="m",
                    expert_width="n", **gp)
-            g.edge(get("expert_cast" if self.fp8 else "permute"), n, act)
+            g.edge(get("expert_cast" if self.quantized else "permute"), n, act)
         elif op == "expert_act":
             gated = spec.gated_linear_unit
             g.elementwise(n, "swiglu" if gated else "gelu", rows * f, inputs=1 + gated,
@@ -641,7 +660,7 @@ class _Block:
         n = g.elementwise(p + "unpermute.bwd", "unpermute.bwd", rows * w, inputs=1,
                           flops_per_element=1.0, sp="elements")
         g.edge(into, n, "grad")
-        if self.fp8:
+        if self.quantized:
             n = self._dy_cast("expert_fc2", rows * w, n, "sp", expert_gathered="elements")
         dx2 = g.gemm(p + "expert_fc2.dX", "expert_fc2.dX", me, w, f, count=E, sp="m",
                      expert_tokens="m", expert_width="n", precision=gp)
@@ -657,7 +676,7 @@ class _Block:
                           sp="elements")
         g.edge(dx2, a, "grad")
         stash(src["expert_fc1"], a)
-        if self.fp8:
+        if self.quantized:
             a = self._dy_cast("expert_fc1", rows * f_in, a, "sp")
         dx1 = g.gemm(p + "expert_fc1.dX", "expert_fc1.dX", me, f_in, w, count=E, sp="m",
                      expert_tokens="m", expert_width="k", precision=gp)
@@ -666,7 +685,7 @@ class _Block:
                      wgrad=E * w * f_in, precision=gp)
         for node in (dx1, dw1):
             g.edge(a, node, "grad")
-        stash(src["expert_cast" if self.fp8 else "permute"], dw1)
+        stash(src["expert_cast" if self.quantized else "permute"], dw1)
         # the k gradient copies summed back into token order
         back = g.elementwise(p + "permute.bwd", "permute.bwd", t * w, inputs=k,
                              flops_per_element=float(k), sp="elements")
@@ -698,11 +717,24 @@ class _Block:
             wgrads += [sdw2, sdw1]
         return grads, wgrads
 
+    def _norm_cast(self, norm: str, name: str, gp: dict) -> str:
+        """The node the norm-fed GEMMs read: ``norm`` itself, or under NVFP4 the separate
+        quantization of its output (:data:`QUANTIZE`), on each rank's own rows before the
+        sequence-parallel gather."""
+        if not self.norm_cast:
+            return norm
+        n = self.g.elementwise(name, self.cast, self.t * self.h, inputs=self.cast_reads,
+                               outputs=self.cast_writes, **gp, flops_per_element=CAST_FLOPS,
+                               sp="elements")
+        self.g.edge(norm, n, "act")
+        return n
+
     def _dy_cast(self, name: str, elements: int, grad: str, key: str, **extra) -> str:
-        """FP8: Transformer Engine's cast-transpose of a GEMM's output gradient (read bf16,
-        write the FP8 tensor and its transpose) before the GEMM's dgrad and wgrad."""
-        n = self.g.elementwise(self.prefix + name + ".dY_cast", "fp8_cast", elements,
-                               inputs=2, outputs=2, precision="fp8",
+        """Transformer Engine's quantization of a GEMM's output gradient before the GEMM's
+        dgrad and wgrad: read bf16 (FP8 once, NVFP4 twice: :data:`QUANTIZE`), write the
+        quantized tensor and its (for NVFP4, rotated) transpose."""
+        n = self.g.elementwise(self.prefix + name + ".dY_cast", self.cast, elements,
+                               inputs=self.cast_reads, outputs=2, precision=self.gemm_precision,
                                flops_per_element=CAST_FLOPS, **{key: "elements"}, **extra)
         self.g.edge(grad, n, "grad")
         return n
@@ -761,7 +793,7 @@ class _Block:
         if self.moe:
             mlp_grads, mlp_wgrads = self._moe_backward(n, stash, gemm_bwd)
         else:
-            if self.fp8:
+            if self.quantized:
                 n = self._dy_cast("mlp2", t * h, n, "sp")
             act_op = "swiglu" if self.spec.gated_linear_unit else "gelu"
             mlp2_dx, mlp2_dw = gemm_bwd("mlp2", t, f, h, src[act_op], n, "n", "m", h)
@@ -792,7 +824,7 @@ class _Block:
                           flops_per_element=DROPOUT_FLOPS, sp="elements")
         g.edge(dy, n, "grad")
         self._stash(self.src["proj_residual"], n)
-        return self._dy_cast(proj, t * h, n, "sp") if self.fp8 else n
+        return self._dy_cast(proj, t * h, n, "sp") if self.quantized else n
 
     def _attention_backward(self, x: str, dy: str, recompute: str) -> tuple[str, list[str]]:
         """Backward of the attention part from ``dy`` (the gradient of its output): (the
@@ -802,7 +834,7 @@ class _Block:
         src, stash, gemm_bwd = self.src, self._stash, self._gemm_bwd
         flash = "attn" in self.ops
         n = self._residual_backward(dy, "proj")
-        proj_in = src["proj_cast"] if self.fp8 else src["attn" if flash else "av"]
+        proj_in = src["proj_cast"] if self.quantized else src["attn" if flash else "av"]
         proj_dx, proj_dw = gemm_bwd("proj", t, q, h, proj_in, n, "n", "m", h)
         qkv_src = src["rope"] if "rope" in src else src["qkv"]
         if recompute == "selective":
@@ -853,7 +885,7 @@ class _Block:
         if self.mla:
             qkv_dxs, qkv_dws = self._mla_backward(grads, stash, gemm_bwd)
         else:
-            if self.fp8:
+            if self.quantized:
                 grads = [self._dy_cast("qkv", t * qkv_n, grads[0], "tp")] + grads[1:]
             qkv_dx, qkv_dw = gemm_bwd("qkv", t, h, qkv_n, src["ln1"], grads, "k", "n",
                                       qkv_n)
@@ -877,7 +909,7 @@ class _Block:
         N, cw, chunks = spec.mamba_state_dim, spec.mamba_conv_width, self.ssd_chunks
         width = spec.mamba_in_width
         n = self._residual_backward(dy, "out_proj")
-        out_in = src["out_cast"] if self.fp8 else src["mamba_norm"]
+        out_in = src["out_cast"] if self.quantized else src["mamba_norm"]
         out_dx, out_dw = gemm_bwd("out_proj", t, di, h, out_in, n, "n", "m", 0)
         norm = g.elementwise(p + "mamba_norm.bwd", "mamba_norm.bwd", t * di, inputs=3,
                              outputs=2, flops_per_element=2 * MAMBA_NORM_FLOPS,
@@ -899,7 +931,7 @@ class _Block:
             g.edge(node, conv, "grad")
         stash(src["in_proj"], conv, t * cw * nb)
         grads = [conv, norm, chunk]  # x, B, C; z; dt
-        if self.fp8:
+        if self.quantized:
             grads = [self._dy_cast("in_proj", t * width, grads[0], "tp")] + grads[1:]
         in_dx, in_dw = gemm_bwd("in_proj", t, h, width, src["ln1"], grads, "k", "n", 0)
         ln1 = g.elementwise(p + "ln1.bwd", "ln1.bwd", t * h, inputs=3,
