@@ -280,20 +280,31 @@ def test_calibrate_software_calls_every_fit_as_it_is_declared(monkeypatch):
     call that no longer matches, as ``vtrain._main()`` without its argv did, fails here)."""
     import inspect
 
-    from crossflow.validation import collectives, megatron_bridge, ops, refit, training, vtrain
+    from crossflow.validation import (
+        collectives,
+        megatron_bridge,
+        megatron_lm,
+        ops,
+        refit,
+        training,
+        vtrain,
+    )
 
     calls = []
     for module, name in ((collectives, "_print_vidur_fit"), (ops, "_print_fit"),
                          (vtrain, "_main"), (training, "print_fits"),
-                         (megatron_bridge, "print_fit")):
+                         (megatron_bridge, "print_fit"), (megatron_lm, "print_fit")):
         signature = inspect.signature(getattr(module, name))
+        qualified = f"{module.__name__.rsplit('.', 1)[1]}.{name}"
 
-        def record(*args, _name=name, _signature=signature, **kwargs):
+        def record(*args, _name=qualified, _signature=signature, **kwargs):
             _signature.bind(*args, **kwargs)
             calls.append((_name, args))
 
         monkeypatch.setattr(module, name, record)
     refit.refit_all()
     names = [n for n, _ in calls]
-    assert {"_print_vidur_fit", "_print_fit", "_main", "print_fits"} <= set(names)
-    assert [a for n, a in calls if n == "print_fit"] == [("",), ("moe",), ("blackwell",)]
+    assert {"collectives._print_vidur_fit", "ops._print_fit", "vtrain._main",
+            "training.print_fits", "megatron_lm.print_fit"} <= set(names)
+    assert [a for n, a in calls if n == "megatron_bridge.print_fit"] == [
+        ("",), ("moe",), ("blackwell",)]

@@ -42,6 +42,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "megatron_bridge_moe_all": ("megatron_bridge", "moe_all_dataset"),
     "megatron_bridge_moe_dataset": ("megatron_bridge", "moe_dataset"),
     "megatron_bridge_tokendrop": ("megatron_bridge", "tokendrop_dataset"),
+    "megatron_lm_datasets": ("megatron_lm", "datasets"),
     "ops_datasets": ("ops", "ops_datasets"),
     "training_datasets": ("training", "training_datasets"),
     "vtrain_dataset": ("vtrain", "vtrain_dataset"),
@@ -65,6 +66,7 @@ def _lazy(name: str) -> Callable[[], list[DataSet]]:
 
 def _training_sets() -> list[DataSet]:
     from crossflow.validation import megatron_bridge as mb
+    from crossflow.validation import megatron_lm
     from crossflow.validation.blocks import block_datasets
     from crossflow.validation.lstm import lstm_datasets
     from crossflow.validation.training import training_datasets
@@ -72,7 +74,8 @@ def _training_sets() -> list[DataSet]:
 
     return [*training_datasets(), vtrain_dataset(), mb.dataset(), mb.cp_dataset(), mb.fsdp_dataset(),
             mb.moe_dataset(), mb.moe_all_dataset(), mb.tokendrop_dataset(), mb.hybrid_dataset(),
-            *mb.blackwell_datasets(), *lstm_datasets(), *block_datasets()]
+            *mb.blackwell_datasets(), *megatron_lm.datasets(), *lstm_datasets(),
+            *block_datasets()]
 
 
 def _ops_sets() -> list[DataSet]:

@@ -13,7 +13,9 @@ Each fit is also a module of its own:
   (Korthikanti et al. Table 4) and ``dgx-a100-sc21``'s factor (SC21 Table 2);
 * ``python -m crossflow.validation.megatron_bridge [moe|blackwell]`` — the
   ``dgx-h100-megatron-core`` profile (the published dense H100 runs), its two MoE
-  constants, and the Blackwell profiles' factor (the GB200 dense runs).
+  constants, and the Blackwell profiles' factor (the GB200 dense runs);
+* ``python -m crossflow.validation.megatron_lm`` — ``dgx-h100-megatron-lm``'s iteration tail
+  (Megatron-LM's README H100 weak-scaling table, its rows without pipelining).
 
 The fits print; they never write the presets (a person reads the numbers, then edits the
 YAML with its sources beside each constant).
@@ -21,7 +23,7 @@ YAML with its sources beside each constant).
 
 from __future__ import annotations
 
-from crossflow.validation import collectives, megatron_bridge, ops, training, vtrain
+from crossflow.validation import collectives, megatron_bridge, megatron_lm, ops, training, vtrain
 
 
 def refit_all() -> None:  # pragma: no cover - minutes of fitting; each part is tested alone
@@ -33,3 +35,4 @@ def refit_all() -> None:  # pragma: no cover - minutes of fitting; each part is 
     training.print_fits()
     for what in ("", "moe", "blackwell"):
         megatron_bridge.print_fit(what)
+    megatron_lm.print_fit()
