@@ -114,6 +114,13 @@ def predict(
     if unbuildable is not None:
         return infeasible(spec, str(getattr(hardware, "name", hardware)), str(unbuildable),
                           None)
+    if not arch.supports(spec.precision):
+        # before any pricing: a memory check would otherwise speak first, of a design that
+        # cannot run on this device at any size
+        raise ConfigError(
+            f"{arch.name} has no {spec.precision} arithmetic for the workload "
+            f"{spec.name!r}", file=spec.source_file, key="precision", value=spec.precision,
+            allowed=", ".join(p for p, v in arch.peak_flops.items() if v > 0))
     if spec.kind == "gemm" and parallelism is None:
         p = _predict_gemm(spec, arch)
     else:

@@ -73,10 +73,14 @@ def test_an_fp4_workload_on_hopper_is_refused_naming_the_precision(tmp_path, cli
     spec = load_spec("llama3-8b", "workloads").model_dump(exclude_none=True)
     path = tmp_path / "llama3-8b-nvfp4.yaml"
     path.write_text(yaml.safe_dump({**spec, "precision": "fp4", "num_layers": 2}))
-    code, out, err = cli("predict", "--workload", path, "--system", "dgx-h100-megatron-core",
-                         "--parallelism", "{strategy: t8, recompute_granularity: full}")
-    assert code == 2, out + err
-    assert "no fp4 arithmetic" in err and "fp8" in err
+    # refused before any pricing: a strategy that would not fit in memory either is not
+    # reported as a memory problem (exit 3) but as the precision the device lacks
+    for strategy in ("{strategy: t8, recompute_granularity: full}", "d8"):
+        code, out, err = cli("predict", "--workload", path, "--system",
+                             "dgx-h100-megatron-core", "--parallelism", strategy)
+        assert code == 2, out + err
+        assert f"{path}: key 'precision' = 'fp4'" in err and "no fp4 arithmetic" in err
+        assert "allowed: fp64, fp32, tf32, fp16, bf16, fp8" in err
 
 
 def test_the_published_gb200_nvfp4_runs_are_held_out_and_within_their_tolerance():
