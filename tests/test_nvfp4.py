@@ -20,7 +20,7 @@ from crossflow.workloads import transformer_graph
 GB200 = "gb200-nvl72-megatron-core"
 
 
-def _spec(precision: str, **kw) -> TransformerSpec:
+def _spec(precision: str = "fp4", **kw) -> TransformerSpec:
     base = dict(kind="transformer", num_layers=2, hidden_size=4096, num_attention_heads=32,
                 num_query_groups=8, ffn_hidden_size=14336, gated_linear_unit=True,
                 seq_length=4096, vocab_size=32000, global_batch_size=8, precision=precision)
@@ -90,3 +90,42 @@ def test_the_published_gb200_nvfp4_runs_are_held_out_and_within_their_tolerance(
     ds = mb.blackwell_dataset("GB200", nvfp4=True)
     assert "held out" in ds.name and ds.passed
     assert ds.mape < 0.15  # 10.7 % when written; the earliest releases are the slowest
+
+
+def test_first_last_layers_bf16_prices_those_layers_at_bf16_on_their_stages():
+    from crossflow.sim.training import BF16_MARK, layer_kinds
+
+    big = dict(num_layers=8, hidden_size=8192, num_attention_heads=64, ffn_hidden_size=28672,
+               seq_length=8192, global_batch_size=16, attention_backend="flash")
+    keep = dict(first_last_layers_bf16=True, num_layers_at_start_in_bf16=1,
+                num_layers_at_end_in_bf16=2)
+    spec = _spec("fp4", **big, **keep)
+    assert spec.bf16_layers == (True, False, False, False, False, False, True, True)
+    assert layer_kinds(spec) == ("*-" + BF16_MARK,) + ("*-",) * 5 + ("*-" + BF16_MARK,) * 2
+    # without the flag Megatron's counts do nothing
+    assert not any(_spec("fp4", **big, num_layers_at_end_in_bf16=3).bf16_layers)
+    par = {"tensor_parallel": 2, "pipeline_parallel": 2, "data_parallel": 2,
+           "sequence_parallel": True, "use_distributed_optimizer": True}
+    fp4, mixed, bf16 = (crossflow.predict(workload=w, system=GB200, parallelism=par)
+                        for w in (_spec("fp4", **big), spec, _spec("bf16", **big)))
+    assert fp4.time_s < mixed.time_s < bf16.time_s
+    assert fp4.memory_per_device_bytes < mixed.memory_per_device_bytes
+
+
+@pytest.mark.parametrize("update, key", [
+    ({"precision": "bf16"}, "first_last_layers_bf16"),
+    ({"num_layers_at_start_in_bf16": 2, "num_layers_at_end_in_bf16": 7},
+     "num_layers_at_end_in_bf16")])
+def test_first_last_layers_bf16_is_refused_where_it_cannot_apply(update, key):
+    base = dict(precision="fp8", first_last_layers_bf16=True) | update
+    with pytest.raises(ConfigError) as info:
+        _spec(**{"num_layers": 8, **base})
+    assert info.value.key == key
+
+
+def test_the_nemotron_3_super_nvfp4_runs_keep_their_last_14_layers_in_bf16():
+    rows = [r for r in mb._blackwell_rows("GB200", moe=True) if r["precision"] == "NVFP4"]
+    assert rows and {r["model_key"] for r in rows} == {"nemotron_3_super"}
+    spec, _ = mb.case(rows[0])
+    assert spec.precision == "fp4" and sum(spec.bf16_layers) == 14
+    assert spec.bf16_layers[-14:] == (True,) * 14

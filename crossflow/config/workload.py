@@ -145,6 +145,31 @@ class TransformerSpec(Spec):
     mamba_head_dim: Dim = 64
     mamba_num_groups: Dim = 8
     mamba_num_heads: Dim | None = None
+    #: keep the first and last layers of a quantized run (fp8, fp4) in BF16
+    #: (``--first-last-layers-bf16``; Megatron-Bridge's NVFP4 recipe for Nemotron 3 Super
+    #: keeps its last 14): ``num_layers_at_start_in_bf16`` and ``num_layers_at_end_in_bf16``
+    #: of them (Megatron's defaults 1 and 1; a hybrid stack counts each symbol a layer)
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: Annotated[int, Field(ge=0)] = 1
+    num_layers_at_end_in_bf16: Annotated[int, Field(ge=0)] = 1
+
+    @property
+    def bf16_layers(self) -> tuple[bool, ...]:
+        """Per layer (from 0), whether it runs in BF16 in a quantized run
+        (``first_last_layers_bf16``; Megatron-Core's ``get_fp8_context`` /
+        ``get_fp4_context``): all False otherwise."""
+        L = self.num_layers_in_pattern
+        if not (self.quantized and self.first_last_layers_bf16):
+            return (False,) * L
+        start, end = self.num_layers_at_start_in_bf16, self.num_layers_at_end_in_bf16
+        return tuple(i < start or i >= L - end for i in range(L))
+
+    @property
+    def num_layers_in_pattern(self) -> int:
+        """Layers as :attr:`layer_kinds` counts them (a hybrid stack's symbols)."""
+        if self.hybrid_override_pattern is not None:
+            return len(self.hybrid_override_pattern)
+        return self.num_layers
 
     @property
     def ffn(self) -> int:
@@ -318,6 +343,24 @@ class TransformerSpec(Spec):
         """Precision of activations, memory-bound ops and communication: with ``fp8`` or
         ``fp4`` only the GEMMs run quantized (Transformer Engine); the rest stays bf16."""
         return "bf16" if self.quantized else self.precision
+
+    @model_validator(mode="after")
+    def _bf16_layers_fit(self) -> TransformerSpec:
+        if not self.first_last_layers_bf16:
+            return self
+        if not self.quantized:
+            raise ConfigError(
+                "keeps layers in BF16 in a quantized run; this workload's GEMMs are "
+                f"{self.precision} throughout", key="first_last_layers_bf16", value=True,
+                allowed="true with precision fp8 or fp4, else false")
+        L = self.num_layers_in_pattern
+        if self.num_layers_at_start_in_bf16 + self.num_layers_at_end_in_bf16 > L:
+            raise ConfigError(
+                f"with num_layers_at_start_in_bf16 = {self.num_layers_at_start_in_bf16}, more "
+                f"BF16 layers than the model's {L}", key="num_layers_at_end_in_bf16",
+                value=self.num_layers_at_end_in_bf16,
+                allowed=f"0 to {L - self.num_layers_at_start_in_bf16}")
+        return self
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> TransformerSpec:

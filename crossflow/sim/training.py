@@ -199,7 +199,7 @@ def transformer_iteration(
     fsdp_f, fsdp_b = _fsdp_layer_comm(network, fsdp, dense_params, expert_params,
                                       grad_reduce_bytes, sum(layers[::pp]) or 1, tp=tp,
                                       dp=dp, cp=cp, edp=edp)
-    # per kind of layer (``spec.layer_kinds``): (forward, backward) seconds and the
+    # per kind of layer (:func:`layer_kinds`): (forward, backward) seconds and the
     # communication hidden behind them
     kinds = {kind: _layer_times(bf, bb, overlap, cp_f, cp_b,
                                 ring_exposed(cp, kv_s, kv_dkv_s, bf.attention, bb.attention),
@@ -209,9 +209,11 @@ def transformer_iteration(
     # MoE one where there are MoE layers (a model mixing both is priced layer by layer on
     # the device, its host issue as if all its layers were of that kind); of a hybrid
     # stack, its most frequent kind, and a layer's time the mean over its layers
-    all_kinds = spec.layer_kinds
+    all_kinds = layer_kinds(spec)
     if spec.hybrid_override_pattern is None:
         rep_kind = "*E" if spec.moe else "*-"
+        if rep_kind not in kinds:  # every layer kept in BF16
+            rep_kind += BF16_MARK
         layer_f, layer_b, *_ = kinds[rep_kind]
     else:
         rep_kind = max(sorted(blocks), key=all_kinds.count)
@@ -475,7 +477,7 @@ def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float,
 def _chunk_kinds(spec, layers: list[int]) -> list[dict[str, int]]:
     """Layers of each kind in each pipeline chunk (chunks hold consecutive layers, first to
     last), the kinds in sorted order, a kind a chunk does not hold left out."""
-    pattern, out, start = spec.layer_kinds, [], 0
+    pattern, out, start = layer_kinds(spec), [], 0
     for n in layers:
         here = pattern[start:start + n]
         out.append({k: here.count(k) for k in sorted(set(here))})
@@ -534,7 +536,7 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int
     bytes per weight gradient of the accumulation into the gradient buffer
     (:func:`accum_bytes`)."""
     blocks = {}
-    for kind in sorted(set(spec.layer_kinds)):
+    for kind in sorted(set(layer_kinds(spec))):
         moe = "E" in kind
         *block, ends = _block_passes(arch, _one_block(spec, kind), tp, sp, coll, cp, ep,
                                      a2a if moe else 0.0, moe_efficiency, accum, etp,
@@ -628,15 +630,30 @@ def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int
                 software.sync != "none" and pp > 1)
 
 
+#: what :func:`layer_kinds` appends to the kind of a layer a quantized run keeps in BF16
+BF16_MARK = "#"
+
+
+def layer_kinds(spec) -> tuple[str, ...]:
+    """``spec.layer_kinds``, each layer a quantized run keeps in BF16
+    (``first_last_layers_bf16``) marked with :data:`BF16_MARK`: a kind of its own, priced
+    at BF16, so the pipeline stages that hold such layers take their time."""
+    return tuple(k + BF16_MARK if bf16 else k
+                 for k, bf16 in zip(spec.layer_kinds, spec.bf16_layers, strict=True))
+
+
 @lru_cache(maxsize=256)
 def _one_block(spec, kind: str = "*-"):
-    """The same model with one block of a kind (``layer_kinds``' symbols): all blocks of a
-    kind are alike, so one prices them all."""
+    """The same model with one block of a kind (:func:`layer_kinds`' symbols): all blocks of
+    a kind are alike, so one prices them all."""
+    one = {"num_layers": 1, "first_last_layers_bf16": False}
+    if kind.endswith(BF16_MARK):
+        kind = kind[:-1]
+        one["precision"] = spec.activation_precision
     if spec.hybrid_override_pattern is not None:
-        return spec.model_copy(update={"num_layers": 1, "hybrid_override_pattern": kind})
+        return spec.model_copy(update={**one, "hybrid_override_pattern": kind})
     if kind == "*-":
-        return spec.model_copy(update={"num_layers": 1, "num_moe_experts": None,
-                                       "moe_layer_freq": 1})
-    return spec.model_copy(update={"num_layers": 1, "moe_layer_freq": 1})
+        return spec.model_copy(update={**one, "num_moe_experts": None, "moe_layer_freq": 1})
+    return spec.model_copy(update={**one, "moe_layer_freq": 1})
 
 

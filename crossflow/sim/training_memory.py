@@ -167,7 +167,9 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
             # for the weight gradients: the qkv and fc1 inputs (layernorm outputs) and the
             # fc2 input take 1 byte (FP8) or 0.5625 (NVFP4) instead of 2 (the attention
             # output stays bf16: the flash backward reads it)
-            shed = 2 - BYTES_PER_ELEMENT[spec.precision]
+            # (averaged over the layers: those kept in BF16 save nothing)
+            bf16 = spec.bf16_layers
+            shed = (2 - BYTES_PER_ELEMENT[spec.precision]) * (1 - sum(bf16) / len(bf16))
             if spec.hybrid_override_pattern is None:
                 base -= shed * (2 / tp if sp else 2)
                 base -= shed * (share * quant_moe + (1 - share) * quant_dense) / tp

@@ -218,14 +218,27 @@ def _deepseek_case(r: dict[str, str]):
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 
+#: The layers Megatron-Bridge's NVFP4 recipes keep in BF16 (``first_last_layers_bf16``),
+#: model -> (num_layers_at_start_in_bf16, num_layers_at_end_in_bf16): Nemotron 3 Super's
+#: last 14 (src/megatron/bridge/training/mixed_precision.py,
+#: nemotron_3_super_bf16_with_nvfp4_mixed; the start count at MixedPrecisionConfig's 0)
+NVFP4_BF16_LAYERS = {"nemotron_3_super": (0, 14)}
+
+
 def _hybrid_case(r: dict[str, str]):
     """(TransformerSpec, parallelism dict) of a hybrid stack's row: its preset with the
-    row's run settings, expert parallelism as printed."""
+    row's run settings, expert parallelism as printed, in NVFP4 the layers the recipe keeps
+    in BF16 (:data:`NVFP4_BF16_LAYERS`)."""
     base = load_spec(HYBRID_PRESETS[r["model_key"]], "workloads")
+    bf16 = {}
+    if r["precision"] == "NVFP4" and r["model_key"] in NVFP4_BF16_LAYERS:
+        start, end = NVFP4_BF16_LAYERS[r["model_key"]]
+        bf16 = {"first_last_layers_bf16": True, "num_layers_at_start_in_bf16": start,
+                "num_layers_at_end_in_bf16": end}
     spec = TransformerSpec(**(base.model_dump() | {
         "seq_length": int(r["seq_length"]), "global_batch_size": int(r["global_batch_size"]),
         "micro_batch_size": int(r["micro_batch_size"]),
-        "precision": _precision(r)}))
+        "precision": _precision(r)} | bf16))
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 
@@ -453,11 +466,9 @@ MAX_MAPE_B200_MOE = 0.45
 def _blackwell_rows(name: str, moe: bool, fsdp: bool | None = None, nvfp4: bool = False
                     ) -> tuple[dict[str, str], ...]:
     """The rows of :data:`BLACKWELL`'s ``name`` the model can price: dense ones (those run
-    with FSDP or without where ``fsdp`` says which) or MoE and hybrid ones (the hybrids with
-    a preset, :data:`HYBRID_PRESETS`; no model of :data:`SKIPPED`); the NVFP4 runs alone
-    where ``nvfp4`` says so, else none of them.  The MoE NVFP4 runs (Nemotron 3 Super) keep
-    their last 14 layers in BF16 (Megatron-Bridge's ``num_layers_at_end_in_bf16``), which a
-    workload cannot say: none is priced."""
+    with FSDP or without where ``fsdp`` says which; the NVFP4 runs alone where ``nvfp4``
+    says so, else none of them) or MoE and hybrid ones in every precision (the hybrids with
+    a preset, :data:`HYBRID_PRESETS`; no model of :data:`SKIPPED`)."""
     file = BLACKWELL[name][0]
     if moe:
         rows = [*_published("moe", file),
@@ -466,7 +477,9 @@ def _blackwell_rows(name: str, moe: bool, fsdp: bool | None = None, nvfp4: bool 
     else:
         rows = [r for with_fsdp in (False, True) if fsdp in (None, with_fsdp)
                 for r in _published("dense", file, fsdp=with_fsdp)]
-    return tuple(r for r in rows if (r["precision"] == "NVFP4") == (nvfp4 and not moe))
+    if moe:
+        return tuple(rows)
+    return tuple(r for r in rows if (r["precision"] == "NVFP4") == nvfp4)
 
 
 def blackwell_fit_rows() -> tuple[dict[str, str], ...]:
