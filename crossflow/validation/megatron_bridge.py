@@ -307,24 +307,27 @@ def cp_rows() -> tuple[dict[str, str], ...]:
     return tuple(r for r in dense_rows() if _int(r["cp"]) > 1)
 
 
-def _rows(system, rows) -> tuple[tuple[Row, ...], tuple[tuple[str, str], ...]]:
+def _dataset(system, rows, what: str, source: str, max_mape: float, **tolerances) -> DataSet:
+    """``rows`` predicted on ``system`` as a data set of tokens/s per GPU, each row in its
+    precision group; its name ``training: NeMo / Megatron-Bridge`` + ``what``."""
     out, groups = [], []
     for r in rows:
         tps, note = predict_row(r, system)
         out.append(Row(label(r) + note, tps, float(r["tokens_per_s_per_gpu"])))
         groups.append((out[-1].label, group(r)))
-    return tuple(out), tuple(groups)
+    return DataSet(name=f"training: NeMo / Megatron-Bridge {what}", source=source,
+                   quantity="tokens/s per GPU", rows=tuple(out), max_mape=max_mape,
+                   group_of=tuple(groups), **{"min_spearman": 0.0} | tolerances)
 
 
 def dataset(system=SYSTEM, rows=None) -> DataSet:
     """The rows without context parallelism (the fit's), with the issue's tolerances."""
-    rows, groups = _rows(system, fit_rows() if rows is None else rows)
-    return DataSet(
-        name="training: NeMo / Megatron-Bridge pre-training on DGX H100, dense, tokens/s/GPU",
-        source=f"{FILE} (dense rows without context parallelism) on system {SYSTEM} (the "
-               "data its fitted constants are fitted to)",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE, min_spearman=MIN_SPEARMAN,
-        group_of=groups, max_group_bias=MAX_GROUP_BIAS)
+    return _dataset(
+        system, fit_rows() if rows is None else rows,
+        "pre-training on DGX H100, dense, tokens/s/GPU",
+        f"{FILE} (dense rows without context parallelism) on system {SYSTEM} (the data its "
+        "fitted constants are fitted to)",
+        MAX_MAPE, min_spearman=MIN_SPEARMAN, max_group_bias=MAX_GROUP_BIAS)
 
 
 #: Tolerance of the held-out context-parallel rows: issue #22's target (with Transformer
@@ -334,12 +337,9 @@ MAX_MAPE_CP = 0.10
 
 def cp_dataset(system=SYSTEM) -> DataSet:
     """The rows with context parallelism 2, predicted with the profile fitted without them."""
-    rows, groups = _rows(system, cp_rows())
-    return DataSet(
-        name="training: NeMo / Megatron-Bridge on DGX H100, context parallelism 2 (held out)",
-        source=f"{FILE} (dense rows with cp 2) on system {SYSTEM}, not fitted to",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_CP, min_spearman=0.0,
-        group_of=groups)
+    return _dataset(system, cp_rows(), "on DGX H100, context parallelism 2 (held out)",
+                    f"{FILE} (dense rows with cp 2) on system {SYSTEM}, not fitted to",
+                    MAX_MAPE_CP)
 
 
 #: Tolerance of the MoE rows (issue #22): MAPE
@@ -365,15 +365,13 @@ def moe_fit_rows() -> tuple[dict[str, str], ...]:
 def moe_dataset(system=SYSTEM, rows=None) -> DataSet:
     """The dropless MoE rows the MoE constants are fitted to (:func:`moe_fit_rows`), with
     issue #22's tolerance."""
-    rows, groups = _rows(system, moe_fit_rows() if rows is None else rows)
-    return DataSet(
-        name="training: NeMo / Megatron-Bridge on DGX H100, MoE (Qwen3, GPT-OSS), tokens/s/GPU",
-        source=f"{FILE} (dropless MoE rows; "
-               + (f"skipped: {', '.join(sorted(SKIPPED))}; " if SKIPPED else "")
-               + f"not fitted: {MOE_NOT_FITTED}) on system {SYSTEM} (the data its two MoE "
-               f"constants are fitted to)",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_MOE, min_spearman=0.0,
-        group_of=groups)
+    return _dataset(
+        system, moe_fit_rows() if rows is None else rows,
+        "on DGX H100, MoE (Qwen3, GPT-OSS), tokens/s/GPU",
+        f"{FILE} (dropless MoE rows; "
+        + (f"skipped: {', '.join(sorted(SKIPPED))}; " if SKIPPED else "")
+        + f"not fitted: {MOE_NOT_FITTED}) on system {SYSTEM} (the data its two MoE "
+        "constants are fitted to)", MAX_MAPE_MOE)
 
 
 #: Tolerance of every dropless MoE row, the two of MOE_NOT_FITTED included: a guard
@@ -383,13 +381,9 @@ MAX_MAPE_MOE_ALL = 0.20
 
 def moe_all_dataset(system=SYSTEM) -> DataSet:
     """Every dropless MoE row (:func:`moe_rows`), the unfitted ones included."""
-    rows, groups = _rows(system, moe_rows())
-    return DataSet(
-        name="training: NeMo / Megatron-Bridge on DGX H100, MoE, every dropless row",
-        source=f"{FILE} (dropless MoE rows, {MOE_NOT_FITTED} not fitted to) on system "
-               f"{SYSTEM}",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_MOE_ALL, min_spearman=0.0,
-        group_of=groups)
+    return _dataset(system, moe_rows(), "on DGX H100, MoE, every dropless row",
+                    f"{FILE} (dropless MoE rows, {MOE_NOT_FITTED} not fitted to) on system "
+                    f"{SYSTEM}", MAX_MAPE_MOE_ALL)
 
 
 #: Tolerance of the token-dropping rows, not fitted to: the every-row guard's
@@ -399,13 +393,10 @@ MAX_MAPE_TOKENDROP = MAX_MAPE_MOE_ALL
 def tokendrop_dataset(system=SYSTEM) -> DataSet:
     """The token-dropping MoE rows (:func:`tokendrop_rows`): capacity factor 1.0, padded
     (:data:`TOKENDROP_CAPACITY_FACTOR`), predicted with the constants fitted dropless."""
-    rows, groups = _rows(system, tokendrop_rows())
-    return DataSet(
-        name="training: NeMo / Megatron-Bridge on DGX H100, MoE token-dropping (capacity "
-             "1.0, padded; held out)",
-        source=f"{FILE} (25.09 (tokendrop) Qwen3 rows) on system {SYSTEM}, not fitted to",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_TOKENDROP,
-        min_spearman=0.0, group_of=groups)
+    return _dataset(system, tokendrop_rows(),
+                    "on DGX H100, MoE token-dropping (capacity 1.0, padded; held out)",
+                    f"{FILE} (25.09 (tokendrop) Qwen3 rows) on system {SYSTEM}, not fitted to",
+                    MAX_MAPE_TOKENDROP)
 
 
 #: Tolerance of the hybrid rows (not fitted to): the every-row MoE guard's
@@ -416,14 +407,10 @@ def hybrid_dataset(system=SYSTEM) -> DataSet:
     """The hybrid Mamba-2 stacks' runs (:func:`hybrid_rows`, Nemotron 3 Nano), held out:
     the Mamba-2 layers are priced from their kernels with the constants fitted on the dense
     and MoE rows, nothing fitted to these."""
-    rows, groups = _rows(system, hybrid_rows())
-    return DataSet(
-        name="training: NeMo / Megatron-Bridge on DGX H100, hybrid Mamba-2 + MoE + attention "
-             "(held out)",
-        source=f"{FILE} (Nemotron 3 Nano rows, preset nemotron-3-nano) on system {SYSTEM}, "
-               "not fitted to",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE_HYBRID,
-        min_spearman=0.0, group_of=groups)
+    return _dataset(system, hybrid_rows(),
+                    "on DGX H100, hybrid Mamba-2 + MoE + attention (held out)",
+                    f"{FILE} (Nemotron 3 Nano rows, preset nemotron-3-nano) on system "
+                    f"{SYSTEM}, not fitted to", MAX_MAPE_HYBRID)
 
 
 @cache
@@ -435,13 +422,9 @@ def fsdp_rows() -> tuple[dict[str, str], ...]:
 def fsdp_dataset(system=SYSTEM) -> DataSet:
     """The dense rows run with Megatron-FSDP, held out (the profile is fitted without them),
     with the dense rows' tolerance."""
-    rows, groups = _rows(system, fsdp_rows())
-    return DataSet(
-        name="training: NeMo / Megatron-Bridge on DGX H100, dense, Megatron-FSDP (held out)",
-        source=f"{FILE} (dense rows with FSDP > 0: ZeRO-3 over every data-parallel rank) on "
-               f"system {SYSTEM}, not fitted to",
-        quantity="tokens/s per GPU", rows=rows, max_mape=MAX_MAPE, min_spearman=0.0,
-        group_of=groups)
+    return _dataset(system, fsdp_rows(), "on DGX H100, dense, Megatron-FSDP (held out)",
+                    f"{FILE} (dense rows with FSDP > 0: ZeRO-3 over every data-parallel rank) "
+                    f"on system {SYSTEM}, not fitted to", MAX_MAPE)
 
 
 #: The Blackwell runs of the same pages, and the profiles that predict them: datasheet
@@ -523,19 +506,17 @@ def blackwell_dataset(name: str = "B200", moe: bool = False,
     Only GB200's dense FP8 runs without FSDP are fit data (of the one factor); every other
     set is held out."""
     file, preset = BLACKWELL[name]
-    rows, groups = _rows(preset, _blackwell_rows(name, moe, fsdp, nvfp4))
     fitted = name == "GB200" and not moe and fsdp is False and not nvfp4
     what = ("MoE and hybrid" if moe else
             "dense" + {None: "", False: " without FSDP", True: ", Megatron-FSDP"}[fsdp]
             + (", NVFP4" if nvfp4 else ""))
-    return DataSet(
-        name=f"training: NeMo / Megatron-Bridge on {name}, {what}"
-             + (" (fit data of the Blackwell factor)" if fitted else " (held out)"),
-        source=f"{file} (rows: {what}) on system {preset}, "
-               + ("the rows its one factor is fitted to" if fitted else "not fitted to"),
-        quantity="tokens/s per GPU", rows=rows,
-        max_mape=MAX_MAPE if fitted else MAX_MAPE_B200_MOE if moe else MAX_MAPE_B200,
-        min_spearman=0.0, group_of=groups)
+    return _dataset(
+        preset, _blackwell_rows(name, moe, fsdp, nvfp4),
+        f"on {name}, {what}" + (" (fit data of the Blackwell factor)" if fitted
+                                else " (held out)"),
+        f"{file} (rows: {what}) on system {preset}, "
+        + ("the rows its one factor is fitted to" if fitted else "not fitted to"),
+        MAX_MAPE if fitted else MAX_MAPE_B200_MOE if moe else MAX_MAPE_B200)
 
 
 def blackwell_datasets() -> list[DataSet]:
