@@ -137,9 +137,9 @@ def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]
     attention and an MoE layer, or one layer of a hybrid stack (``M``, ``*``, ``-``, ``E``);
     ``True`` / ``False`` are ``*E`` / ``*-``."""
     kind = {True: "*E", False: "*-"}.get(kind, kind)
-    fp8 = spec.quantized
+    quantized = spec.quantized
     if "M" in kind:  # a Mamba-2 mixer (MAMBA_OPS), its norm and residual named as attention's
-        return (("ln1",) + MAMBA_OPS[:-1] + (("out_cast",) if fp8 else ())
+        return (("ln1",) + MAMBA_OPS[:-1] + (("out_cast",) if quantized else ())
                 + ("out_proj", "proj_residual"))
     mixer: tuple[str, ...] = ()
     if "*" in kind:
@@ -149,12 +149,12 @@ def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]
             qkv = (MLA_OPS if spec.q_lora_rank else MLA_OPS_NO_Q_LORA) + ("rope",)
         else:
             qkv = ("qkv",) + (("rope",) if spec.position_embedding_type == "rope" else ())
-        mixer = (("ln1",) + qkv + attention + (("proj_cast",) if fp8 else ())
+        mixer = (("ln1",) + qkv + attention + (("proj_cast",) if quantized else ())
                  + ("proj", "proj_residual"))
     if "E" in kind:
         down, up = ((op,) if spec.moe_latent_size else () for op in MOE_LATENT_OPS)
         mlp = (MOE_ROUTER_OPS[:-1] + down + MOE_ROUTER_OPS[-1:]
-               + (("expert_cast",) if fp8 else ())
+               + (("expert_cast",) if quantized else ())
                + ("expert_fc1", "expert_act", "expert_fc2", "unpermute") + up
                + (("shared_fc1", "shared_act", "shared_fc2") if spec.shared_ffn else ()))
     elif "-" in kind:
@@ -318,7 +318,7 @@ class _Block:
             if op == "ln1":
                 g.rowwise(n, "layernorm", op, t, h, sp="rows", params=2 * h * own)
                 g.edge(x, n, act if own else "stash")
-                n = self._norm_cast(n, node("ln1_cast"), gp)
+                n = self._norm_cast(n, node("ln1_cast"))
             elif op == "qkv":
                 g.gemm(n, op, t, h, qkv_n, tp="n", params=(h * qkv_n + qkv_n) * own, **gp)
                 g.edge(get("ln1"), n, act)
@@ -355,9 +355,8 @@ class _Block:
                 g.edge(get("attn_dropout"), n, act)
                 g.edge(qkv_out(), n, act, t * q * self.bytes)
             elif op == "proj_cast":
-                g.elementwise(n, self.cast, t * q, inputs=self.cast_reads, outputs=self.cast_writes, **gp,
-                              flops_per_element=CAST_FLOPS, tp="elements")
-                g.edge(get("attn" if "attn" in self.ops else "av"), n, act)
+                self._quantize(n, t * q, get("attn" if "attn" in self.ops else "av"),
+                               tp="elements")
             elif op == "proj":
                 g.gemm(n, op, t, q, h, tp="k", params=(q * h + h) * own, **gp)
                 g.edge(get("proj_cast" if self.quantized else
@@ -371,7 +370,7 @@ class _Block:
                 g.rowwise(n, "layernorm", op, t, h, sp="rows", params=2 * h * own)
                 g.edge(ffn_input(), n, act)
                 if not self.moe:  # an MoE layer's router reads it in bf16
-                    n = self._norm_cast(n, node("ln2_cast"), gp)
+                    n = self._norm_cast(n, node("ln2_cast"))
             elif op == "mlp1":
                 g.gemm(n, op, t, h, f_in, tp="n", params=(h * f_in + f_in) * own, **gp)
                 g.edge(get("ln2"), n, act)
@@ -443,9 +442,7 @@ class _Block:
             g.edge(get("ssd_state"), n, act, t * di * nb)
             g.edge(get("in_proj"), n, act, t * di * nb)  # z
         elif op == "out_cast":
-            g.elementwise(n, self.cast, t * di, inputs=self.cast_reads, outputs=self.cast_writes, **gp,
-                          flops_per_element=CAST_FLOPS, tp="elements")
-            g.edge(get("mamba_norm"), n, act)
+            self._quantize(n, t * di, get("mamba_norm"), tp="elements")
         elif op == "out_proj":
             g.gemm(n, op, t, di, h, tp="k", params=di * h * own, **gp)
             g.edge(get("out_cast" if self.quantized else "mamba_norm"), n, act)
@@ -492,7 +489,9 @@ class _Block:
         gp = self.gemm_precision
 
         def cast(name: str, elements: int, grad: list[str], key: str) -> list[str]:
-            return [self._dy_cast(name, elements, grad[0], key)] + grad[1:] if self.quantized else grad
+            if not self.quantized:
+                return grad
+            return [self._dy_cast(name, elements, grad[0], key)] + grad[1:]
 
         def down_bwd(op: str, n: int, dout: list[str]) -> tuple[str, str]:
             # a replicated GEMM on this rank's sequence share: no tensor-parallel split
@@ -580,10 +579,8 @@ class _Block:
             g.edge(get("latent_down" if spec.moe_latent_size else "ln2"), n, act)
             g.edge(get("router_topk"), n, act, t * k * 4)
         elif op == "expert_cast":
-            g.elementwise(n, self.cast, rows * w, inputs=self.cast_reads, outputs=self.cast_writes, **gp,
-                          flops_per_element=CAST_FLOPS, sp="elements",
-                          expert_gathered="elements")
-            g.edge(get("permute"), n, act)
+            self._quantize(n, rows * w, get("permute"), sp="elements",
+                           expert_gathered="elements")
         elif op == "expert_fc1":
             g.gemm(n, op, me, w, f_in, count=E, sp="m", expert_tokens="m",
                    expert_width="n", **gp)
@@ -717,27 +714,32 @@ class _Block:
             wgrads += [sdw2, sdw1]
         return grads, wgrads
 
-    def _norm_cast(self, norm: str, name: str, gp: dict) -> str:
+    def _quantize(self, node: str, elements: int, src: str, *, outputs: int | None = None,
+                  edge: str = "act", **shard) -> str:
+        """Transformer Engine's quantization of ``src`` into the GEMM's format
+        (:data:`QUANTIZE`: its reads of the bf16 tensor and, unless ``outputs`` says, the
+        copies it writes), a node ``node`` sharded as ``shard`` says."""
+        self.g.elementwise(node, self.cast, elements, inputs=self.cast_reads,
+                           outputs=self.cast_writes if outputs is None else outputs,
+                           precision=self.gemm_precision, flops_per_element=CAST_FLOPS,
+                           **shard)
+        self.g.edge(src, node, edge)
+        return node
+
+    def _norm_cast(self, norm: str, name: str) -> str:
         """The node the norm-fed GEMMs read: ``norm`` itself, or under NVFP4 the separate
-        quantization of its output (:data:`QUANTIZE`), on each rank's own rows before the
-        sequence-parallel gather."""
+        quantization of its output, on each rank's own rows before the sequence-parallel
+        gather."""
         if not self.norm_cast:
             return norm
-        n = self.g.elementwise(name, self.cast, self.t * self.h, inputs=self.cast_reads,
-                               outputs=self.cast_writes, **gp, flops_per_element=CAST_FLOPS,
-                               sp="elements")
-        self.g.edge(norm, n, "act")
-        return n
+        return self._quantize(name, self.t * self.h, norm, sp="elements")
 
     def _dy_cast(self, name: str, elements: int, grad: str, key: str, **extra) -> str:
         """Transformer Engine's quantization of a GEMM's output gradient before the GEMM's
         dgrad and wgrad: read bf16 (FP8 once, NVFP4 twice: :data:`QUANTIZE`), write the
         quantized tensor and its (for NVFP4, rotated) transpose."""
-        n = self.g.elementwise(self.prefix + name + ".dY_cast", self.cast, elements,
-                               inputs=self.cast_reads, outputs=2, precision=self.gemm_precision,
-                               flops_per_element=CAST_FLOPS, **{key: "elements"}, **extra)
-        self.g.edge(grad, n, "grad")
-        return n
+        return self._quantize(self.prefix + name + ".dY_cast", elements, grad, outputs=2,
+                              edge="grad", **{key: "elements"}, **extra)
 
     def backward(self, x: str, dy: str, recompute: str) -> str:
         """Backward nodes; ``x`` is the block input, ``dy`` the node holding d(output).
