@@ -114,13 +114,12 @@ def predict(
     if unbuildable is not None:
         return infeasible(spec, str(getattr(hardware, "name", hardware)), str(unbuildable),
                           None)
-    if not arch.supports(spec.precision):
+    try:
         # before any pricing: a memory check would otherwise speak first, of a design that
         # cannot run on this device at any size
-        raise ConfigError(
-            f"{arch.name} has no {spec.precision} arithmetic for the workload "
-            f"{spec.name!r}", file=spec.source_file, key="precision", value=spec.precision,
-            allowed=", ".join(p for p, v in arch.peak_flops.items() if v > 0))
+        check_precision(arch, spec.precision)
+    except ConfigError as exc:
+        raise exc.with_file(spec.source_file) from None
     if spec.kind == "gemm" and parallelism is None:
         p = _predict_gemm(spec, arch)
     else:
@@ -159,7 +158,6 @@ def _same_device(hardware: Any, arch: MicroArch, device: str) -> bool:
 
 
 def _predict_gemm(spec, arch: MicroArch) -> Prediction:
-    check_precision(arch, spec.precision)
     b = BYTES_PER_ELEMENT[spec.precision]
     memory = float((spec.m * spec.k + spec.k * spec.n + spec.m * spec.n) * b)
     capacity = arch.main_memory.total_capacity_B

@@ -121,8 +121,8 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     # its 2·ffn-wide fc1 output and the ffn-wide SwiGLU output; GQA keeps smaller k, v.
     mlp = dense_mlp = moe_mlp = (6 if spec.gated_linear_unit else 4) * spec.ffn / h
     # the elements (per token and hidden unit) of the feed-forward GEMMs' inputs a quantized
-    # run saves in the GEMMs' format: a dense MLP's fc2 input; an MoE layer's permuted copies (the experts' fc1 input) and
-    # the experts' and the shared expert's fc2 inputs
+    # run saves in the GEMMs' format: a dense MLP's fc2 input; an MoE layer's permuted
+    # copies (the experts' fc1 input) and the experts' and the shared expert's fc2 inputs
     quant_dense = quant_moe = spec.ffn / h
     share = 0.0
     if spec.moe:
@@ -166,8 +166,8 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
             # Transformer Engine saves the quantized copies of the GEMM inputs it made anyway
             # for the weight gradients: the qkv and fc1 inputs (layernorm outputs) and the
             # fc2 input take 1 byte (FP8) or 0.5625 (NVFP4) instead of 2 (the attention
-            # output stays bf16: the flash backward reads it)
-            # (averaged over the layers: those kept in BF16 save nothing)
+            # output stays bf16: the flash backward reads it); averaged over the layers,
+            # those kept in BF16 (first_last_layers_bf16) saving nothing
             bf16 = spec.bf16_layers
             shed = (2 - BYTES_PER_ELEMENT[spec.precision]) * (1 - sum(bf16) / len(bf16))
             if spec.hybrid_override_pattern is None:
