@@ -329,6 +329,15 @@ class SystemSpec(Spec):
     def num_devices(self) -> int:
         return self.devices_per_node * self.num_nodes
 
+    def with_software(self, **fields) -> SystemSpec:
+        """The same system with ``fields`` of its software profile replaced (``overlap`` a
+        dict of the overlap fields to replace): what a calibration fit tries at each step,
+        copied without validation (the fits keep their values inside their bounds)."""
+        sw = self.software
+        if "overlap" in fields:
+            fields["overlap"] = sw.overlap.model_copy(update=fields["overlap"])
+        return self.model_copy(update={"software": sw.model_copy(update=fields)})
+
     @model_validator(mode="after")
     def _levels_fit(self) -> SystemSpec:
         for key in ("devices_per_node", "num_nodes"):  # each alone, then their product

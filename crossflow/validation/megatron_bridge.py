@@ -474,9 +474,8 @@ def with_blackwell_factor(alpha: float, name: str = "GB200"):
     """:data:`BLACKWELL`'s ``name`` system with the H100 profile's :data:`BLACKWELL_SCALED`
     efficiencies times ``alpha``."""
     h100 = load_spec(SYSTEM, "systems").software
-    base = load_spec(BLACKWELL[name][1], "systems")
-    return base.model_copy(update={"software": base.software.model_copy(update={
-        k: getattr(h100, k) * alpha for k in BLACKWELL_SCALED})})
+    return load_spec(BLACKWELL[name][1], "systems").with_software(
+        **{k: getattr(h100, k) * alpha for k in BLACKWELL_SCALED})
 
 
 def blackwell_loss(alpha: float) -> float:
@@ -537,12 +536,9 @@ MOE_FITTED = (("moe_efficiency", 0.1, 1.0), ("overlap.ep_comm", 0.0, 1.0))
 
 def with_moe_constants(values, base=None):
     """The profile's system with the MOE_FITTED constants set to ``values``."""
-    base = base or load_spec(SYSTEM, "systems")
-    sw = base.software
     efficiency, ep_comm = (float(v) for v in values)
-    return base.model_copy(update={"software": sw.model_copy(update={
-        "moe_efficiency": efficiency,
-        "overlap": sw.overlap.model_copy(update={"ep_comm": ep_comm})})})
+    return (base or load_spec(SYSTEM, "systems")).with_software(
+        moe_efficiency=efficiency, overlap={"ep_comm": ep_comm})
 
 
 def fit_moe() -> tuple[dict[str, float], DataSet, DataSet]:
@@ -585,15 +581,13 @@ FITTED = (("fp8_gemm_efficiency", 0.4, 0.9), ("attention_efficiency", 0.3, 0.75)
 
 def with_constants(values, base=None):
     """The profile's system with the FITTED constants set to ``values``."""
-    base = base or load_spec(SYSTEM, "systems")
-    sw = base.software
     update = {}
     for (name, *_), v in zip(FITTED, values, strict=True):
         if name == "overlap.tp_comm":
-            update["overlap"] = sw.overlap.model_copy(update={"tp_comm": float(v)})
+            update["overlap"] = {"tp_comm": float(v)}
         else:
             update[name] = float(v)
-    return base.model_copy(update={"software": sw.model_copy(update=update)})
+    return (base or load_spec(SYSTEM, "systems")).with_software(**update)
 
 
 def fit() -> tuple[dict[str, float], DataSet]:

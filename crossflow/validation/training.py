@@ -159,10 +159,9 @@ def fit_sc21_software(system: str = SYSTEM) -> tuple[float, float]:
     rows = _table2_ptd_rows()
 
     def loss(alpha: float) -> float:
-        sw = base.software.model_copy(update={
-            "gemm_efficiency": base.software.gemm_efficiency * alpha,
-            "memory_bound_efficiency": base.software.memory_bound_efficiency * alpha})
-        spec = base.model_copy(update={"software": sw})
+        spec = base.with_software(
+            gemm_efficiency=base.software.gemm_efficiency * alpha,
+            memory_bound_efficiency=base.software.memory_bound_efficiency * alpha)
         total = 0.0
         for model, tp, pp, dp, mb, measured, gpus in rows:
             t = _predict(model, tp=tp, pp=pp, dp=dp, vp=1, sp=False, recompute="full",

@@ -119,10 +119,9 @@ def fit_megatron_deepspeed(rows=None, rounds: int = 2) -> dict[str, float]:
     factor = base.software.gemm_efficiency / reference.gemm_efficiency
 
     def system_with(factor: float, host: dict[str, float]):
-        sw = base.software.model_copy(update={
-            **host, "gemm_efficiency": min(1.0, reference.gemm_efficiency * factor),
-            "memory_bound_efficiency": min(1.0, reference.memory_bound_efficiency * factor)})
-        return base.model_copy(update={"software": sw})
+        return base.with_software(
+            **host, gemm_efficiency=min(1.0, reference.gemm_efficiency * factor),
+            memory_bound_efficiency=min(1.0, reference.memory_bound_efficiency * factor))
 
     def error(system, pick) -> float:
         return float(np.mean([abs(np.log(r.predicted / r.measured))
@@ -170,7 +169,7 @@ def _main(argv: list[str]) -> None:  # pragma: no cover - a maintenance script
         else:
             print(f"  {name}: {value:.3f}")
     base = load_spec(SYSTEM, "systems")
-    spec = base.model_copy(update={"software": base.software.model_copy(update=fitted)})
+    spec = base.with_software(**fitted)
     rows = vtrain_rows()
     for title, pick in (("fitted (2 GPUs)", "2"), ("held out (4 GPUs)", "4"), ("all", None)):
         sel = [r for r in rows if pick is None or r["num_gpus"] == pick]
