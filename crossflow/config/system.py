@@ -329,7 +329,7 @@ class SystemSpec(Spec):
     def num_devices(self) -> int:
         return self.devices_per_node * self.num_nodes
 
-    def with_software(self, **fields) -> SystemSpec:
+    def with_software_fields(self, **fields) -> SystemSpec:
         """The same system with ``fields`` of its software profile replaced (``overlap`` a
         dict of the overlap fields to replace): what a calibration fit tries at each step,
         copied without validation (the fits keep their values inside their bounds)."""

@@ -474,7 +474,7 @@ def with_blackwell_factor(alpha: float, name: str = "GB200"):
     """:data:`BLACKWELL`'s ``name`` system with the H100 profile's :data:`BLACKWELL_SCALED`
     efficiencies times ``alpha``."""
     h100 = load_spec(SYSTEM, "systems").software
-    return load_spec(BLACKWELL[name][1], "systems").with_software(
+    return load_spec(BLACKWELL[name][1], "systems").with_software_fields(
         **{k: getattr(h100, k) * alpha for k in BLACKWELL_SCALED})
 
 
@@ -537,7 +537,7 @@ MOE_FITTED = (("moe_efficiency", 0.1, 1.0), ("overlap.ep_comm", 0.0, 1.0))
 def with_moe_constants(values, base=None):
     """The profile's system with the MOE_FITTED constants set to ``values``."""
     efficiency, ep_comm = (float(v) for v in values)
-    return (base or load_spec(SYSTEM, "systems")).with_software(
+    return (base or load_spec(SYSTEM, "systems")).with_software_fields(
         moe_efficiency=efficiency, overlap={"ep_comm": ep_comm})
 
 
@@ -587,7 +587,7 @@ def with_constants(values, base=None):
             update["overlap"] = {"tp_comm": float(v)}
         else:
             update[name] = float(v)
-    return (base or load_spec(SYSTEM, "systems")).with_software(**update)
+    return (base or load_spec(SYSTEM, "systems")).with_software_fields(**update)
 
 
 def fit() -> tuple[dict[str, float], DataSet]:

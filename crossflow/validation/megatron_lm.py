@@ -107,7 +107,7 @@ def datasets() -> list[DataSet]:
 
 def with_tail(seconds: float, base=None):
     """``dgx-h100-megatron-lm`` with its per-iteration tail set to ``seconds``."""
-    return (base or load_spec(SYSTEM, "systems")).with_software(iteration_s=seconds)
+    return (base or load_spec(SYSTEM, "systems")).with_software_fields(iteration_s=seconds)
 
 
 def fit_tail() -> float:

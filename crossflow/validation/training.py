@@ -159,7 +159,7 @@ def fit_sc21_software(system: str = SYSTEM) -> tuple[float, float]:
     rows = _table2_ptd_rows()
 
     def loss(alpha: float) -> float:
-        spec = base.with_software(
+        spec = base.with_software_fields(
             gemm_efficiency=base.software.gemm_efficiency * alpha,
             memory_bound_efficiency=base.software.memory_bound_efficiency * alpha)
         total = 0.0

@@ -119,7 +119,7 @@ def fit_megatron_deepspeed(rows=None, rounds: int = 2) -> dict[str, float]:
     factor = base.software.gemm_efficiency / reference.gemm_efficiency
 
     def system_with(factor: float, host: dict[str, float]):
-        return base.with_software(
+        return base.with_software_fields(
             **host, gemm_efficiency=min(1.0, reference.gemm_efficiency * factor),
             memory_bound_efficiency=min(1.0, reference.memory_bound_efficiency * factor))
 
@@ -169,7 +169,7 @@ def _main(argv: list[str]) -> None:  # pragma: no cover - a maintenance script
         else:
             print(f"  {name}: {value:.3f}")
     base = load_spec(SYSTEM, "systems")
-    spec = base.with_software(**fitted)
+    spec = base.with_software_fields(**fitted)
     rows = vtrain_rows()
     for title, pick in (("fitted (2 GPUs)", "2"), ("held out (4 GPUs)", "4"), ("all", None)):
         sel = [r for r in rows if pick is None or r["num_gpus"] == pick]
