@@ -158,18 +158,11 @@ class TransformerSpec(Spec):
         """Per layer (from 0), whether it runs in BF16 in a quantized run
         (``first_last_layers_bf16``; Megatron-Core's ``get_fp8_context`` /
         ``get_fp4_context``): all False otherwise."""
-        L = self.num_layers_in_pattern
+        L = self.num_layers
         if not (self.quantized and self.first_last_layers_bf16):
             return (False,) * L
         start, end = self.num_layers_at_start_in_bf16, self.num_layers_at_end_in_bf16
         return tuple(i < start or i >= L - end for i in range(L))
-
-    @property
-    def num_layers_in_pattern(self) -> int:
-        """Layers as :attr:`layer_kinds` counts them (a hybrid stack's symbols)."""
-        if self.hybrid_override_pattern is not None:
-            return len(self.hybrid_override_pattern)
-        return self.num_layers
 
     @property
     def ffn(self) -> int:
@@ -353,7 +346,7 @@ class TransformerSpec(Spec):
                 "keeps layers in BF16 in a quantized run; this workload's GEMMs are "
                 f"{self.precision} throughout", key="first_last_layers_bf16", value=True,
                 allowed="true with precision fp8 or fp4, else false")
-        L = self.num_layers_in_pattern
+        L = self.num_layers
         if self.num_layers_at_start_in_bf16 + self.num_layers_at_end_in_bf16 > L:
             raise ConfigError(
                 f"with num_layers_at_start_in_bf16 = {self.num_layers_at_start_in_bf16}, more "

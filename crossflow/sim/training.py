@@ -638,6 +638,8 @@ def layer_kinds(spec) -> tuple[str, ...]:
     """``spec.layer_kinds``, each layer a quantized run keeps in BF16
     (``first_last_layers_bf16``) marked with :data:`BF16_MARK`: a kind of its own, priced
     at BF16, so the pipeline stages that hold such layers take their time."""
+    if not spec.first_last_layers_bf16:  # the common case, on every prediction's path
+        return spec.layer_kinds
     return tuple(k + BF16_MARK if bf16 else k
                  for k, bf16 in zip(spec.layer_kinds, spec.bf16_layers, strict=True))
 
