@@ -26,6 +26,7 @@ from crossflow.config.loader import load_spec
 from crossflow.config.system import MAX_DEVICES, SWITCHED
 from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.parallel import Strategy, check_strategy, parse_parallelism
+from crossflow.parallel.spec import LAYOUT_GRAMMAR, parse_pipeline_layout
 from crossflow.prediction import Prediction, infeasible
 from crossflow.sim.graph_sim import graph_iteration, graph_memory
 from crossflow.sim.memory import capacity_problem, check_capacity
@@ -141,6 +142,8 @@ def _fitted(spec, par):
                 + ("" if spec.kind == "transformer" else " (transformers only)"))
         _check_experts(spec, par, strategy)
     checked, cp, extra = spec, 1, 0
+    if par is not None and par.pipeline_model_parallel_layout is not None:
+        _check_layout(spec, par)
     if par is not None and spec.kind == "transformer":
         cp, extra = par.context_parallel, sum(par.pipeline_extra_layers)
         if extra:  # the embedding / loss take layer slots of the split
@@ -148,6 +151,22 @@ def _fitted(spec, par):
     # the grid's d is data × context; the workload's batch is split over the data ranks only
     check_strategy(checked, replace(strategy, dp=strategy.dp // cp) if cp > 1 else strategy)
     return spec, strategy, par
+
+
+def _check_layout(spec, par) -> None:
+    """The pipeline layout holds the workload's decoder layers and MTP depths (Megatron-
+    Core's ``validate_layer_layout``)."""
+    layout = parse_pipeline_layout(par.pipeline_model_parallel_layout)
+    have = (getattr(spec, "num_layers", None), getattr(spec, "mtp_num_layers", 0))
+    if spec.kind != "transformer" or (sum(layout.decoder), layout.mtp) != have:
+        raise ConfigError(
+            f"the layout holds {sum(layout.decoder)} decoder layers (t) and {layout.mtp} MTP "
+            f"depths (m); the workload has "
+            + (f"num_layers {have[0]} and mtp_num_layers {have[1]}"
+               if spec.kind == "transformer" else
+               f"no layers (a {spec.kind})"),
+            key="pipeline_model_parallel_layout", value=par.pipeline_model_parallel_layout,
+            allowed=f"num_layers t and mtp_num_layers m ({LAYOUT_GRAMMAR})")
 
 
 def _check_experts(spec, par, strategy) -> None:

@@ -152,6 +152,19 @@ class TransformerSpec(Spec):
     first_last_layers_bf16: bool = False
     num_layers_at_start_in_bf16: Annotated[int, Field(ge=0)] = 1
     num_layers_at_end_in_bf16: Annotated[int, Field(ge=0)] = 1
+    #: multi-token prediction (``--mtp-num-layers``; DeepSeek-V3, Nemotron 3): after the
+    #: decoder, each of ``mtp_num_layers`` depths embeds the inputs shifted once more,
+    #: normalises them and the previous depth's hidden states, projects their concatenation
+    #: (2h -> h), runs one MTP layer and the shared output head and loss; on the last
+    #: pipeline stage (Megatron-Core's placement without a pipeline layout).  0: none
+    mtp_num_layers: Annotated[int, Field(ge=0)] = 0
+    #: one MTP layer's parameters for every depth (``mtp_use_repeated_layer``; the depths
+    #: still run one after another)
+    mtp_use_repeated_layer: bool = False
+    #: the layers of one MTP depth in a hybrid stack, as symbols of
+    #: ``hybrid_override_pattern`` (``mtp_hybrid_override_pattern``; Nemotron 3's "*E");
+    #: a GPT model's MTP layer is a layer of the decoder's last kind
+    mtp_hybrid_override_pattern: str | None = None
 
     @property
     def bf16_layers(self) -> tuple[bool, ...]:
@@ -163,6 +176,18 @@ class TransformerSpec(Spec):
             return (False,) * L
         start, end = self.num_layers_at_start_in_bf16, self.num_layers_at_end_in_bf16
         return tuple(i < start or i >= L - end for i in range(L))
+
+    @property
+    def mtp_layer_kinds(self) -> tuple[str, ...]:
+        """The layers of one MTP depth, as :attr:`layer_kinds` names them (empty without
+        MTP): a hybrid stack's ``mtp_hybrid_override_pattern``, or one layer of the
+        decoder's last kind (Megatron-Core builds the MTP layer from the last layer's
+        spec)."""
+        if not self.mtp_num_layers:
+            return ()
+        if self.hybrid_override_pattern is not None:
+            return tuple(self.mtp_hybrid_override_pattern)
+        return self.layer_kinds[-1:]
 
     @property
     def ffn(self) -> int:
@@ -356,6 +381,33 @@ class TransformerSpec(Spec):
         return self
 
     @model_validator(mode="after")
+    def _mtp_fits(self) -> TransformerSpec:
+        pattern, key = self.mtp_hybrid_override_pattern, "mtp_hybrid_override_pattern"
+        if self.hybrid_override_pattern is None:
+            if pattern is not None:
+                raise ConfigError(
+                    "an MTP pattern names the layers of a hybrid stack's MTP depth; this "
+                    "model has no hybrid_override_pattern (its MTP layer is a layer of the "
+                    "decoder's last kind)", key=key, value=pattern,
+                    allowed="null, or set hybrid_override_pattern")
+            return self
+        if self.mtp_num_layers and not pattern:
+            raise ConfigError(
+                "a hybrid stack's MTP depth needs its layers (Megatron-LM refuses a hybrid "
+                "model with --mtp-num-layers but no MTP pattern)", key=key, value=pattern,
+                allowed='symbols of hybrid_override_pattern, e.g. "*E" (Nemotron 3)')
+        odd = sorted(set(pattern or "") - set(HYBRID_SYMBOLS))
+        if odd:
+            raise ConfigError(
+                f"{', '.join(repr(c) for c in odd)} is no layer symbol", key=key,
+                value=pattern, allowed="M (Mamba-2), * (attention), - (MLP), E (MoE)")
+        if "E" in (pattern or "") and self.num_moe_experts is None:
+            raise ConfigError(
+                "an E layer is an MoE layer, and the model has no experts", key=key,
+                value=pattern, allowed="M, * or - layers, or set num_moe_experts")
+        return self
+
+    @model_validator(mode="after")
     def _shapes_fit(self) -> TransformerSpec:
         mla_keys = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                     "v_head_dim")
@@ -439,7 +491,8 @@ class TransformerSpec(Spec):
                 key=key, value=pattern,
                 allowed="M (Mamba-2), * (attention), - (MLP), E (MoE), e.g. M-M*- (not "
                 "Megatron-LM's | pipeline or / multi-token-prediction separators: the "
-                "pipeline splits the layers evenly, and MTP layers are not modelled)")
+                "pipeline splits the layers evenly, and an MTP depth's layers are "
+                "mtp_num_layers and mtp_hybrid_override_pattern)")
         if len(pattern) != self.num_layers:
             raise ConfigError(
                 f"one symbol per layer, but {len(pattern)} symbols for num_layers "

@@ -22,6 +22,8 @@ full) that override the workload's, and Megatron-FSDP (``use_megatron_fsdp`` wit
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -96,6 +98,13 @@ class ParallelismSpec(Spec):
     #: one layer fewer; (num_layers + the accounted ones) must divide evenly
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    #: Megatron-LM's ``--pipeline-model-parallel-layout``: each model chunk's layers, chunks
+    #: in layer order separated by ``|`` — ``E`` the embedding, ``t`` a decoder layer, ``m``
+    #: a multi-token-prediction depth, ``L`` the loss; ``(…)*n`` and ``x*n`` repeat, commas
+    #: are cosmetic (DeepSeek-V3's recipe on 8 × 4 chunks: ``Et|(tt|)*30mL``).  Priced when
+    #: the chunks between the first and the last hold equal numbers of decoder layers and
+    #: the MTP depths sit with the loss (:func:`parse_pipeline_layout`)
+    pipeline_model_parallel_layout: str | None = None
     #: Megatron's ``--use-megatron-fsdp``: the data-parallel (× context) ranks run
     #: Megatron-FSDP, which shards what ``data_parallel_sharding_strategy`` names
     use_megatron_fsdp: bool = False
@@ -109,7 +118,11 @@ class ParallelismSpec(Spec):
 
     @property
     def pipeline_extra_layers(self) -> tuple[int, int]:
-        """(first chunk, last chunk) layer slots taken by the embedding and the loss."""
+        """(first chunk, last chunk) layer slots the decoder layers leave to other work: the
+        embedding and the loss when accounted for, or what the pipeline layout gives the
+        first and last chunk fewer than the others (more: negative)."""
+        if self.pipeline_model_parallel_layout is not None:
+            return parse_pipeline_layout(self.pipeline_model_parallel_layout).extra_layers
         return (int(self.account_for_embedding_in_pipeline_split),
                 int(self.account_for_loss_in_pipeline_split))
 
@@ -169,12 +182,33 @@ class ParallelismSpec(Spec):
                               key="data_parallel_sharding_strategy",
                               value=self.data_parallel_sharding_strategy,
                               allowed="use_megatron_fsdp: true beside it, or no such key")
+        if self.pipeline_model_parallel_layout is not None:
+            self._check_layout()
         if self.virtual_pipeline_stages > 1 and self.schedule != "1f1b":
             raise ConfigError("interleaved virtual stages run the 1F1B schedule (SC21 "
                               "§2.2.2)", key="virtual_pipeline_stages",
                               value=self.virtual_pipeline_stages, allowed="schedule: 1f1b")
         self.to_strategy()
         return self
+
+    def _check_layout(self) -> None:
+        key, layout = "pipeline_model_parallel_layout", self.pipeline_model_parallel_layout
+        accounted = [k for k in ("account_for_embedding_in_pipeline_split",
+                                 "account_for_loss_in_pipeline_split") if getattr(self, k)]
+        if accounted:
+            raise ConfigError(
+                f"the layout places the embedding and the loss itself; {accounted[0]} is "
+                "Megatron's other way of splitting", key=key, value=layout,
+                allowed="the layout alone, or the account_for_* keys alone")
+        chunks = len(parse_pipeline_layout(layout).decoder)
+        strategy = self.to_strategy()
+        if chunks != strategy.pp * strategy.vp:
+            raise ConfigError(
+                f"the layout has {chunks} model chunks (| separates them) for "
+                f"pipeline_parallel × virtual_pipeline_stages = {strategy.pp} × "
+                f"{strategy.vp} (Megatron-Core: its length must divide by the pipeline size, "
+                "the quotient being the virtual stages)", key=key, value=layout,
+                allowed=f"{strategy.pp * strategy.vp} chunks")
 
     def _check_context_parallel(self) -> None:
         """With a strategy name (a search's design), the grid's d is data × context: the
@@ -301,3 +335,62 @@ def _name_fields(source: str, not_a_preset: ConfigError | None) -> dict:
 
 # Parallelism files (kind may be left out: loader.DEFAULT_KINDS) validate here.
 register_kind("parallelism", "parallelism", ParallelismSpec)
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """A parsed ``pipeline_model_parallel_layout``: decoder layers per chunk (layer order)
+    and MTP depths (all in the last chunk, beside the loss)."""
+
+    decoder: tuple[int, ...]
+    mtp: int
+
+    @property
+    def extra_layers(self) -> tuple[int, int]:
+        """The (first, last) chunk's layers fewer than a middle chunk's, as
+        :func:`~crossflow.sim.training_memory.chunk_layers` takes them."""
+        first, *middle, last = self.decoder if len(self.decoder) > 1 else (*self.decoder, 0)
+        per = middle[0] if middle else max(first, last)
+        return (per - first, per - last) if len(self.decoder) > 1 else (0, 0)
+
+
+_REPEAT = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+LAYOUT_GRAMMAR = ("chunks in layer order separated by |, each of E (embedding, first), t "
+                  "(decoder layer), m (MTP depth, in the last chunk), L (loss, last); (…)*n "
+                  "and x*n repeat, e.g. Et|(tt|)*30mL")
+
+
+@lru_cache(maxsize=64)
+def parse_pipeline_layout(layout: str) -> PipelineLayout:
+    """Megatron-LM's layout string (``PipelineParallelLayerLayout.parse_str_to_list``: commas
+    dropped, ``(…)*n`` then ``x*n`` unrolled, ``|`` between chunks), checked as its
+    ``validate_layer_layout`` does — the embedding first, the loss last, once each — and
+    for what CrossFlow prices: the middle chunks' decoder layers equal (the split
+    :func:`~crossflow.sim.training_memory.chunk_layers` describes), the MTP depths in the
+    last chunk."""
+    key = "pipeline_model_parallel_layout"
+    text = layout.replace(",", "")
+    for pattern in _REPEAT:
+        text = pattern.sub(lambda m: m.group(1) * int(m.group(2)), text)
+    chunks = text.split("|")
+    odd = sorted(set(text) - set("EtmL|"))
+    flat = "".join(chunks)
+    if odd or not flat:
+        raise ConfigError(f"{', '.join(map(repr, odd)) or 'nothing'} is no layer of a layout",
+                          key=key, value=layout, allowed=LAYOUT_GRAMMAR)
+    if flat[0] != "E" or flat[-1] != "L" or flat.count("E") != 1 or flat.count("L") != 1:
+        raise ConfigError("the embedding comes first and the loss last, once each "
+                          "(Megatron-Core's validate_layer_layout)", key=key, value=layout,
+                          allowed=LAYOUT_GRAMMAR)
+    if "m" in "".join(chunks[:-1]):
+        raise ConfigError("CrossFlow prices the MTP depths on the last chunk, beside the "
+                          "loss (Megatron-Core's placement without a layout)", key=key,
+                          value=layout, allowed="every m in the last chunk")
+    decoder = tuple(c.count("t") for c in chunks)
+    if len(set(decoder[1:-1])) > 1:
+        raise ConfigError(
+            f"chunks between the first and the last hold {sorted(set(decoder[1:-1]))} decoder "
+            "layers; CrossFlow prices pipelines whose middle chunks are alike (the first "
+            "and last may differ)", key=key, value=layout,
+            allowed="equal t counts in every chunk but the first and last")
+    return PipelineLayout(decoder, flat.count("m"))

@@ -28,12 +28,30 @@ def spec_model_flops(spec, recompute: bool = False) -> float:
     """:func:`model_flops` of a TransformerSpec; with MoE layers, :func:`moe_model_flops`;
     of a hybrid stack, :func:`hybrid_model_flops`."""
     if spec.hybrid_override_pattern is not None:
-        return hybrid_model_flops(spec, recompute)
-    if spec.moe or spec.multi_latent_attention:
-        return moe_model_flops(spec, recompute)
-    return model_flops(spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size,
-                       spec.global_batch_size, spec.ffn, recompute, qkv=spec.qkv_width,
-                       q=spec.q_width, ffn_in=spec.mlp_in_width)
+        base = hybrid_model_flops(spec, recompute)
+    elif spec.moe or spec.multi_latent_attention:
+        base = moe_model_flops(spec, recompute)
+    else:
+        base = model_flops(spec.num_layers, spec.hidden_size, spec.seq_length,
+                           spec.vocab_size, spec.global_batch_size, spec.ffn, recompute,
+                           qkv=spec.qkv_width, q=spec.q_width, ffn_in=spec.mlp_in_width)
+    return base + mtp_model_flops(spec, recompute)
+
+
+def mtp_model_flops(spec, recompute: bool = False) -> float:
+    """The multi-token-prediction depths' model FLOPs, as Megatron-LM's
+    ``num_floating_point_operations`` counts them: per depth its layers (each as a layer of
+    its kind), its norms and 2h -> h projection (2·(3h + 2h²) per token) and another
+    logits GEMM (2·h·V); backward twice the forward."""
+    if not spec.mtp_num_layers:
+        return 0.0
+    h, tokens = spec.hidden_size, spec.global_batch_size * spec.seq_length
+    per = _per_token(spec)
+    layers = spec.mtp_num_layers * tokens * sum(
+        per[symbol] for kind in spec.mtp_layer_kinds for symbol in kind)
+    forward = layers + spec.mtp_num_layers * tokens * (
+        2 * (3 * h + 2 * h * h) + 2 * h * spec.vocab_size)
+    return 3 * forward + (layers if recompute else 0)
 
 
 def _per_token(spec) -> dict[str, float]:
@@ -42,11 +60,15 @@ def _per_token(spec) -> dict[str, float]:
     width) and their products with the values (heads × v width) over the whole s × s, a
     dense MLP, an MoE layer (its router, the active experts and the shared expert)."""
     h, s, a = spec.hidden_size, spec.seq_length, spec.num_attention_heads
-    return {
+    per = {
         "*": 2 * spec.attention_macs + 2 * s * a * (spec.qk_dim + spec.head_dim),
         "-": 2 * (h * spec.mlp_in_width + spec.ffn * h),
         "E": 2 * spec.moe_macs,
     }
+    if spec.hybrid_override_pattern is not None:
+        di = spec.mamba_inner
+        per["M"] = 2 * h * spec.mamba_in_width + 7 * di * spec.mamba_state_dim + 2 * di * h
+    return per
 
 
 def hybrid_model_flops(spec, recompute: bool = False) -> float:
@@ -56,9 +78,7 @@ def hybrid_model_flops(spec, recompute: bool = False) -> float:
     projection (2·d_inner·h), with d_inner the model's heads × head width where Megatron-LM
     takes 2·h — and the logits; backward twice the forward."""
     h, s, B, V = spec.hidden_size, spec.seq_length, spec.global_batch_size, spec.vocab_size
-    di = spec.mamba_inner
     per = _per_token(spec)
-    per["M"] = 2 * h * spec.mamba_in_width + 7 * di * spec.mamba_state_dim + 2 * di * h
     layers_forward = B * s * sum(per[c] for c in spec.hybrid_override_pattern)
     forward = layers_forward + B * s * 2 * h * V
     return 3 * forward + (layers_forward if recompute else 0)

@@ -257,13 +257,16 @@ def transformer_iteration(
     device_tail = dp_time + emb_time + opt
     host_tail = software.iteration_s if host is not None else 0.0
     total = pipe.makespan_s + max(device_tail, host_tail)
-    blocks_J = sum(all_kinds.count(kind) * (bf.energy_J + bb.energy_J)
+    every = all_kinds + mtp_kinds(spec) * spec.mtp_num_layers
+    blocks_J = sum(every.count(kind) * (bf.energy_J + bb.energy_J)
                    for kind, (bf, bb) in blocks.items())
     energy = _energy(arch, spec, tp=tp, pp=pp, dp=dp, m=m, blocks_J=blocks_J,
                      ends=ends, stage_params=optimized, adam_J=adam.energy_J)
-    micro = m * vp * per_chunk  # layer passes per device per iteration, for the breakdown
+    # layer passes per device per iteration, for the breakdown (the first device's: the MTP
+    # layers' too when it holds the last chunk)
+    micro = m * (vp * per_chunk + (len(mtp_kinds(spec)) * spec.mtp_num_layers if pp == 1 else 0))
     # the first device's chunks: what share of its layers is of each kind (the first: the rest)
-    here = max(1, sum(layers[::pp]))
+    here = max(1, sum(sum(c.values()) for c in per_chunk_kinds[::pp]))
     first, *others = blocks
     share = {k: sum(c.get(k, 0) for c in per_chunk_kinds[::pp]) / here for k in others}
     share[first] = 1.0 - sum(share.values())
@@ -482,6 +485,11 @@ def _chunk_kinds(spec, layers: list[int]) -> list[dict[str, int]]:
         here = pattern[start:start + n]
         out.append({k: here.count(k) for k in sorted(set(here))})
         start += n
+    if spec.mtp_num_layers:  # the MTP depths' layers run on the last chunk, after the head
+        last = dict(out[-1])
+        for kind in mtp_kinds(spec):
+            last[kind] = last.get(kind, 0) + spec.mtp_num_layers
+        out[-1] = dict(sorted(last.items()))
     return out
 
 
@@ -536,7 +544,7 @@ def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int
     bytes per weight gradient of the accumulation into the gradient buffer
     (:func:`accum_bytes`)."""
     blocks = {}
-    for kind in sorted(set(layer_kinds(spec))):
+    for kind in sorted(set(layer_kinds(spec)) | set(mtp_kinds(spec))):
         moe = "E" in kind
         *block, ends = _block_passes(arch, _one_block(spec, kind), tp, sp, coll, cp, ep,
                                      a2a if moe else 0.0, moe_efficiency, accum, etp,
@@ -588,8 +596,26 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
                           accum, gather=gather)
     emb_f = price_nodes(arch, groups[(-1, False)], vocab_comm, on)
     emb_b = price_nodes(arch, groups[(-1, True)])
-    head_f = price_nodes(arch, groups[(1, False)])
-    head_b = price_nodes(arch, groups[(1, True)], vocab_comm, on, accum_bytes=accum)
+    head_f, head_b = groups[(1, False)], groups[(1, True)]
+    # Multi-token prediction: each depth after the decoder's head (the last chunk) embeds
+    # the shifted inputs, projects, and runs the shared head and loss again (its layers are
+    # layers of their kinds, :func:`_chunk_kinds`).  Its column-parallel projection
+    # gathers its 2h-wide input under sequence parallelism and gathers its output across
+    # the tensor-parallel group (gather_from_tensor_model_parallel_region); backward, the
+    # scatter's gather and the input gradient's reduce-scatter (an all-reduce without
+    # sequence parallelism)
+    D = spec.mtp_num_layers
+    comm_f = comm_b = 0.0
+    if D:
+        proj_f = coll("all_gather", 3 * act) if sp else coll("all_gather", act)
+        proj_b = (coll("all_gather", act) + coll("reduce_scatter", 2 * act) if sp
+                  else coll("all_reduce", 2 * act))
+        head_f = head_f + D * (groups[(-1, False)] + groups[(2, False)] + head_f)
+        head_b = head_b + D * (groups[(-1, True)] + groups[(2, True)] + head_b)
+        comm_f, comm_b = D * (vocab_comm + proj_f), D * (vocab_comm + proj_b)
+    head_f = price_nodes(arch, head_f, comm_f, on * D * (3 if sp else 2))
+    head_b = price_nodes(arch, head_b, vocab_comm + comm_b, on * (1 + D * (3 if sp else 2)),
+                         accum_bytes=accum)
     return block_f, block_b, (emb_f, emb_b, head_f, head_b)
 
 
@@ -642,6 +668,15 @@ def layer_kinds(spec) -> tuple[str, ...]:
         return spec.layer_kinds
     return tuple(k + BF16_MARK if bf16 else k
                  for k, bf16 in zip(spec.layer_kinds, spec.bf16_layers, strict=True))
+
+
+def mtp_kinds(spec) -> tuple[str, ...]:
+    """The layers of one multi-token-prediction depth as :func:`layer_kinds` names them
+    (``spec.mtp_layer_kinds``), in BF16 in an NVFP4 run: Megatron-Core's MTP layer takes
+    the FP8 context only (multi_token_prediction.py: "currently ignoring FP4 in MTP
+    layers")."""
+    mark = BF16_MARK if spec.precision == "fp4" else ""
+    return tuple(kind + mark for kind in spec.mtp_layer_kinds)
 
 
 @lru_cache(maxsize=256)

@@ -9,7 +9,7 @@ after Korthikanti et al. 2022, and the per-stage layer and parameter split
 from __future__ import annotations
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT
-from crossflow.workloads.transformer import block_params, layer_params
+from crossflow.workloads.transformer import block_params, layer_params, mtp_params
 
 #: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
 #: fp32 moments per parameter (12 B) beside the fp16 weight (2 B) and gradient (2 B)
@@ -50,9 +50,11 @@ def stage_parameter_split(spec, *, tp: int, pp: int, extra_layers: tuple[int, in
     does (Megatron-Core's expert grid)."""
     L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
     counts = chunk_layers(L, pp * vp, extra_layers)
+    # the MTP block sits on the last stage: on this device when it is the only one
+    mtp_dense, mtp_expert = mtp_params(spec) if pp == 1 else (0, 0)
     if not spec.moe and spec.hybrid_override_pattern is None:
         first = sum(counts[::pp])  # the first device's chunks
-        return first * block_params(spec) / tp + V * h / tp, 0.0
+        return (first * block_params(spec) + mtp_dense) / tp + V * h / tp, 0.0
     starts = [sum(counts[:i]) for i in range(len(counts))]
     dense = expert = 0.0
     for c in range(0, len(counts), pp):
@@ -60,7 +62,7 @@ def stage_parameter_split(spec, *, tp: int, pp: int, extra_layers: tuple[int, in
             d, e = layer_params(spec, layer)
             dense += d
             expert += e
-    return dense / tp + V * h / tp, expert / (ep * etp)
+    return (dense + mtp_dense) / tp + V * h / tp, (expert + mtp_expert) / (ep * etp)
 
 
 def grad_bytes(software) -> int:
@@ -185,7 +187,10 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         in_flight = pp * (1 + (pp - 1) / (pp * vp))
     else:
         in_flight = min(pp, m)
-    activations = per_layer * (L / pp) * in_flight / cp  # a rank holds 1/cp of each sequence
+    # a rank holds 1/cp of each sequence; the MTP layers are on the last stage (this device
+    # when it is the only one)
+    held = L / pp + (spec.mtp_num_layers * len(spec.mtp_layer_kinds) if pp == 1 else 0)
+    activations = per_layer * held * in_flight / cp
     shard = dp * cp if zero1 else 1
     dense, expert = stage_params
     # the experts' optimizer state is sharded over their own data-parallel ranks

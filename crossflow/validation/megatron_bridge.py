@@ -94,7 +94,8 @@ SKIPPED: dict[str, str] = {
                          "blocks, hash-routed layers) is not a layer the workload has"}
 #: Hybrid stacks (model_architectures.csv type "hybrid …") -> the workload preset that
 #: spells out their pattern and Mamba-2 widths (the table gives them as prose)
-HYBRID_PRESETS = {"nemotron_3_nano": "nemotron-3-nano", "nemotron_3_super": "nemotron-3-super"}
+HYBRID_PRESETS = {"nemotron_3_nano": "nemotron-3-nano", "nemotron_3_super": "nemotron-3-super",
+                  "nemotron_3_5_lightning": "nemotron-3.5-lightning"}
 
 
 def _tokendrop(r: dict[str, str]) -> bool:
@@ -194,28 +195,36 @@ def _parallelism(r: dict[str, str], num_layers: int) -> dict:
     return par
 
 
-#: The DeepSeek-V3 run's multi-token-prediction module, priced as one more MoE decoder
-#: layer after the 61: Megatron-Bridge 25.09's H100 setting
-#: (scripts/performance/run_script.py at fa0315ae2) lays the model out as
-#: ``Et|(tt|)*30mL`` — the embedding and one layer, 30 chunks of two layers, then the MTP
-#: layer and the loss — which is Megatron-Core's split of 61 + 1 layers over 8 × 4 chunks
-#: with the embedding and the loss counted as a layer each.  The MTP module's own
-#: projection (2h → h), its two norms and its second output head and loss are not priced.
-DEEPSEEK_MTP_LAYERS = 1
+#: DeepSeek-V3's pipeline layouts (``pipeline_model_parallel_layout``), (pipeline, virtual
+#: stages) -> the decoder layers of the first chunk, of each middle chunk and of the last,
+#: which also holds the MTP depth and the loss: Megatron-Bridge's
+#: ``_get_deepseek_v3_pipeline_layout`` (src/megatron/bridge/recipes/deepseek/h100/
+#: deepseek_v3.py at 067f987df), and for 8 × 4 chunks the 25.09 H100 run's ``Et|(tt|)*30mL``
+#: (scripts/performance/run_script.py at fa0315ae2)
+DEEPSEEK_LAYOUTS = {(4, 1): (16, 16, 13), (8, 1): (8, 8, 5), (4, 2): (8, 8, 5),
+                    (16, 1): (4, 4, 1), (8, 2): (4, 4, 1), (4, 4): (4, 4, 1), (8, 4): (1, 2, 0)}
 
 
 def _deepseek_case(r: dict[str, str]):
     """(TransformerSpec, parallelism dict) of a DeepSeek-V3 row: the ``deepseek-v3`` preset
-    (model_architectures.csv's row, MLA with its widths) with the row's run settings and
-    :data:`DEEPSEEK_MTP_LAYERS`."""
+    (model_architectures.csv's row, MLA with its widths, the recipe's one MTP depth; none
+    where the table says "w/o MTP") with the row's run settings, laid out over the pipeline
+    as the recipe does (:data:`DEEPSEEK_LAYOUTS`)."""
     base = load_spec("deepseek-v3", "workloads")
     spec = TransformerSpec(**(base.model_dump() | {
-        "num_layers": base.num_layers + DEEPSEEK_MTP_LAYERS,
-        "moe_layer_freq": base.moe_layer_freq + (1,) * DEEPSEEK_MTP_LAYERS,
+        "mtp_num_layers": 0 if "w/o MTP" in r["model"] else base.mtp_num_layers,
         "seq_length": int(r["seq_length"]), "global_batch_size": int(r["global_batch_size"]),
         "micro_batch_size": int(r["micro_batch_size"]),
         "precision": _precision(r)}))
-    return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
+    pp, vp = int(r["pp"]), _int(r["vp"])
+    first, middle, last = DEEPSEEK_LAYOUTS[pp, vp]
+    chunks = pp * vp
+    layout = (f"E{'t' * first}|({'t' * middle}|)*{chunks - 2}"
+              f"{'t' * last}{'m' * spec.mtp_num_layers}L")  # e.g. Et|(tt|)*30mL
+    par = _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
+    par.pop("account_for_embedding_in_pipeline_split", None)
+    par.pop("account_for_loss_in_pipeline_split", None)
+    return spec, par | {"pipeline_model_parallel_layout": layout}
 
 
 #: The layers Megatron-Bridge's NVFP4 recipes keep in BF16 (``first_last_layers_bf16``),
@@ -351,8 +360,8 @@ MAX_MAPE_MOE = 0.15
 #: which no constant of a single profile can follow.  They stay in the reported MAPE.
 MOE_NOT_FITTED = (("26.02", "qwen3_30b_a3b"), ("25.11", "qwen3_30b_a3b"),
                   # held out, a test of what the fit did not see: multi-head latent
-                  # attention, 256 experts on EP 64, the MTP module as a layer
-                  # (:data:`DEEPSEEK_MTP_LAYERS`)
+                  # attention, 256 experts on EP 64, the MTP depth on the recipe's
+                  # pipeline layout (:data:`DEEPSEEK_LAYOUTS`)
                   ("25.09", "deepseek_v3"))
 
 

@@ -229,6 +229,23 @@ def layer_params(spec: TransformerSpec, layer: int) -> tuple[int, int]:
     return block_params(spec), 0
 
 
+def mtp_params(spec: TransformerSpec) -> tuple[int, int]:
+    """(non-expert, expert) parameters of the multi-token-prediction block: per depth (one
+    depth's when ``mtp_use_repeated_layer``) its layers, its three norms and the 2h × h
+    projection; the embedding and output head are the model's."""
+    h = spec.hidden_size
+    dense = expert = 0
+    for kind in spec.mtp_layer_kinds:
+        if spec.hybrid_override_pattern is not None:
+            d, e = _hybrid_layer_params(spec, kind)
+        else:
+            d, e = moe_block_params(spec) if kind == "*E" else (block_params(spec), 0)
+        dense, expert = dense + d, expert + e
+    depths = 1 if spec.mtp_use_repeated_layer else spec.mtp_num_layers
+    return (depths * (dense + 3 * h + 2 * h * h) if spec.mtp_num_layers else 0,
+            depths * expert)
+
+
 def _hybrid_layer_params(spec: TransformerSpec, kind: str) -> tuple[int, int]:
     """A hybrid stack's layer of one symbol: its own sublayer and one norm (the block
     counts of attention + MLP hold two norms, 2h each)."""
@@ -950,6 +967,41 @@ def _adam(g: GraphBuilder, node: str, params: int) -> str:
                          precision="fp32")
 
 
+def _mtp_projection(g: GraphBuilder, t: int, h: int, L: int) -> None:
+    """One multi-token-prediction depth's own kernels (layer ``L + 1``, in the head's unit):
+    Megatron-Core's ``MultiTokenPredictionLayer`` normalises the shifted inputs' embedding
+    (``enorm``) and the previous depth's hidden states (``hnorm``), concatenates them,
+    projects 2h -> h (``eh_proj``, column-parallel) and, after its layer, normalises again
+    (``final_layernorm``).  Its embedding lookup, layer, output head and loss are the
+    model's own kernels, priced as those (:mod:`crossflow.sim.training`)."""
+    g.context = {"phase": "fwd", "layer": L + 1, "unit": L + 1}
+    enorm = g.rowwise("mtp.enorm", "layernorm", "mtp_enorm", t, h, sp="rows", params=h)
+    hnorm = g.rowwise("mtp.hnorm", "layernorm", "mtp_hnorm", t, h, sp="rows", params=h)
+    cat = g.elementwise("mtp.concat", "mtp_concat", 2 * t * h, flops_per_element=0.0,
+                        sp="elements")
+    for norm in (enorm, hnorm):
+        g.edge(norm, cat, "act")
+    proj = g.gemm("mtp.eh_proj", "mtp_eh_proj", t, 2 * h, h, tp="n", params=2 * h * h)
+    g.edge(cat, proj, "act")
+    fln = g.rowwise("mtp.final_ln", "layernorm", "mtp_final_ln", t, h, sp="rows", params=h)
+    g.edge(proj, fln, "act")
+    g.context = {"phase": "bwd", "layer": L + 1, "unit": L + 1}
+    dfln = g.elementwise("mtp.final_ln.bwd", "mtp_final_ln.bwd", t * h, inputs=2,
+                         flops_per_element=10.0, sp="elements", wgrad=h)
+    g.edge(proj, dfln, "stash")
+    dx = g.gemm("mtp.eh_proj.dX", "mtp_eh_proj.dX", t, h, 2 * h, tp="k")
+    dw = g.gemm("mtp.eh_proj.dW", "mtp_eh_proj.dW", 2 * h, t, h, batch="k", tp="n",
+                wgrad=2 * h * h)
+    for node in (dx, dw):
+        g.edge(dfln, node, "grad")
+    g.edge(cat, dw, "stash")
+    for norm in (enorm, hnorm):
+        dnorm = g.elementwise(f"{norm}.bwd", f"{g.nodes[norm]['name']}.bwd", t * h,
+                              inputs=2, flops_per_element=10.0, sp="elements", wgrad=h)
+        g.edge(dx, dnorm, "grad")
+        g.edge(norm, dnorm, "stash")
+
+
 @lru_cache(maxsize=16)  # GPT-3 175B's graph is ~6 MB
 def _build(spec: TransformerSpec, b: int) -> nx.DiGraph:
     s, h, v, L = spec.seq_length, spec.hidden_size, spec.vocab_size, spec.num_layers
@@ -1006,6 +1058,8 @@ def _build(spec: TransformerSpec, b: int) -> nx.DiGraph:
     g.edge(dfln, hopt, "wgrad", 2 * h * nb)
     if not tied:  # the output layer's own weight
         g.edge(dlw, hopt, "wgrad", v * h * nb)
+    if spec.mtp_num_layers:
+        _mtp_projection(g, t, h, L)
     # blocks, backward
     dy = dfln
     for layer in reversed(range(L)):
