@@ -141,16 +141,23 @@ def _fitted(spec, par):
                 allowed="a degree whose double divides the workload's seq_length"
                 + ("" if spec.kind == "transformer" else " (transformers only)"))
         _check_experts(spec, par, strategy)
-    checked, cp, extra = spec, 1, 0
+    checked, cp = spec, 1
     if par is not None and par.pipeline_model_parallel_layout is not None:
         _check_layout(spec, par)
     if par is not None and spec.kind == "transformer":
-        cp, extra = par.context_parallel, sum(par.pipeline_extra_layers)
-        if extra:  # the embedding / loss take layer slots of the split
-            checked = _with_layers(spec, spec.num_layers + extra)
+        cp = par.context_parallel
+        if _split(spec, par) is not None:
+            # an uneven split holds the layers as its options say (chunk_split checked
+            # them); what the strategy check asks of an even one does not apply
+            checked = _with_layers(spec, strategy.pp * strategy.vp)
     # the grid's d is data × context; the workload's batch is split over the data ranks only
     check_strategy(checked, replace(strategy, dp=strategy.dp // cp) if cp > 1 else strategy)
     return spec, strategy, par
+
+
+def _split(spec, par) -> tuple[int, ...] | None:
+    """The decoder layers per pipeline chunk of ``par``'s uneven split (None: even)."""
+    return par.chunk_split(spec.num_layers) if par is not None and par.uneven_pipeline else None
 
 
 def _check_layout(spec, par) -> None:
@@ -275,7 +282,7 @@ def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software),
             fsdp=par.fsdp if par else "",
-            cp=cp, extra_layers=par.pipeline_extra_layers if par else (0, 0),
+            cp=cp, split=_split(spec, par),
             ep=par.expert_parallel if par else 1,
             etp=par.expert_tensor_parallel if par else 1)
     if spec.kind == "lstm" and spec.seq_length > 2 * _SHORT_UNROLL:
@@ -485,7 +492,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         zero1=par.sharded_optimizer if par else False, fsdp=par.fsdp if par else "",
         overlap_grad_reduce=par.overlap_grad_reduce if par else False, software=software,
         cp=par.context_parallel if par else 1,
-        extra_layers=par.pipeline_extra_layers if par else (0, 0),
+        split=_split(spec, par),
         ep=par.expert_parallel if par else 1,
         etp=par.expert_tensor_parallel if par else 1,
     )

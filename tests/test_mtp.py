@@ -132,28 +132,55 @@ def test_mtp_on_a_pipeline_loads_the_last_stage_and_its_memory_stays_off_the_fir
 
 def test_pipeline_layouts_parse_as_megatron_lm_unrolls_them():
     layout = parse_pipeline_layout("Et|(tt|)*30mL")  # DeepSeek-V3, 8 x 4 chunks
-    assert len(layout.decoder) == 32 and sum(layout.decoder) == 61 and layout.mtp == 1
-    assert layout.decoder[:2] == (1, 2) and layout.decoder[-1] == 0
-    assert layout.extra_layers == (1, 2)
-    assert parse_pipeline_layout("Et*4|(t*4|)*14,tmL").extra_layers == (0, 3)
-    assert parse_pipeline_layout("Ettt|tttL").extra_layers == (0, 0)
+    assert layout.decoder == (1,) + (2,) * 30 + (0,) and layout.mtp == 1
+    assert parse_pipeline_layout("Et*4|(t*4|)*14,tmL").decoder == (4,) * 15 + (1,)
+    assert parse_pipeline_layout("Ettt|t|ttttt|tL").decoder == (3, 1, 5, 1)
 
 
 @pytest.mark.parametrize("layout, words", [
     ("Ett|tXL", "'X' is no layer"),
     ("tE|ttL", "the embedding comes first"),
-    ("Et|tm|tL", "MTP depths on the last chunk"),
-    ("Et|ttt|t|tL", "CrossFlow prices pipelines whose middle chunks are alike")])
+    ("Et|tm|tL", "MTP depths on the last chunk")])
 def test_layouts_crossflow_cannot_price_are_refused(layout, words):
     with pytest.raises(ConfigError) as info:
         parse_pipeline_layout(layout)
     assert info.value.key == "pipeline_model_parallel_layout" and words in str(info.value)
 
 
+def test_uneven_first_and_last_stages_split_as_megatron_core_builds_them():
+    def split(layers, **par):
+        return ParallelismSpec(**par).chunk_split(layers)
+
+    assert split(14, pipeline_parallel=4, num_layers_in_first_pipeline_stage=2,
+                 num_layers_in_last_pipeline_stage=2) == (2, 5, 5, 2)
+    # with virtual stages each stage's layers are shared by its chunks (chunk c on c mod pp)
+    assert split(12, pipeline_parallel=2, virtual_pipeline_stages=2,
+                 num_layers_in_first_pipeline_stage=4) == (2, 4, 2, 4)
+    assert split(14, pipeline_parallel=4, account_for_embedding_in_pipeline_split=True,
+                 account_for_loss_in_pipeline_split=True) == (3, 4, 4, 3)
+    assert split(16, pipeline_parallel=4) is None  # the even split
+
+
+@pytest.mark.parametrize("layers, par, key", [
+    (14, {"pipeline_parallel": 4, "num_layers_in_first_pipeline_stage": 3},
+     "num_layers_in_first_pipeline_stage"),
+    (12, {"pipeline_parallel": 2, "virtual_pipeline_stages": 2,
+          "num_layers_in_last_pipeline_stage": 5}, "num_layers_in_last_pipeline_stage"),
+    (14, {"pipeline_parallel": 4, "account_for_loss_in_pipeline_split": True},
+     "account_for_loss_in_pipeline_split")])
+def test_uneven_splits_that_cannot_hold_the_layers_are_refused(layers, par, key):
+    with pytest.raises(ConfigError) as info:
+        ParallelismSpec(**par).chunk_split(layers)
+    assert info.value.key == key
+    with pytest.raises(ConfigError, match="does not split with both"):
+        ParallelismSpec(pipeline_parallel=2, num_layers_in_last_pipeline_stage=2,
+                        account_for_loss_in_pipeline_split=True)
+
+
 def test_a_layout_must_fit_the_grid_and_the_workload():
     with pytest.raises(ConfigError, match="4 model chunks"):
         ParallelismSpec(pipeline_parallel=2, pipeline_model_parallel_layout="Et|tt|tt|tL")
-    with pytest.raises(ConfigError, match="the layout places the embedding"):
+    with pytest.raises(ConfigError, match="the layout places every layer itself"):
         ParallelismSpec(pipeline_parallel=2, account_for_loss_in_pipeline_split=True,
                         pipeline_model_parallel_layout="Ettt|tttL")
     par = {"pipeline_parallel": 2, "data_parallel": 4,
@@ -162,17 +189,26 @@ def test_a_layout_must_fit_the_grid_and_the_workload():
         crossflow.predict(workload=_gpt(), system=H100, parallelism=par)
 
 
-def test_a_layout_equal_to_megatrons_accounted_split_predicts_the_same():
+def test_a_layout_predicts_as_the_options_that_split_the_same_way():
     spec = _gpt(num_layers=14)
     base = {"tensor_parallel": 2, "pipeline_parallel": 4, "data_parallel": 2,
             "sequence_parallel": True}
-    accounted = crossflow.predict(workload=spec, system=H100, parallelism=base | {
-        "account_for_embedding_in_pipeline_split": True,
-        "account_for_loss_in_pipeline_split": True})
-    laid_out = crossflow.predict(workload=spec, system=H100, parallelism=base | {
-        "pipeline_model_parallel_layout": "Ettt|(tttt|)*2tttL"})
+
+    def predict(**options):
+        return crossflow.predict(workload=spec, system=H100, parallelism=base | options)
+
+    accounted = predict(account_for_embedding_in_pipeline_split=True,
+                        account_for_loss_in_pipeline_split=True)
+    laid_out = predict(pipeline_model_parallel_layout="Ettt|(tttt|)*2tttL")
     assert laid_out.time_s == pytest.approx(accounted.time_s, rel=1e-12)
     assert laid_out.memory_per_device_bytes == accounted.memory_per_device_bytes
+    uneven = predict(num_layers_in_first_pipeline_stage=2, num_layers_in_last_pipeline_stage=2)
+    assert uneven.time_s == pytest.approx(
+        predict(pipeline_model_parallel_layout="Ett|t*5|t*5|ttL").time_s, rel=1e-12)
+    # a lighter first stage holds fewer parameters; an odd split is priced as it is
+    assert uneven.memory_per_device_bytes < accounted.memory_per_device_bytes
+    lopsided = predict(pipeline_model_parallel_layout="Et|t*11|t|tL")
+    assert lopsided.time_s > accounted.time_s
 
 
 def test_a_workload_file_with_mtp_and_a_layout_predicts_from_the_command_line(tmp_path, cli):

@@ -98,12 +98,17 @@ class ParallelismSpec(Spec):
     #: one layer fewer; (num_layers + the accounted ones) must divide evenly
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    #: Megatron-Core's uneven first and last pipeline stages
+    #: (``--num-layers-in-first-pipeline-stage``, ``--num-layers-in-last-pipeline-stage``):
+    #: that stage holds this many layers (split over its virtual chunks), the other stages
+    #: share the rest evenly
+    num_layers_in_first_pipeline_stage: Annotated[int, Field(ge=0)] | None = None
+    num_layers_in_last_pipeline_stage: Annotated[int, Field(ge=0)] | None = None
     #: Megatron-LM's ``--pipeline-model-parallel-layout``: each model chunk's layers, chunks
     #: in layer order separated by ``|`` — ``E`` the embedding, ``t`` a decoder layer, ``m``
     #: a multi-token-prediction depth, ``L`` the loss; ``(…)*n`` and ``x*n`` repeat, commas
-    #: are cosmetic (DeepSeek-V3's recipe on 8 × 4 chunks: ``Et|(tt|)*30mL``).  Priced when
-    #: the chunks between the first and the last hold equal numbers of decoder layers and
-    #: the MTP depths sit with the loss (:func:`parse_pipeline_layout`)
+    #: are cosmetic (DeepSeek-V3's recipe on 8 × 4 chunks: ``Et|(tt|)*30mL``).  The MTP
+    #: depths sit with the loss (:func:`parse_pipeline_layout`)
     pipeline_model_parallel_layout: str | None = None
     #: Megatron's ``--use-megatron-fsdp``: the data-parallel (× context) ranks run
     #: Megatron-FSDP, which shards what ``data_parallel_sharding_strategy`` names
@@ -117,14 +122,70 @@ class ParallelismSpec(Spec):
         "no_shard", "optim", "optim_grads", "optim_grads_params"] = "optim_grads_params"
 
     @property
-    def pipeline_extra_layers(self) -> tuple[int, int]:
-        """(first chunk, last chunk) layer slots the decoder layers leave to other work: the
-        embedding and the loss when accounted for, or what the pipeline layout gives the
-        first and last chunk fewer than the others (more: negative)."""
+    def uneven_pipeline(self) -> bool:
+        """Whether the layers are split over the pipeline chunks otherwise than evenly."""
+        return (self.pipeline_model_parallel_layout is not None
+                or self.num_layers_in_first_pipeline_stage is not None
+                or self.num_layers_in_last_pipeline_stage is not None
+                or self.account_for_embedding_in_pipeline_split
+                or self.account_for_loss_in_pipeline_split)
+
+    def chunk_split(self, num_layers: int) -> tuple[int, ...] | None:
+        """Decoder layers of each model chunk, in layer order (chunk c on pipeline stage
+        c mod pipeline_parallel), as Megatron-Core's ``get_num_layers_to_build`` builds
+        them; None for the even split.  A ConfigError names the key whose split cannot hold
+        ``num_layers``."""
+        if not self.uneven_pipeline:
+            return None
+        strategy = self.to_strategy()
+        pp, vp = strategy.pp, strategy.vp
         if self.pipeline_model_parallel_layout is not None:
-            return parse_pipeline_layout(self.pipeline_model_parallel_layout).extra_layers
-        return (int(self.account_for_embedding_in_pipeline_split),
-                int(self.account_for_loss_in_pipeline_split))
+            return parse_pipeline_layout(self.pipeline_model_parallel_layout).decoder
+        first, last = (self.num_layers_in_first_pipeline_stage,
+                       self.num_layers_in_last_pipeline_stage)
+        if first is None and last is None:  # the embedding / loss take a layer's slot
+            extra = (int(self.account_for_embedding_in_pipeline_split),
+                     int(self.account_for_loss_in_pipeline_split))
+            total = num_layers + sum(extra)
+            if total % (pp * vp):
+                raise ConfigError(
+                    f"num_layers ({num_layers}) and the {sum(extra)} accounted slots, "
+                    f"{total}, must divide evenly over pipeline_parallel × "
+                    f"virtual_pipeline_stages = {pp * vp} chunks",
+                    key=("account_for_embedding_in_pipeline_split" if extra[0] else
+                         "account_for_loss_in_pipeline_split"), value=True,
+                    allowed=f"false, or a model of a multiple of {pp * vp} layers less "
+                    f"{sum(extra)}")
+            return tuple(chunk_layers(num_layers, pp * vp, extra))
+        return self._uneven_stages(num_layers, pp, vp)
+
+    def _uneven_stages(self, num_layers: int, pp: int, vp: int) -> tuple[int, ...]:
+        """Megatron-Core's split with ``num_layers_in_first/last_pipeline_stage``."""
+        ends = {0: self.num_layers_in_first_pipeline_stage,
+                pp - 1: self.num_layers_in_last_pipeline_stage}
+        keys = {0: "num_layers_in_first_pipeline_stage",
+                pp - 1: "num_layers_in_last_pipeline_stage"}
+        given = {stage: n for stage, n in ends.items() if n is not None}
+        left, stages = num_layers - sum(given.values()), pp - len(given)
+        key = keys[max(given)]
+        if left < 0 or (stages and left % stages) or (not stages and left):
+            raise ConfigError(
+                f"with {num_layers} layers on {pp} pipeline stages, the {left} layers the "
+                f"uneven stages leave must split evenly over the other {stages}",
+                key=key, value=given[max(given)],
+                allowed="a count that leaves the other stages a multiple of their number")
+        per_stage = {stage: given.get(stage, left // stages if stages else 0)
+                     for stage in range(pp)}
+        odd = sorted(stage for stage, n in per_stage.items() if n % vp)
+        if odd:
+            stage = next((st for st in odd if st in given), odd[0])
+            key = keys[stage] if stage in given else key
+            raise ConfigError(
+                f"pipeline stage {stage} holds {per_stage[stage]} layers, which its "
+                f"{vp} virtual chunks must share evenly (Megatron-Core's "
+                "get_num_layers_to_build)", key=key, value=getattr(self, key),
+                allowed=f"a multiple of virtual_pipeline_stages ({vp}) per stage")
+        return tuple(per_stage[c % pp] // vp for c in range(pp * vp))
 
     @property
     def sharded_optimizer(self) -> bool:
@@ -184,6 +245,15 @@ class ParallelismSpec(Spec):
                               allowed="use_megatron_fsdp: true beside it, or no such key")
         if self.pipeline_model_parallel_layout is not None:
             self._check_layout()
+        uneven = [k for k in ("num_layers_in_first_pipeline_stage",
+                              "num_layers_in_last_pipeline_stage") if getattr(self, k) is not None]
+        accounted = [k for k in ("account_for_embedding_in_pipeline_split",
+                                 "account_for_loss_in_pipeline_split") if getattr(self, k)]
+        if uneven and accounted:
+            raise ConfigError(
+                f"Megatron-Core does not split with both {uneven[0]} and {accounted[0]} "
+                "(get_num_layers_to_build asserts)", key=uneven[0], value=getattr(self, uneven[0]),
+                allowed=f"unset, or {accounted[0]}: false")
         if self.virtual_pipeline_stages > 1 and self.schedule != "1f1b":
             raise ConfigError("interleaved virtual stages run the 1F1B schedule (SC21 "
                               "§2.2.2)", key="virtual_pipeline_stages",
@@ -194,12 +264,15 @@ class ParallelismSpec(Spec):
     def _check_layout(self) -> None:
         key, layout = "pipeline_model_parallel_layout", self.pipeline_model_parallel_layout
         accounted = [k for k in ("account_for_embedding_in_pipeline_split",
-                                 "account_for_loss_in_pipeline_split") if getattr(self, k)]
+                                 "account_for_loss_in_pipeline_split",
+                                 "num_layers_in_first_pipeline_stage",
+                                 "num_layers_in_last_pipeline_stage")
+                     if getattr(self, k) not in (None, False)]
         if accounted:
             raise ConfigError(
-                f"the layout places the embedding and the loss itself; {accounted[0]} is "
-                "Megatron's other way of splitting", key=key, value=layout,
-                allowed="the layout alone, or the account_for_* keys alone")
+                f"the layout places every layer itself; {accounted[0]} is Megatron's other "
+                "way of splitting", key=key, value=layout,
+                allowed="the layout alone, or the account_for_* / num_layers_in_* keys")
         chunks = len(parse_pipeline_layout(layout).decoder)
         strategy = self.to_strategy()
         if chunks != strategy.pp * strategy.vp:
@@ -345,14 +418,6 @@ class PipelineLayout:
     decoder: tuple[int, ...]
     mtp: int
 
-    @property
-    def extra_layers(self) -> tuple[int, int]:
-        """The (first, last) chunk's layers fewer than a middle chunk's, as
-        :func:`~crossflow.sim.training_memory.chunk_layers` takes them."""
-        first, *middle, last = self.decoder if len(self.decoder) > 1 else (*self.decoder, 0)
-        per = middle[0] if middle else max(first, last)
-        return (per - first, per - last) if len(self.decoder) > 1 else (0, 0)
-
 
 _REPEAT = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
 LAYOUT_GRAMMAR = ("chunks in layer order separated by |, each of E (embedding, first), t "
@@ -365,9 +430,7 @@ def parse_pipeline_layout(layout: str) -> PipelineLayout:
     """Megatron-LM's layout string (``PipelineParallelLayerLayout.parse_str_to_list``: commas
     dropped, ``(…)*n`` then ``x*n`` unrolled, ``|`` between chunks), checked as its
     ``validate_layer_layout`` does — the embedding first, the loss last, once each — and
-    for what CrossFlow prices: the middle chunks' decoder layers equal (the split
-    :func:`~crossflow.sim.training_memory.chunk_layers` describes), the MTP depths in the
-    last chunk."""
+    the MTP depths in the last chunk, where CrossFlow prices them."""
     key = "pipeline_model_parallel_layout"
     text = layout.replace(",", "")
     for pattern in _REPEAT:
@@ -386,11 +449,15 @@ def parse_pipeline_layout(layout: str) -> PipelineLayout:
         raise ConfigError("CrossFlow prices the MTP depths on the last chunk, beside the "
                           "loss (Megatron-Core's placement without a layout)", key=key,
                           value=layout, allowed="every m in the last chunk")
-    decoder = tuple(c.count("t") for c in chunks)
-    if len(set(decoder[1:-1])) > 1:
-        raise ConfigError(
-            f"chunks between the first and the last hold {sorted(set(decoder[1:-1]))} decoder "
-            "layers; CrossFlow prices pipelines whose middle chunks are alike (the first "
-            "and last may differ)", key=key, value=layout,
-            allowed="equal t counts in every chunk but the first and last")
-    return PipelineLayout(decoder, flat.count("m"))
+    return PipelineLayout(tuple(c.count("t") for c in chunks), flat.count("m"))
+
+
+def chunk_layers(L: int, chunks: int, extra_layers: tuple[int, int] = (0, 0)) -> list[int]:
+    """Layers of each pipeline chunk, first to last: an even split, or Megatron-Core's
+    uneven one where the embedding (loss) takes a layer's slot in the first (last) chunk."""
+    first, last = extra_layers
+    per = (L + first + last) // chunks
+    layers = [per] * chunks
+    layers[0] -= first
+    layers[-1] -= last
+    return layers

@@ -14,9 +14,10 @@ behind the last backward where the software profile overlaps it — the tied emb
 gradient exchange between the first and last stage, and the optimizer step.
 
 The bytes per device (weights, gradients, optimizer state, activations) are
-:mod:`crossflow.sim.training_memory`'s, as are the per-chunk layer split and the stage
-parameters that the time and energy here read too (one definition each, imported; the
-names are still importable from this module).
+:mod:`crossflow.sim.training_memory`'s, as are the stage parameters that the time and energy
+here read too; the layers per pipeline chunk are the parallelism file's
+(:meth:`~crossflow.parallel.spec.ParallelismSpec.chunk_split`; one definition each,
+imported; the names are still importable from this module).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from crossflow.config.system import OverlapSpec
 from crossflow.errors import ConfigError
 from crossflow.kernels import ops
 from crossflow.parallel import Strategy, shard_node
+from crossflow.parallel.spec import chunk_layers
 from crossflow.sim.memory import check_capacity
 from crossflow.sim.model_flops import model_flops as model_flops
 from crossflow.sim.model_flops import moe_model_flops as moe_model_flops
@@ -47,7 +49,6 @@ from crossflow.sim.ring_attention import kv_elements, ring_comm, ring_exposed, r
 from crossflow.sim.training_memory import (
     GRAD_BYTES,
     WEIGHT_BYTES,
-    chunk_layers,
     grad_bytes,
     stage_parameter_split,
     transformer_memory,
@@ -122,7 +123,7 @@ def transformer_iteration(
     overlap_grad_reduce: bool = False,
     software=None,
     cp: int = 1,
-    extra_layers: tuple[int, int] = (0, 0),
+    split: tuple[int, ...] | None = None,
     ep: int = 1,
     etp: int = 1,
 ) -> TrainingResult:
@@ -140,6 +141,10 @@ def transformer_iteration(
     gradients are reduce-scattered during every micro-batch's backward pass, with
     ``optim_grads_params`` its parameters are also all-gathered before its forward and its
     backward, each collective behind the layer's GEMMs as far as they last.
+
+    ``split`` gives the decoder layers of each pipeline chunk in layer order (None: the
+    layers split evenly), as :meth:`~crossflow.parallel.spec.ParallelismSpec.chunk_split`
+    derives it from Megatron's uneven-split options.
     """
     L, h, s, V = spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size
     prec, b = spec.activation_precision, spec.micro_batch_size
@@ -153,7 +158,7 @@ def transformer_iteration(
             key="global_batch_size", value=spec.global_batch_size,
             allowed=f"at most {MAX_PASSES // (2 * chunks) * dp * b:,} with data_parallel "
             f"{dp} × micro_batch_size {b} over {chunks} chunks (or a larger micro-batch)")
-    layers = chunk_layers(L, chunks, extra_layers)
+    layers = list(split) if split else chunk_layers(L, chunks)
     per_chunk = max(layers)
     nbytes = BYTES_PER_ELEMENT[prec]
     if vp > 1 and schedule == "1f1b":
@@ -194,7 +199,7 @@ def transformer_iteration(
         kv_dkv_s = network.p2p(2 * kv, "dp") if cp > 2 else 0.0
     cp_f, cp_b = ring_comm(cp, kv_s, kv_dkv_s)
     dense_params, expert_params = stage_parameter_split(
-        spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp, ep=ep, etp=etp)
+        spec, tp=tp, pp=pp, split=split, vp=vp, ep=ep, etp=etp)
     edp = tp * dp * cp // (ep * etp)  # the experts' data-parallel ranks
     fsdp_f, fsdp_b = _fsdp_layer_comm(network, fsdp, dense_params, expert_params,
                                       grad_reduce_bytes, sum(layers[::pp]) or 1, tp=tp,
@@ -317,7 +322,7 @@ def transformer_iteration(
             for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
                                 zero1=zero1, fsdp=fsdp, grad_bytes=grad_bytes(software), cp=cp,
-                                extra_layers=extra_layers, ep=ep, etp=etp)
+                                split=split, ep=ep, etp=etp)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(

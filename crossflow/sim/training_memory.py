@@ -9,6 +9,7 @@ after Korthikanti et al. 2022, and the per-stage layer and parameter split
 from __future__ import annotations
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT
+from crossflow.parallel.spec import chunk_layers
 from crossflow.workloads.transformer import block_params, layer_params, mtp_params
 
 #: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
@@ -24,32 +25,20 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 MAIN_GRAD_BYTES = 4
 
 
-def chunk_layers(L: int, chunks: int, extra_layers: tuple[int, int] = (0, 0)) -> list[int]:
-    """Layers of each pipeline chunk, first to last: an even split, or Megatron-Core's
-    uneven one where the embedding (loss) takes a layer's slot in the first (last) chunk."""
-    first, last = extra_layers
-    per = (L + first + last) // chunks
-    layers = [per] * chunks
-    layers[0] -= first
-    layers[-1] -= last
-    return layers
-
-
-def stage_parameters(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
+def stage_parameters(spec, *, tp: int, pp: int, split: tuple[int, ...] | None = None,
                      vp: int = 1, ep: int = 1, etp: int = 1) -> float:
     """Parameters per device: the busiest stage (the first, with the embedding table)."""
-    return sum(stage_parameter_split(spec, tp=tp, pp=pp, extra_layers=extra_layers, vp=vp,
-                                     ep=ep, etp=etp))
+    return sum(stage_parameter_split(spec, tp=tp, pp=pp, split=split, vp=vp, ep=ep, etp=etp))
 
 
-def stage_parameter_split(spec, *, tp: int, pp: int, extra_layers: tuple[int, int] = (0, 0),
+def stage_parameter_split(spec, *, tp: int, pp: int, split: tuple[int, ...] | None = None,
                           vp: int = 1, ep: int = 1, etp: int = 1) -> tuple[float, float]:
     """(parameters split by tensor parallelism, routed experts' parameters split by
     expert × expert tensor parallelism) on a device of the first stage (with the embedding
     table).  Tensor parallelism does not split the experts: expert tensor parallelism
     does (Megatron-Core's expert grid)."""
     L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
-    counts = chunk_layers(L, pp * vp, extra_layers)
+    counts = split or chunk_layers(L, pp * vp)
     # the MTP block sits on the last stage: on this device when it is the only one
     mtp_dense, mtp_expert = mtp_params(spec) if pp == 1 else (0, 0)
     if not spec.moe and spec.hybrid_override_pattern is None:
@@ -74,7 +63,7 @@ def grad_bytes(software) -> int:
 def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
                        schedule: str = "1f1b", zero1: bool = False, fsdp: str = "",
                        grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
-                       extra_layers: tuple[int, int] = (0, 0), ep: int = 1, etp: int = 1
+                       split: tuple[int, ...] | None = None, ep: int = 1, etp: int = 1
                        ) -> dict[str, float]:
     """Bytes per device of :func:`transformer_iteration` with these options, without
     pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
@@ -83,9 +72,8 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
-                   stage_params=stage_parameter_split(spec, tp=tp, pp=pp,
-                                                      extra_layers=extra_layers, vp=vp,
-                                                      ep=ep, etp=etp),
+                   stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=split,
+                                                      vp=vp, ep=ep, etp=etp),
                    m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp)
 
 
