@@ -156,6 +156,7 @@ def test_uneven_first_and_last_stages_split_as_megatron_core_builds_them():
     # with virtual stages each stage's layers are shared by its chunks (chunk c on c mod pp)
     assert split(12, pipeline_parallel=2, virtual_pipeline_stages=2,
                  num_layers_in_first_pipeline_stage=4) == (2, 4, 2, 4)
+    assert split(12, pipeline_parallel=3, num_layers_in_first_pipeline_stage=0) == (0, 6, 6)
     assert split(14, pipeline_parallel=4, account_for_embedding_in_pipeline_split=True,
                  account_for_loss_in_pipeline_split=True) == (3, 4, 4, 3)
     assert split(16, pipeline_parallel=4) is None  # the even split
@@ -172,6 +173,9 @@ def test_uneven_splits_that_cannot_hold_the_layers_are_refused(layers, par, key)
     with pytest.raises(ConfigError) as info:
         ParallelismSpec(**par).chunk_split(layers)
     assert info.value.key == key
+    with pytest.raises(ConfigError, match="places every layer itself"):
+        ParallelismSpec(pipeline_parallel=2, num_layers_in_first_pipeline_stage=0,
+                        pipeline_model_parallel_layout="E|tttL")
     with pytest.raises(ConfigError, match="does not split with both"):
         ParallelismSpec(pipeline_parallel=2, num_layers_in_last_pipeline_stage=2,
                         account_for_loss_in_pipeline_split=True)

@@ -16,7 +16,10 @@ here too: the pipeline ``schedule`` (1F1B, interleaved when virtual stages > 1, 
 stage 1; Megatron's name ``use_distributed_optimizer`` is accepted as its alias), a
 ``micro_batch_size`` and a ``recompute_granularity`` (Megatron's name: none, selective or
 full) that override the workload's, and Megatron-FSDP (``use_megatron_fsdp`` with its
-``data_parallel_sharding_strategy``: ZeRO-1, -2 or -3 over the data × context ranks).
+``data_parallel_sharding_strategy``: ZeRO-1, -2 or -3 over the data × context ranks), and
+how the layers split over the pipeline chunks where not evenly (Megatron's
+``account_for_*_in_pipeline_split``, ``num_layers_in_first/last_pipeline_stage`` or a
+``pipeline_model_parallel_layout``: :meth:`ParallelismSpec.chunk_split`).
 """
 
 from __future__ import annotations
@@ -264,10 +267,9 @@ class ParallelismSpec(Spec):
     def _check_layout(self) -> None:
         key, layout = "pipeline_model_parallel_layout", self.pipeline_model_parallel_layout
         accounted = [k for k in ("account_for_embedding_in_pipeline_split",
-                                 "account_for_loss_in_pipeline_split",
-                                 "num_layers_in_first_pipeline_stage",
-                                 "num_layers_in_last_pipeline_stage")
-                     if getattr(self, k) not in (None, False)]
+                                 "account_for_loss_in_pipeline_split") if getattr(self, k)] + [
+            k for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+            if getattr(self, k) is not None]
         if accounted:
             raise ConfigError(
                 f"the layout places every layer itself; {accounted[0]} is Megatron's other "
