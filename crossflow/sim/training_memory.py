@@ -74,7 +74,8 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
     return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
                    stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=split,
                                                       vp=vp, ep=ep, etp=etp),
-                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp)
+                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp,
+                   layers=sum((split or chunk_layers(spec.num_layers, pp * vp))[::pp]))
 
 
 def _hybrid_split(spec, qkv: float, dense_mlp: float, moe_mlp: float) -> float:
@@ -92,8 +93,9 @@ def _hybrid_split(spec, qkv: float, dense_mlp: float, moe_mlp: float) -> float:
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
             schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1,
-            fsdp="") -> dict[str, float]:
-    """Bytes on the first pipeline stage's device (the fullest).
+            fsdp="", layers: float | None = None) -> dict[str, float]:
+    """Bytes on the first pipeline stage's device (the fullest), which holds ``layers``
+    decoder layers (default: its even share, num_layers / pp).
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
     s·b·h·(34 + 5·a·s/h) without parallelism; (10 + 24/t + 5·a·s/(h·t)) with tensor
@@ -177,7 +179,8 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         in_flight = min(pp, m)
     # a rank holds 1/cp of each sequence; the MTP layers are on the last stage (this device
     # when it is the only one)
-    held = L / pp + (spec.mtp_num_layers * len(spec.mtp_layer_kinds) if pp == 1 else 0)
+    held = (L / pp if layers is None else layers) + (
+        spec.mtp_num_layers * len(spec.mtp_layer_kinds) if pp == 1 else 0)
     activations = per_layer * held * in_flight / cp
     shard = dp * cp if zero1 else 1
     dense, expert = stage_params
