@@ -209,8 +209,11 @@ def test_a_layout_predicts_as_the_options_that_split_the_same_way():
     uneven = predict(num_layers_in_first_pipeline_stage=2, num_layers_in_last_pipeline_stage=2)
     assert uneven.time_s == pytest.approx(
         predict(pipeline_model_parallel_layout="Ett|t*5|t*5|ttL").time_s, rel=1e-12)
-    # a lighter first stage holds fewer parameters; an odd split is priced as it is
+    # a lighter first stage holds fewer parameters and activations (2 layers against 3);
+    # an odd split is priced as it is
     assert uneven.memory_per_device_bytes < accounted.memory_per_device_bytes
+    act = [p.details["memory_breakdown"]["activations_bytes"] for p in (uneven, accounted)]
+    assert act[0] == pytest.approx(act[1] * 2 / 3)
     lopsided = predict(pipeline_model_parallel_layout="Et|t*11|t|tL")
     assert lopsided.time_s > accounted.time_s
 
