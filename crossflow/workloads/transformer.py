@@ -222,11 +222,16 @@ def mamba_params(spec: TransformerSpec) -> int:
 
 def layer_params(spec: TransformerSpec, layer: int) -> tuple[int, int]:
     """(non-expert, expert) parameters of layer ``layer`` (from 0)."""
+    return kind_params(spec, spec.layer_kinds[layer])
+
+
+def kind_params(spec: TransformerSpec, kind: str) -> tuple[int, int]:
+    """(non-expert, expert) parameters of a layer of one kind (a symbol of
+    :attr:`~TransformerSpec.layer_kinds`: a hybrid stack's layer, or a block of attention
+    and an MLP, ``*-``, or an MoE layer, ``*E``)."""
     if spec.hybrid_override_pattern is not None:
-        return _hybrid_layer_params(spec, spec.hybrid_override_pattern[layer])
-    if spec.moe_layers[layer]:
-        return moe_block_params(spec)
-    return block_params(spec), 0
+        return _hybrid_layer_params(spec, kind)
+    return moe_block_params(spec) if kind == "*E" else (block_params(spec), 0)
 
 
 def mtp_params(spec: TransformerSpec) -> tuple[int, int]:
@@ -236,10 +241,7 @@ def mtp_params(spec: TransformerSpec) -> tuple[int, int]:
     h = spec.hidden_size
     dense = expert = 0
     for kind in spec.mtp_layer_kinds:
-        if spec.hybrid_override_pattern is not None:
-            d, e = _hybrid_layer_params(spec, kind)
-        else:
-            d, e = moe_block_params(spec) if kind == "*E" else (block_params(spec), 0)
+        d, e = kind_params(spec, kind)
         dense, expert = dense + d, expert + e
     depths = 1 if spec.mtp_use_repeated_layer else spec.mtp_num_layers
     return (depths * (dense + 3 * h + 2 * h * h) if spec.mtp_num_layers else 0,
