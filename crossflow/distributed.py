@@ -143,7 +143,7 @@ def _fitted(spec, par):
         _check_experts(spec, par, strategy)
     checked, cp = spec, 1
     if par is not None and par.pipeline_model_parallel_layout is not None:
-        _check_layout(spec, par)
+        _check_layout_fits(spec, par)
     if par is not None and spec.kind == "transformer":
         cp = par.context_parallel
         if _split(spec, par) is not None:
@@ -160,7 +160,7 @@ def _split(spec, par) -> tuple[int, ...] | None:
     return par.chunk_split(spec.num_layers) if par is not None and par.uneven_pipeline else None
 
 
-def _check_layout(spec, par) -> None:
+def _check_layout_fits(spec, par) -> None:
     """The pipeline layout holds the workload's decoder layers and MTP depths (Megatron-
     Core's ``validate_layer_layout``)."""
     layout = parse_pipeline_layout(par.pipeline_model_parallel_layout)
