@@ -199,7 +199,7 @@ def transformer_iteration(
         kv_dkv_s = network.p2p(2 * kv, "dp") if cp > 2 else 0.0
     cp_f, cp_b = ring_comm(cp, kv_s, kv_dkv_s)
     dense_params, expert_params = stage_parameter_split(
-        spec, tp=tp, pp=pp, split=split, vp=vp, ep=ep, etp=etp)
+        spec, tp=tp, pp=pp, split=tuple(layers), vp=vp, ep=ep, etp=etp)
     edp = tp * dp * cp // (ep * etp)  # the experts' data-parallel ranks
     fsdp_f, fsdp_b = _fsdp_layer_comm(network, fsdp, dense_params, expert_params,
                                       grad_reduce_bytes, sum(layers[::pp]) or 1, tp=tp,
@@ -322,7 +322,7 @@ def transformer_iteration(
             for s in range(pp)) + host_tail
     memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
                                 zero1=zero1, fsdp=fsdp, grad_bytes=grad_bytes(software), cp=cp,
-                                split=split, ep=ep, etp=etp)
+                                split=tuple(layers), ep=ep, etp=etp)
     used = check_capacity(arch, memory)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(

@@ -1,8 +1,8 @@
 """The bytes per device of a training iteration (:func:`transformer_memory`): weights,
 gradients, optimizer state and activations on the fullest device (the first pipeline stage),
-after Korthikanti et al. 2022, and the per-stage layer and parameter split
-(:func:`chunk_layers`, :func:`stage_parameter_split`) that the iteration's time
-(:mod:`crossflow.sim.training`) reads too.  Whether those bytes fit is
+after Korthikanti et al. 2022, and the per-stage parameter split
+(:func:`stage_parameter_split`, over the chunks' layers the parallelism file's
+``chunk_split`` gives) that the iteration's time (:mod:`crossflow.sim.training`) reads too.  Whether those bytes fit is
 :mod:`crossflow.sim.memory`'s check.
 """
 
@@ -71,11 +71,12 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
     if vp > 1 and schedule == "1f1b":
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
+    counts = split or tuple(chunk_layers(spec.num_layers, pp * vp))
     return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
-                   stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=split,
+                   stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=counts,
                                                       vp=vp, ep=ep, etp=etp),
                    m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp,
-                   layers=sum((split or chunk_layers(spec.num_layers, pp * vp))[::pp]))
+                   layers=sum(counts[::pp]))
 
 
 def _hybrid_split(spec, qkv: float, dense_mlp: float, moe_mlp: float) -> float:
