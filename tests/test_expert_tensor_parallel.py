@@ -33,14 +33,17 @@ def _par(etp: int | None = None, **kw) -> dict:
 #: what those predictions assumed (each expert whole on one rank).  The FP8 one's bytes
 #: re-recorded (583639040 before) when FP8's saved expert inputs — the permuted copies and
 #: the experts' fc2 inputs — were counted at 1 byte, as a dense MLP's fc1 and fc2 inputs
-#: already were; its time is unchanged.
+#: already were; its time is unchanged.  Both bytes re-recorded (561880576 and 579444736
+#: before) when memory counted the loss's fp32 logits and the fuller of the first and last
+#: pipeline stages, and the first's energy (18.40255437635584) when one stage's untied
+#: output layer was counted among its parameters (its optimizer step); times unchanged.
 MOE_BEFORE = {
-    "tp2 ep4": (_moe(), _par(), (0.30576871866184074, 561880576.0, 18.40255437635584,
+    "tp2 ep4": (_moe(), _par(), (0.30576871866184074, 719625728.0, 18.47511583555584,
                                  0.0004709512491707316)),
     "tp2 ep8 pp2 fp8": (_moe(precision="fp8"), {
         "tensor_parallel": 2, "sequence_parallel": True, "data_parallel": 8,
         "pipeline_parallel": 2, "expert_parallel": 8},
-        (0.29461698906364975, 579444736.0, 16.0467792166912, 0.0002537532420162601)),
+        (0.29461698906364975, 610377728.0, 16.0467792166912, 0.0002537532420162601)),
 }
 
 

@@ -100,7 +100,8 @@ def test_the_dispatch_and_combine_carry_the_latent_width():
     """Nemotron 3 Nano's published layout with its experts in a quarter-wide latent space:
     the all-to-alls carry a quarter of the bytes, the experts' GEMMs a quarter of the
     FLOPs."""
-    nano = load_spec("nemotron-3-nano", "workloads")
+    # 4K sequences: the published 8K run fits by recomputing modules, which are not modelled
+    nano = load_spec("nemotron-3-nano", "workloads").model_copy(update={"seq_length": 4096})
     par = {"data_parallel": 16, "expert_parallel": 8, "use_distributed_optimizer": True}
     plain = crossflow.predict(workload=nano, system=SYSTEM, parallelism=par)
     latent = crossflow.predict(workload=nano.model_copy(update={"moe_latent_size": 672}),

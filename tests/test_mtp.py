@@ -15,6 +15,7 @@ from crossflow.errors import ConfigError
 from crossflow.parallel.spec import ParallelismSpec, parse_pipeline_layout
 from crossflow.sim.model_flops import mtp_model_flops, spec_model_flops
 from crossflow.sim.training import BF16_MARK, mtp_kinds
+from crossflow.sim.training_memory import stage_parameter_split
 from crossflow.validation import megatron_bridge as mb
 from crossflow.workloads import transformer_graph
 from crossflow.workloads.transformer import moe_block_params, mtp_params
@@ -117,13 +118,23 @@ def test_each_mtp_depth_adds_the_same_time_to_the_last_chunk():
     assert times[0] / 8 < step < times[0] / 3
 
 
-def test_mtp_on_a_pipeline_loads_the_last_stage_and_its_memory_stays_off_the_first():
+def test_mtp_on_a_pipeline_loads_the_last_stage():
     par = {"tensor_parallel": 2, "pipeline_parallel": 2, "data_parallel": 2,
            "sequence_parallel": True, "use_distributed_optimizer": True}
     off, on = (crossflow.predict(workload=_gpt(mtp_num_layers=d), system=H100,
                                  parallelism=par) for d in (0, 1))
     assert on.time_s > off.time_s
-    assert on.memory_per_device_bytes == off.memory_per_device_bytes  # the first stage's
+    assert on.memory_per_device_bytes > off.memory_per_device_bytes
+    # the last stage holds the block and, where the output layer is untied, an embedding of
+    # its own for the shifted inputs (tied, the output layer's weight is that embedding);
+    # the first stage holds none of it
+    block = mtp_params(_gpt(mtp_num_layers=1))[0] / 2
+    for untied, table in ((False, 0), (True, 128256 * 4096 / 2)):
+        first, last = ([stage_parameter_split(
+            _gpt(mtp_num_layers=d, untie_embeddings_and_output_weights=untied), tp=2, pp=2,
+            stage=r)[0] for d in (0, 1)] for r in (0, 1))
+        assert first[1] == first[0]
+        assert last[1] - last[0] == pytest.approx(block + table)
     one = {"tensor_parallel": 2, "data_parallel": 4, "sequence_parallel": True}
     off, on = (crossflow.predict(workload=_gpt(mtp_num_layers=d), system=H100,
                                  parallelism=one) for d in (0, 1))

@@ -420,7 +420,7 @@ n_trials: 12
     assert code == 0, err
     assert "every one of the 12 finished trials is infeasible:" in out
     assert "12 × memory per device … GB exceeds the … GB of DRAM" in out
-    assert "nearest to feasible: trial " in out and "18.4 GB exceeds the 17.18 GB" in out
+    assert "nearest to feasible: trial " in out and "18.61 GB exceeds the 17.18 GB" in out
     code, out, err = cli("study", "show", "big.yaml")
     assert code == 0 and "no feasible trial yet" in out and "nearest to feasible" in out
     code, out, err = cli("study", "best", "big.yaml")

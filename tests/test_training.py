@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import crossflow
 from crossflow.config.loader import load_spec, preset_dir, preset_names
 from crossflow.predict import load_hardware
+from crossflow.sim.training_memory import loss_activations, transformer_memory
 from crossflow.system import ORDERS
 
 A100, DGX = "a100-sxm4-80gb", "dgx-a100"
@@ -549,8 +550,45 @@ def test_gpipe_has_the_1f1b_bubble_but_stashes_every_micro_batch():
     assert gpipe.details["schedule"] == "gpipe"
     assert gpipe.breakdown["pipeline_bubble_s"] == pytest.approx(
         f1b.breakdown["pipeline_bubble_s"], rel=1e-6)
+    # 1F1B's fullest device is the first stage, p = 4 micro-batches of its layers in flight;
+    # GPipe's the last, all 64 of them and the loss's inputs of one: fp32 logits, their
+    # vocabulary split by t = 2, and the final norm's and output layer's (whole: no
+    # sequence parallelism)
+    spec = _small_transformer()
+    loss = spec["seq_length"] * 4 * (spec["vocab_size"] / 2 + spec["hidden_size"])
     assert (gpipe.details["memory_breakdown"]["activations_bytes"]
-            == pytest.approx(16 * f1b.details["memory_breakdown"]["activations_bytes"]))
+            == pytest.approx(16 * f1b.details["memory_breakdown"]["activations_bytes"] + loss))
+
+
+def test_one_stage_holds_the_loss_logits_and_an_untied_output_layer():
+    """On one stage (Megatron-LM's ``theoretical_memory_usage`` counts the same): the loss
+    keeps 4·s·b·(h + V)/t bytes (fp32 logits, the final norm's and output layer's inputs,
+    sequence parallel), and an untied output layer is a second V × h table."""
+    spec = load_spec(_small_transformer(), "workloads")
+    s, h, V = 1024, 1024, 32768
+    assert loss_activations(spec, tp=2, sp=True) == s * h * 4 * (1 + V / h) / 2
+
+    def memory(**update):
+        return transformer_memory(spec.model_copy(update=update), tp=2, pp=1, dp=1, sp=True)
+
+    small, large = memory(), memory(vocab_size=2 * V)
+    assert large["activations_bytes"] - small["activations_bytes"] == 4 * s * V / 2
+    tied, untied = small, memory(untie_embeddings_and_output_weights=True)
+    assert untied["weights_bytes"] - tied["weights_bytes"] == 2 * V * h / 2
+    assert untied["activations_bytes"] == tied["activations_bytes"]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_fuller_of_the_first_and_last_stage_is_the_memory(schedule):
+    """Under 1F1B the first stage keeps p micro-batches' activations, the last one's and the
+    loss's logits, so a larger vocabulary moves the activations only once the last stage is
+    the fuller; under GPipe every stage keeps them all and the last, with the logits, is."""
+    spec = load_spec(_small_transformer(num_layers=16), "workloads")
+    act = [transformer_memory(spec.model_copy(update={"vocab_size": v}), tp=2, pp=4, dp=1,
+                              schedule=schedule)["activations_bytes"]
+           for v in (32768, 65536, 2**20)]
+    assert act[2] > act[1]
+    assert (act[1] == act[0]) == (schedule == "1f1b")
 
 
 def test_predict_says_the_recompute_mode_and_what_each_rate_counts(cli):
@@ -569,7 +607,9 @@ def test_predict_says_the_recompute_mode_and_what_each_rate_counts(cli):
 def test_a_pipeline_of_one_stage_has_no_bubble():
     """The makespan and the busy time are sums in different orders: their rounding is no
     bubble (it printed as ``-1.78e-06 ns``)."""
-    spec = load_spec("llama3-8b", "workloads").model_copy(update={"precision": "fp8"})
+    # 4K sequences: at 8K the 8B model does not fit without recomputation (81 GB)
+    spec = load_spec("llama3-8b", "workloads").model_copy(update={"precision": "fp8",
+                                                                  "seq_length": 4096})
     p = crossflow.predict(workload=spec, system="dgx-h100-megatron-core",
                           parallelism={"data_parallel": 8, "use_distributed_optimizer": True})
-    assert p.breakdown["pipeline_bubble_s"] == 0.0
+    assert p.feasible and p.breakdown["pipeline_bubble_s"] == 0.0

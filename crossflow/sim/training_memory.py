@@ -1,8 +1,10 @@
 """The bytes per device of a training iteration (:func:`transformer_memory`): weights,
-gradients, optimizer state and activations on the fullest device (the first pipeline stage),
-after Korthikanti et al. 2022, and the per-stage parameter split
-(:func:`stage_parameter_split`, over the chunks' layers the parallelism file's
-``chunk_split`` gives) that the iteration's time (:mod:`crossflow.sim.training`) reads too.  Whether those bytes fit is
+gradients, optimizer state and activations on the fullest device — the first pipeline stage
+(the embedding, the most micro-batches in flight) or the last (the output layer, the loss's
+logits, the multi-token-prediction block) — after Korthikanti et al. 2022, and the
+per-stage parameter split (:func:`stage_parameter_split`, over the chunks' layers the
+parallelism file's ``chunk_split`` gives) that the iteration's time
+(:mod:`crossflow.sim.training`) reads too.  Whether those bytes fit is
 :mod:`crossflow.sim.memory`'s check.
 """
 
@@ -27,31 +29,43 @@ MAIN_GRAD_BYTES = 4
 
 def stage_parameters(spec, *, tp: int, pp: int, split: tuple[int, ...] | None = None,
                      vp: int = 1, ep: int = 1, etp: int = 1) -> float:
-    """Parameters per device: the busiest stage (the first, with the embedding table)."""
+    """Parameters per device of the first pipeline stage (with the embedding table)."""
     return sum(stage_parameter_split(spec, tp=tp, pp=pp, split=split, vp=vp, ep=ep, etp=etp))
 
 
 def stage_parameter_split(spec, *, tp: int, pp: int, split: tuple[int, ...] | None = None,
-                          vp: int = 1, ep: int = 1, etp: int = 1) -> tuple[float, float]:
+                          vp: int = 1, ep: int = 1, etp: int = 1, stage: int = 0
+                          ) -> tuple[float, float]:
     """(parameters split by tensor parallelism, routed experts' parameters split by
-    expert × expert tensor parallelism) on a device of the first stage (with the embedding
-    table).  Tensor parallelism does not split the experts: expert tensor parallelism
-    does (Megatron-Core's expert grid)."""
+    expert × expert tensor parallelism) on a device of pipeline stage ``stage`` (0: the
+    first).  Tensor parallelism does not split the experts: expert tensor parallelism
+    does (Megatron-Core's expert grid).
+
+    The first stage holds the word embedding (V × h, vocab-parallel); the last the output
+    layer — its own weight when untied, else a copy of the embedding's (Megatron-Core's
+    ``shared_embedding_or_output_weight``; one tensor when both are on one stage) — and the
+    multi-token-prediction block, which embeds its shifted inputs with an embedding of its
+    own stage (``GPTModel`` builds one where ``mtp_process``; the output layer's weight
+    when tied)."""
     L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
     counts = split or chunk_layers(L, pp * vp)
-    # the MTP block sits on the last stage: on this device when it is the only one
-    mtp_dense, mtp_expert = mtp_params(spec) if pp == 1 else (0, 0)
+    first, last = stage == 0, stage == pp - 1
+    untied = spec.untie_embeddings_and_output_weights
+    tables = first + (last and (untied or not first)) + (
+        last and not first and untied and spec.mtp_num_layers > 0)
+    mtp_dense, mtp_expert = mtp_params(spec) if last else (0, 0)
+    embedding = tables * V * h / tp
     if not spec.moe and spec.hybrid_override_pattern is None:
-        first = sum(counts[::pp])  # the first device's chunks
-        return (first * block_params(spec) + mtp_dense) / tp + V * h / tp, 0.0
+        own = sum(counts[stage::pp])  # this device's chunks
+        return (own * block_params(spec) + mtp_dense) / tp + embedding, 0.0
     starts = [sum(counts[:i]) for i in range(len(counts))]
     dense = expert = 0.0
-    for c in range(0, len(counts), pp):
+    for c in range(stage, len(counts), pp):
         for layer in range(starts[c], starts[c] + counts[c]):
             d, e = layer_params(spec, layer)
             dense += d
             expert += e
-    return (dense + mtp_dense) / tp + V * h / tp, (expert + mtp_expert) / (ep * etp)
+    return (dense + mtp_dense) / tp + embedding, (expert + mtp_expert) / (ep * etp)
 
 
 def grad_bytes(software) -> int:
@@ -65,18 +79,37 @@ def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool
                        grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
                        split: tuple[int, ...] | None = None, ep: int = 1, etp: int = 1
                        ) -> dict[str, float]:
-    """Bytes per device of :func:`transformer_iteration` with these options, without
+    """Bytes per device of :func:`transformer_iteration` with these options on the fuller
+    of the first pipeline stage (the embedding, the most micro-batches in flight) and the
+    last (the output layer, the loss's logits, the multi-token-prediction block), without
     pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
     memory_check`)."""
     if vp > 1 and schedule == "1f1b":
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     counts = split or tuple(chunk_layers(spec.num_layers, pp * vp))
-    return _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
-                   stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=counts,
-                                                      vp=vp, ep=ep, etp=etp),
-                   m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp,
-                   layers=sum(counts[::pp]))
+    stages = (0, pp - 1) if pp > 1 else (0,)
+    return max((_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
+                        stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=counts,
+                                                           vp=vp, ep=ep, etp=etp, stage=r),
+                        m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp,
+                        layers=sum(counts[r::pp]), stage=r)
+                for r in stages), key=lambda b: sum(b.values()))
+
+
+def loss_activations(spec, *, tp: int, sp: bool) -> float:
+    """Bytes the loss keeps for its backward, per micro-batch on the last stage (a rank's
+    share of the sequence before context parallelism divides it): the vocab-parallel logits
+    as fp32, 4·s·b·V/t (Megatron-Core's ``vocab_parallel_cross_entropy`` casts them and
+    saves their softmax; Transformer Engine's fused cross entropy, which Megatron-Bridge's
+    recipes select, saves their gradient in fp32), and the final norm's and the output
+    layer's inputs, 2 bytes each per token and hidden unit (/t under sequence
+    parallelism); again for each multi-token-prediction depth, which has its own norm,
+    logits and loss.  Where one stage holds the whole model, Megatron-LM's
+    ``theoretical_memory_usage`` counts the same 4·s·b·(h + V)/t."""
+    s, b, h = spec.seq_length, spec.micro_batch_size, spec.hidden_size
+    return (1 + spec.mtp_num_layers) * s * b * (4 * spec.vocab_size / tp
+                                                 + 4 * h / (tp if sp else 1))
 
 
 def _hybrid_split(spec, qkv: float, dense_mlp: float, moe_mlp: float) -> float:
@@ -94,16 +127,20 @@ def _hybrid_split(spec, qkv: float, dense_mlp: float, moe_mlp: float) -> float:
 
 def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
             schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1,
-            fsdp="", layers: float | None = None) -> dict[str, float]:
-    """Bytes on the first pipeline stage's device (the fullest), which holds ``layers``
-    decoder layers (default: its even share, num_layers / pp).
+            fsdp="", layers: float | None = None, stage: int = 0) -> dict[str, float]:
+    """Bytes on a device of pipeline stage ``stage``, which holds ``layers`` decoder layers
+    (default: an even share, num_layers / pp).
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
     s·b·h·(34 + 5·a·s/h) without parallelism; (10 + 24/t + 5·a·s/(h·t)) with tensor
     parallelism; (34/t + 5·a·s/(h·t)) with sequence parallelism; the attention-core term
     5·a·s/(h·t) vanishes with selective recompute; full recompute keeps only the layer input
     (2·s·b·h, /t with sequence parallelism).  In-flight micro-batches on the first stage: p
-    with 1F1B, p·(1 + (p−1)/(p·v)) interleaved (Korthikanti eq. 5), m with GPipe.
+    with 1F1B, p·(1 + (p−1)/(p·v)) interleaved (Korthikanti eq. 5), m with GPipe; on stage
+    r, p − r with 1F1B, and interleaved the chunk-micro-batches Megatron-Core's schedule
+    runs forward before its first backward, 2·(p − r − 1) + (v − 1)·p + 1, over v chunks
+    (``get_pp_rank_microbatches``).  The last stage also keeps the loss's inputs for one
+    micro-batch (:func:`loss_activations`).
     """
     s, b, h, a, L = (spec.seq_length, spec.micro_batch_size, spec.hidden_size,
                      spec.num_attention_heads, spec.num_layers)
@@ -175,14 +212,17 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
     if schedule == "gpipe":
         in_flight = m  # every micro-batch's activations wait for the backward pass
     elif vp > 1:
-        in_flight = pp * (1 + (pp - 1) / (pp * vp))
+        in_flight = (2 * (pp - stage - 1) + (vp - 1) * pp + 1) / vp
     else:
-        in_flight = min(pp, m)
-    # a rank holds 1/cp of each sequence; the MTP layers are on the last stage (this device
-    # when it is the only one)
-    held = (L / pp if layers is None else layers) + (
-        spec.mtp_num_layers * len(spec.mtp_layer_kinds) if pp == 1 else 0)
-    activations = per_layer * held * in_flight / cp
+        in_flight = min(pp - stage, m)
+    # a rank holds 1/cp of each sequence; the MTP layers and the loss are on the last stage,
+    # the last chunk, which runs one micro-batch's backward straight after its forward
+    held = (L / pp if layers is None else layers) * in_flight
+    loss = 0.0
+    if stage == pp - 1:
+        held += spec.mtp_num_layers * len(spec.mtp_layer_kinds)
+        loss = loss_activations(spec, tp=tp, sp=sp)
+    activations = (per_layer * held + loss) / cp
     shard = dp * cp if zero1 else 1
     dense, expert = stage_params
     # the experts' optimizer state is sharded over their own data-parallel ranks
