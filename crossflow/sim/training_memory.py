@@ -49,11 +49,15 @@ def stage_parameter_split(spec, *, tp: int, pp: int, split: tuple[int, ...] | No
     when tied)."""
     L, h, V = spec.num_layers, spec.hidden_size, spec.vocab_size
     counts = split or chunk_layers(L, pp * vp)
-    first, last = stage == 0, stage == pp - 1
     untied = spec.untie_embeddings_and_output_weights
-    tables = first + (last and (untied or not first)) + (
-        last and not first and untied and spec.mtp_num_layers > 0)
-    mtp_dense, mtp_expert = mtp_params(spec) if last else (0, 0)
+    tables = 1 if stage == 0 else 0  # V × h tables: the word embedding
+    mtp_dense = mtp_expert = 0
+    if stage == pp - 1:
+        if untied or pp > 1:  # the output layer
+            tables += 1
+        if untied and pp > 1 and spec.mtp_num_layers:  # the MTP block's embedding
+            tables += 1
+        mtp_dense, mtp_expert = mtp_params(spec)
     embedding = tables * V * h / tp
     if not spec.moe and spec.hybrid_override_pattern is None:
         own = sum(counts[stage::pp])  # this device's chunks
