@@ -30,7 +30,8 @@ from crossflow.parallel.spec import LAYOUT_GRAMMAR, parse_pipeline_layout
 from crossflow.prediction import Prediction, infeasible
 from crossflow.sim.graph_sim import graph_iteration, graph_memory
 from crossflow.sim.memory import capacity_problem, check_capacity
-from crossflow.sim.training import grad_bytes, transformer_iteration, transformer_memory
+from crossflow.sim.training import grad_bytes, transformer_iteration
+from crossflow.sim.training_memory import stage_memory, stage_name
 from crossflow.system import DIMS, ORDERS, build_system, order_classes, parse_order
 from crossflow.system.network import MappedNetwork
 from crossflow.workloads import compute_graph
@@ -253,7 +254,7 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None,
     The bytes per device depend on the workload and the strategy only (not on the chip's
     speeds, the system or the mapping order), so they come from the chip-independent plan
     the full prediction uses (:func:`crossflow.sim.graph_sim.graph_memory`, or
-    :func:`crossflow.sim.training.transformer_memory`), cached per strategy: a check costs
+    :func:`crossflow.sim.training_memory.stage_memory`), cached per strategy: a check costs
     microseconds and agrees exactly with :func:`crossflow.predict`'s memory verdict, which
     runs this check first.  Raises ConfigError for a strategy that does not fit the workload.
 
@@ -274,10 +275,13 @@ def memory_check(workload: Any, arch: Any, parallelism: Any = None,
     return batch.memory(*_strategy(batch.spec, parallelism))
 
 
-def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
+def _memory_breakdown(spec, strategy, par, software=None
+                      ) -> tuple[str | None, dict[str, float]]:
+    """(the pipeline stage a message names, or None; bytes per component) of the fullest
+    device."""
     if spec.kind == "transformer":
         cp = par.context_parallel if par else 1
-        return transformer_memory(
+        stage, memory = stage_memory(
             spec, tp=strategy.tp, pp=strategy.pp, dp=strategy.dp // cp, vp=strategy.vp,
             sp=strategy.sp, schedule=par.schedule if par else "1f1b",
             zero1=par.sharded_optimizer if par else False, grad_bytes=grad_bytes(software),
@@ -285,6 +289,7 @@ def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
             cp=cp, split=_split(spec, par),
             ep=par.expert_parallel if par else 1,
             etp=par.expert_tensor_parallel if par else 1)
+        return stage_name(stage, strategy.pp), memory
     if spec.kind == "lstm" and spec.seq_length > 2 * _SHORT_UNROLL:
         # Every quantity of graph_memory is affine in the sequence length once it is
         # past a few steps (weights are shared over time, the largest kernel is the same,
@@ -294,8 +299,8 @@ def _memory_breakdown(spec, strategy, par, software=None) -> dict[str, float]:
         a, b = (graph_memory(compute_graph(spec.model_copy(update={"seq_length": n})),
                              strategy) for n in (_SHORT_UNROLL, 2 * _SHORT_UNROLL))
         steps = (spec.seq_length - _SHORT_UNROLL) / _SHORT_UNROLL
-        return {k: a[k] + steps * (b[k] - a[k]) for k in a}
-    return graph_memory(compute_graph(spec), strategy)
+        return None, {k: a[k] + steps * (b[k] - a[k]) for k in a}
+    return None, graph_memory(compute_graph(spec), strategy)
 
 
 #: The short unroll (time steps) the LSTM memory of a long sequence is extrapolated from.
@@ -303,9 +308,9 @@ _SHORT_UNROLL = 16
 
 
 def _memory_check(spec, strategy, par, arch: MicroArch, software=None) -> MemoryCheck:
-    breakdown = _memory_breakdown(spec, strategy, par, software)
+    where, breakdown = _memory_breakdown(spec, strategy, par, software)
     need = sum(breakdown.values())
-    reason = capacity_problem(arch, breakdown)
+    reason = capacity_problem(arch, breakdown, where)
     return MemoryCheck(reason is None, need, arch.main_memory.total_capacity_B, reason,
                        dict(breakdown))
 

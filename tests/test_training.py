@@ -591,6 +591,27 @@ def test_the_fuller_of_the_first_and_last_stage_is_the_memory(schedule):
     assert (act[1] == act[0]) == (schedule == "1f1b")
 
 
+def test_a_pipelined_prediction_names_the_stage_its_memory_describes(cli):
+    """The message of a design over memory, the prediction's details and the text say which
+    pipeline stage the bytes are of; a design of one stage names none."""
+    par = {"tensor_parallel": 4, "pipeline_parallel": 4, "data_parallel": 4,
+           "virtual_pipeline_stages": 5, "sequence_parallel": True}
+    over = crossflow.predict(workload="llama3-70b", system="dgx-h100-megatron-core",
+                             parallelism=par)
+    assert not over.feasible and "(first pipeline stage: weights" in over.reason
+    fits = crossflow.predict(workload="llama3-70b", system="dgx-h100-megatron-core",
+                             parallelism=par | {"recompute_granularity": "full"})
+    # with full recomputation the first stage keeps only its layers' inputs, and the last,
+    # with Llama's untied output layer and its 128K-word logits, is the fuller
+    assert fits.feasible and fits.details["memory_stage"] == "last pipeline stage"
+    one = crossflow.predict(workload=_small_transformer(), hardware=A100, system=DGX,
+                            parallelism=_megatron(2, 1, 1))
+    assert one.feasible and "memory_stage" not in one.details
+    code, out, _ = cli("predict", "--workload", "gpt3-175b", "--system", DGX,
+                       "--parallelism", "gpt3-175b-t8-p8-d24-v3-sp")
+    assert code == 0 and "(first pipeline stage, the fullest)" in out
+
+
 def test_predict_says_the_recompute_mode_and_what_each_rate_counts(cli):
     """The achieved rate counts recomputed FLOPs, MFU only the model's: the output says so,
     and the recompute mode is in the text and the JSON."""

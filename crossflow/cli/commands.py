@@ -191,7 +191,8 @@ def _print_prediction(p) -> None:
         print(f"  MFU           {d['model_flops_utilization'] * 100:.1f} %"
               + (" (model FLOPs only)" if recomputes else ""))
     print(f"  bottleneck    {p.bottleneck}")
-    print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}")
+    print(f"  memory/device {fmt_bytes(p.memory_per_device_bytes)}"
+          + (f" ({d['memory_stage']}, the fullest)" if "memory_stage" in d else ""))
     print(f"  energy        {fmt_energy(p.energy_J)}")
     moved = p.details.get("bytes_per_level", {})
     print("  breakdown (roofline: compute and memory times overlap; total = slowest + launch):"

@@ -50,12 +50,14 @@ from crossflow.sim.training_memory import (
     GRAD_BYTES,
     WEIGHT_BYTES,
     grad_bytes,
+    stage_memory,
+    stage_name,
     stage_parameter_split,
-    transformer_memory,
 )
 from crossflow.sim.training_memory import MAIN_GRAD_BYTES as MAIN_GRAD_BYTES
 from crossflow.sim.training_memory import OPTIMIZER_BYTES as OPTIMIZER_BYTES
 from crossflow.sim.training_memory import stage_parameters as stage_parameters
+from crossflow.sim.training_memory import transformer_memory as transformer_memory
 from crossflow.sim.transformer import (
     block_collectives,
     collective_count,
@@ -320,10 +322,11 @@ def transformer_iteration(
         breakdown["host_dispatch_s"] = m * max(
             sum(host.fwd_s[c * pp + s] + host.bwd_s[c * pp + s] for c in range(vp))
             for s in range(pp)) + host_tail
-    memory = transformer_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
-                                zero1=zero1, fsdp=fsdp, grad_bytes=grad_bytes(software), cp=cp,
-                                split=tuple(layers), ep=ep, etp=etp)
-    used = check_capacity(arch, memory)
+    stage, memory = stage_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, schedule=schedule,
+                                 zero1=zero1, fsdp=fsdp, grad_bytes=grad_bytes(software),
+                                 cp=cp, split=tuple(layers), ep=ep, etp=etp)
+    where = stage_name(stage, pp)
+    used = check_capacity(arch, memory, where)
     recompute = spec.activation_recompute == "full"
     return TrainingResult(
         time_s=total,
@@ -343,7 +346,8 @@ def transformer_iteration(
                                    **({"fsdp_comm_s": breakdown["fsdp_comm_s"]}
                                       if "fsdp_comm_s" in breakdown else {})},
                 "attention": spec.attention_backend or "unfused",
-                "schedule": schedule, "pipeline_makespan_s": pipe.makespan_s},
+                "schedule": schedule, "pipeline_makespan_s": pipe.makespan_s,
+                **({"memory_stage": where} if where else {})},
     )
 
 

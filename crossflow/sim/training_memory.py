@@ -78,27 +78,41 @@ def grad_bytes(software) -> int:
     return software.main_grad_bytes if software is not None else MAIN_GRAD_BYTES
 
 
-def transformer_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
-                       schedule: str = "1f1b", zero1: bool = False, fsdp: str = "",
-                       grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
-                       split: tuple[int, ...] | None = None, ep: int = 1, etp: int = 1
-                       ) -> dict[str, float]:
-    """Bytes per device of :func:`transformer_iteration` with these options on the fuller
-    of the first pipeline stage (the embedding, the most micro-batches in flight) and the
-    last (the output layer, the loss's logits, the multi-token-prediction block), without
-    pricing anything (the memory-only check of a search, :func:`crossflow.distributed.
-    memory_check`)."""
+def transformer_memory(spec, **options) -> dict[str, float]:
+    """Bytes per device of :func:`transformer_iteration` with these options (those of
+    :func:`stage_memory`) on its fullest device, without pricing anything (the
+    memory-only check of a search, :func:`crossflow.distributed.memory_check`)."""
+    return stage_memory(spec, **options)[1]
+
+
+def stage_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = False,
+                 schedule: str = "1f1b", zero1: bool = False, fsdp: str = "",
+                 grad_bytes: int = MAIN_GRAD_BYTES, cp: int = 1,
+                 split: tuple[int, ...] | None = None, ep: int = 1, etp: int = 1
+                 ) -> tuple[int, dict[str, float]]:
+    """(stage, bytes per device) of the fuller of the first pipeline stage (the embedding,
+    the most micro-batches in flight) and the last (the output layer, the loss's logits,
+    the multi-token-prediction block); stage 0 when there is one."""
     if vp > 1 and schedule == "1f1b":
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     counts = split or tuple(chunk_layers(spec.num_layers, pp * vp))
     stages = (0, pp - 1) if pp > 1 else (0,)
-    return max((_memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
-                        stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=counts,
-                                                           vp=vp, ep=ep, etp=etp, stage=r),
-                        m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp,
-                        layers=sum(counts[r::pp]), stage=r)
-                for r in stages), key=lambda b: sum(b.values()))
+    return max(((r, _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
+                            stage_params=stage_parameter_split(
+                                spec, tp=tp, pp=pp, split=counts, vp=vp, ep=ep, etp=etp,
+                                stage=r),
+                            m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep,
+                            etp=etp, layers=sum(counts[r::pp]), stage=r))
+                for r in stages), key=lambda rb: sum(rb[1].values()))
+
+
+def stage_name(stage: int, pp: int) -> str | None:
+    """How a message names the stage :func:`stage_memory` describes: None where there is
+    only one."""
+    if pp == 1:
+        return None
+    return "first pipeline stage" if stage == 0 else "last pipeline stage"
 
 
 def loss_activations(spec, *, tp: int, sp: bool) -> float:
