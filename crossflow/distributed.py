@@ -168,8 +168,8 @@ def _check_layout_fits(spec, par) -> None:
     have = (getattr(spec, "num_layers", None), getattr(spec, "mtp_num_layers", 0))
     if spec.kind != "transformer" or (sum(layout.decoder), layout.mtp) != have:
         raise ConfigError(
-            f"the layout holds {sum(layout.decoder)} decoder layers (t) and {layout.mtp} MTP "
-            f"depths (m); the workload has "
+            f"the layout holds {sum(layout.decoder)} decoder layer(s) (t) and {layout.mtp} "
+            f"MTP depth(s) (m); the workload has "
             + (f"num_layers {have[0]} and mtp_num_layers {have[1]}"
                if spec.kind == "transformer" else
                f"no layers (a {spec.kind})"),

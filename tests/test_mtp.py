@@ -243,7 +243,7 @@ def test_a_workload_file_with_mtp_and_a_layout_predicts_from_the_command_line(tm
                                    "pipeline_model_parallel_layout": "Ettt|tttL"}))
     code, out, err = cli("predict", "--workload", work, "--system", H100, "--parallelism", par)
     assert code == 2 and f"{par}: key 'pipeline_model_parallel_layout'" in err
-    assert "0 MTP depths (m); the workload has num_layers 6 and mtp_num_layers 1" in err
+    assert "0 MTP depth(s) (m); the workload has num_layers 6 and mtp_num_layers 1" in err
 
 
 def test_nemotron_3_5_lightning_is_nano_with_two_mtp_depths_and_its_run_is_held_out():
