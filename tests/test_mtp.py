@@ -200,7 +200,7 @@ def test_a_layout_must_fit_the_grid_and_the_workload():
                         pipeline_model_parallel_layout="Ettt|tttL")
     par = {"pipeline_parallel": 2, "data_parallel": 4,
            "pipeline_model_parallel_layout": "Ettt|tttmL"}
-    with pytest.raises(ConfigError, match="6 decoder layers .* and 1 MTP depths"):
+    with pytest.raises(ConfigError, match=r"6 decoder layer\(s\) .* and 1 MTP depth\(s\)"):
         crossflow.predict(workload=_gpt(), system=H100, parallelism=par)
 
 
