@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT
 from crossflow.parallel.spec import chunk_layers
-from crossflow.workloads.transformer import block_params, layer_params, mtp_params
+from crossflow.workloads.transformer import block_params, kind_params, mtp_params
 
 #: Mixed-precision Adam (Megatron-LM's FP16 optimizer) keeps an fp32 master weight and two
 #: fp32 moments per parameter (12 B) beside the fp16 weight (2 B) and gradient (2 B)
@@ -62,11 +62,13 @@ def stage_parameter_split(spec, *, tp: int, pp: int, split: tuple[int, ...] | No
     if not spec.moe and spec.hybrid_override_pattern is None:
         own = sum(counts[stage::pp])  # this device's chunks
         return (own * block_params(spec) + mtp_dense) / tp + embedding, 0.0
+    kinds = spec.layer_kinds
+    params = {kind: kind_params(spec, kind) for kind in set(kinds)}  # a few kinds, many layers
     starts = [sum(counts[:i]) for i in range(len(counts))]
     dense = expert = 0.0
     for c in range(stage, len(counts), pp):
-        for layer in range(starts[c], starts[c] + counts[c]):
-            d, e = layer_params(spec, layer)
+        for kind in kinds[starts[c]:starts[c] + counts[c]]:
+            d, e = params[kind]
             dense += d
             expert += e
     return (dense + mtp_dense) / tp + embedding, (expert + mtp_expert) / (ep * etp)
