@@ -99,14 +99,15 @@ def stage_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = Fal
         schedule = "interleaved"
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     counts = split or tuple(chunk_layers(spec.num_layers, pp * vp))
+    per_layer = _layer_activations(spec, tp=tp, sp=sp, etp=etp)  # the same on every stage
     stages = (0, pp - 1) if pp > 1 else (0,)
-    return max(((r, _memory(spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
-                            stage_params=stage_parameter_split(
-                                spec, tp=tp, pp=pp, split=counts, vp=vp, ep=ep, etp=etp,
-                                stage=r),
-                            m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep,
-                            etp=etp, layers=sum(counts[r::pp]), stage=r))
-                for r in stages), key=lambda rb: sum(rb[1].values()))
+    return max(((r, _stage_bytes(
+        spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
+        stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=counts, vp=vp, ep=ep,
+                                           etp=etp, stage=r),
+        m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp,
+        per_layer=per_layer, layers=sum(counts[r::pp]), stage=r))
+        for r in stages), key=lambda rb: sum(rb[1].values()))
 
 
 def stage_name(stage: int, pp: int) -> str | None:
@@ -145,22 +146,15 @@ def _hybrid_split(spec, qkv: float, dense_mlp: float, moe_mlp: float) -> float:
             + pattern.count("-") * dense_mlp + pattern.count("E") * moe_mlp) / len(pattern)
 
 
-def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
-            schedule, grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1,
-            fsdp="", layers: float | None = None, stage: int = 0) -> dict[str, float]:
-    """Bytes on a device of pipeline stage ``stage``, which holds ``layers`` decoder layers
-    (default: an even share, num_layers / pp).
+def _layer_activations(spec, *, tp: int, sp: bool, etp: int) -> float:
+    """Bytes one decoder layer keeps for its backward, per micro-batch (before context
+    parallelism divides the sequence), averaged over the model's layers.
 
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
     s·b·h·(34 + 5·a·s/h) without parallelism; (10 + 24/t + 5·a·s/(h·t)) with tensor
     parallelism; (34/t + 5·a·s/(h·t)) with sequence parallelism; the attention-core term
     5·a·s/(h·t) vanishes with selective recompute; full recompute keeps only the layer input
-    (2·s·b·h, /t with sequence parallelism).  In-flight micro-batches on the first stage: p
-    with 1F1B, p·(1 + (p−1)/(p·v)) interleaved (Korthikanti eq. 5), m with GPipe; on stage
-    r, p − r with 1F1B, and interleaved the chunk-micro-batches Megatron-Core's schedule
-    runs forward before its first backward, 2·(p − r − 1) + (v − 1)·p + 1, over v chunks
-    (``get_pp_rank_microbatches``).  The last stage also keeps the loss's inputs for one
-    micro-batch (:func:`loss_activations`).
+    (2·s·b·h, /t with sequence parallelism).
     """
     s, b, h, a, L = (spec.seq_length, spec.micro_batch_size, spec.hidden_size,
                      spec.num_attention_heads, spec.num_layers)
@@ -229,6 +223,23 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
                 base -= shed * (pattern.count("-") * quant_dense
                                 + pattern.count("E") * quant_moe) / L / tp
         per_layer = s * b * h * (base + attention)
+    return per_layer
+
+
+def _stage_bytes(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m, schedule,
+                 per_layer: float, layers: float, stage: int,
+                 grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1, fsdp="") -> dict[str, float]:
+    """Bytes on a device of pipeline stage ``stage``, which holds ``layers`` decoder layers
+    of ``per_layer`` activation bytes each per micro-batch (:func:`_layer_activations`).
+
+    In-flight micro-batches on the first stage: p with 1F1B, p·(1 + (p−1)/(p·v))
+    interleaved (Korthikanti eq. 5), m with GPipe; on stage r, p − r with 1F1B, and
+    interleaved the chunk-micro-batches Megatron-Core's schedule runs forward before its
+    first backward, 2·(p − r − 1) + (v − 1)·p + 1, over v chunks
+    (``get_pp_rank_microbatches``).  The last stage also keeps the loss's inputs for one
+    micro-batch (:func:`loss_activations`).
+    """
+    L = spec.num_layers
     if schedule == "gpipe":
         in_flight = m  # every micro-batch's activations wait for the backward pass
     elif vp > 1:
@@ -237,7 +248,7 @@ def _memory(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m,
         in_flight = min(pp - stage, m)
     # a rank holds 1/cp of each sequence; the MTP layers and the loss are on the last stage,
     # the last chunk, which runs one micro-batch's backward straight after its forward
-    held = (L / pp if layers is None else layers) * in_flight
+    held = layers * in_flight
     loss = 0.0
     if stage == pp - 1:
         held += spec.mtp_num_layers * len(spec.mtp_layer_kinds)
