@@ -125,8 +125,9 @@ def _fitted(spec, par):
         strategy = par.to_strategy()
         if par.micro_batch_size and spec.kind == "transformer":
             spec = _with_micro_batch(spec, par.micro_batch_size)
-        if par.recompute_granularity and spec.kind == "transformer":
-            spec = _with_recompute(spec, par.recompute_granularity)
+        if spec.kind == "transformer" and (par.recompute_granularity
+                                           or par.recompute_modules is not None):
+            spec = _with_recompute(spec, par.recompute_granularity, par.recompute_modules)
         cp = par.context_parallel
         if cp > 1 and "M" in (getattr(spec, "hybrid_override_pattern", None) or ""):
             raise ConfigError(
@@ -219,8 +220,17 @@ def _with_layers(spec, layers: int):
 
 
 @lru_cache(maxsize=256)
-def _with_recompute(spec, recompute: str):
-    return spec.model_copy(update={"activation_recompute": recompute})
+def _with_recompute(spec, recompute: str | None, modules: tuple[str, ...] | None):
+    """The workload under the parallelism's recompute granularity and modules: its own
+    modules kept under selective recomputation, dropped under another; modules the
+    parallelism names checked against the model as a workload's are."""
+    recompute = recompute or spec.activation_recompute
+    if modules is None:
+        kept = spec.recompute_modules if recompute == "selective" else None
+        return spec.model_copy(update={"activation_recompute": recompute,
+                                       "recompute_modules": kept})
+    return type(spec).model_validate({**dict(spec), "activation_recompute": recompute,
+                                      "recompute_modules": modules})
 
 
 @lru_cache(maxsize=256)

@@ -32,6 +32,18 @@ class GemmSpec(Spec):
 
 
 Recompute = Literal["none", "selective", "full"]
+#: what each of Megatron-Core's selective ``recompute_modules`` recomputes in backward, in
+#: the layers that have it (docs/model.md, "Recomputation")
+RECOMPUTE_MODULES: dict[str, str] = {
+    "core_attn": "the attention core (its s x s scores, or a flash kernel's softmax state)",
+    "layernorm": "the norms not fused into a linear layer (every pre-MLP norm of an MoE "
+                 "model, MLA's input norm, a hybrid stack's MoE-layer norm)",
+    "mla_up_proj": "MLA's query and key/value up-projections and RoPE",
+    "mlp": "the whole dense MLP",
+    "moe": "the whole MoE layer, its token dispatch and combine included",
+    "moe_act": "the routed experts' activation function",
+    "shared_experts": "the shared expert's MLP",
+}
 
 
 def _divides(spec: Spec, part: str, whole: str, what: str = "") -> None:
@@ -61,6 +73,10 @@ class TransformerSpec(Spec):
     micro_batch_size: Dim = 1
     precision: Precision = "fp16"
     activation_recompute: Recompute = "none"
+    #: under ``activation_recompute: selective``, the modules recomputed in backward
+    #: (Megatron-Core's ``--recompute-modules``, :data:`RECOMPUTE_MODULES`); None: Megatron's
+    #: default, ``[core_attn]``
+    recompute_modules: tuple[str, ...] | None = None
     #: the MLP's inner width; Megatron's default is 4 · hidden_size
     ffn_hidden_size: Dim | None = None
     #: key/value heads (Megatron's ``--num-query-groups``): grouped-query attention when
@@ -380,6 +396,16 @@ class TransformerSpec(Spec):
                 allowed=f"0 to {L - self.num_layers_at_start_in_bf16}")
         return self
 
+    @property
+    def recomputed_modules(self) -> frozenset[str]:
+        """The modules a backward recomputes: ``recompute_modules`` (default ``core_attn``)
+        under selective recomputation, none otherwise (full recomputation reruns the whole
+        layer)."""
+        if self.activation_recompute != "selective":
+            return frozenset()
+        return frozenset(("core_attn",) if self.recompute_modules is None
+                         else self.recompute_modules)
+
     @model_validator(mode="after")
     def _mtp_fits(self) -> TransformerSpec:
         pattern, key = self.mtp_hybrid_override_pattern, "mtp_hybrid_override_pattern"
@@ -515,6 +541,36 @@ class TransformerSpec(Spec):
                 f"the Mamba-2 heads ({heads}) are split evenly into the groups that share B "
                 f"and C", key="mamba_num_groups", value=groups,
                 allowed=f"a divisor of {heads}")
+
+
+    @model_validator(mode="after")
+    def _recompute_modules_fit(self) -> TransformerSpec:
+        modules, key = self.recompute_modules, "recompute_modules"
+        if modules is None:
+            return self
+        if modules and self.activation_recompute != "selective":
+            raise ConfigError(
+                "names modules that selective recomputation recomputes; this workload's "
+                f"activation_recompute is {self.activation_recompute} (Megatron-Core refuses "
+                "recompute modules without --recompute-granularity selective)", key=key,
+                value=list(modules), allowed="null or [], or activation_recompute: selective")
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise ConfigError(
+                f"{', '.join(repr(m) for m in unknown)} is no module CrossFlow recomputes",
+                key=key, value=list(modules), allowed=", ".join(RECOMPUTE_MODULES))
+        kinds = "".join(self.layer_kinds)
+        has = {"mla_up_proj": self.multi_latent_attention, "moe": self.moe,
+               "moe_act": self.moe, "shared_experts": self.moe and self.shared_ffn > 0,
+               "mlp": "-" in kinds, "layernorm": "E" in kinds or self.multi_latent_attention}
+        missing = [m for m in modules if not has.get(m, True)]
+        if missing:
+            m = missing[0]
+            raise ConfigError(
+                f"{m!r} recomputes {RECOMPUTE_MODULES[m]}, which this model does not have",
+                key=key, value=list(modules),
+                allowed=", ".join(m for m in RECOMPUTE_MODULES if has.get(m, True)))
+        return self
 
 
 #: The layer symbols of ``hybrid_override_pattern`` (Megatron-LM's

@@ -14,12 +14,13 @@ or the Megatron-LM keys::
 here too: the pipeline ``schedule`` (1F1B, interleaved when virtual stages > 1, or GPipe),
 ``zero1`` (optimizer state sharded over the data-parallel group, Rajbhandari et al. 2020,
 stage 1; Megatron's name ``use_distributed_optimizer`` is accepted as its alias), a
-``micro_batch_size`` and a ``recompute_granularity`` (Megatron's name: none, selective or
-full) that override the workload's, and Megatron-FSDP (``use_megatron_fsdp`` with its
-``data_parallel_sharding_strategy``: ZeRO-1, -2 or -3 over the data × context ranks), and
-how the layers split over the pipeline chunks where not evenly (Megatron's
-``account_for_*_in_pipeline_split``, ``num_layers_in_first/last_pipeline_stage`` or a
-``pipeline_model_parallel_layout``: :meth:`ParallelismSpec.chunk_split`).
+``micro_batch_size``, a ``recompute_granularity`` (Megatron's name: none, selective or
+full) and ``recompute_modules`` that override the workload's, and Megatron-FSDP
+(``use_megatron_fsdp`` with its ``data_parallel_sharding_strategy``: ZeRO-1, -2 or -3 over
+the data × context ranks), and how the layers split over the pipeline chunks where not
+evenly (Megatron's ``account_for_*_in_pipeline_split``,
+``num_layers_in_first/last_pipeline_stage`` or a ``pipeline_model_parallel_layout``:
+:meth:`ParallelismSpec.chunk_split`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class ParallelismSpec(Spec):
     #: Megatron's ``--recompute-granularity`` (none / selective / full): overrides the
     #: workload's ``activation_recompute`` (None: the workload's)
     recompute_granularity: Literal["none", "selective", "full"] | None = None
+    #: Megatron's ``--recompute-modules``: under selective recomputation, the modules
+    #: recomputed (the workload's ``recompute_modules``, which this overrides; None: the
+    #: workload's)
+    recompute_modules: tuple[str, ...] | None = None
     #: Megatron's ``--use-distributed-optimizer``: another name for ``zero1``
     use_distributed_optimizer: bool | None = None
     #: context parallelism (Megatron's ``--context-parallel-size``): each sequence split over

@@ -589,16 +589,19 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
     tokens = spec.micro_batch_size * spec.seq_length // cp
     # the collectives of its sublayers: two (attention and MLP) in a block, one in a layer
     # of a hybrid stack
-    sublayers = len(spec.layer_kinds[0])
+    kind = spec.layer_kinds[0]
+    sublayers = len(kind)
+    modules = spec.recomputed_modules
+    rerun = ("mlp" in modules and "-" in kind) + ("moe" in modules and "E" in kind)
     comm_f, comm_b = block_collectives(tokens=tokens, hidden=spec.hidden_size,
                                        precision=spec.activation_precision, sp=sp,
                                        recompute=spec.activation_recompute, collective=coll,
-                                       sublayers=sublayers)
+                                       sublayers=sublayers, rerun=rerun)
     act = tokens * spec.hidden_size * BYTES_PER_ELEMENT[spec.activation_precision]
     vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
     on = tp > 1
     count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute,
-                                        sublayers=sublayers)
+                                        sublayers=sublayers, rerun=rerun)
     block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f, a2a, moe_efficiency,
                           gather=gather)
     block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b, a2a, moe_efficiency,

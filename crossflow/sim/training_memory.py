@@ -168,7 +168,13 @@ def _layer_activations(spec, *, tp: int, sp: bool, etp: int) -> float:
     # run saves in the GEMMs' format: a dense MLP's fc2 input; an MoE layer's permuted
     # copies (the experts' fc1 input) and the experts' and the shared expert's fc2 inputs
     quant_dense = quant_moe = spec.ffn / h
-    share = 0.0
+    share = k = 0.0
+    # the bytes per element a quantized GEMM input saves against bf16, averaged over the
+    # layers, those kept in BF16 (first_last_layers_bf16) saving nothing
+    shed = 0.0
+    if spec.quantized:
+        bf16 = spec.bf16_layers
+        shed = (2 - BYTES_PER_ELEMENT[spec.precision]) * (1 - sum(bf16) / len(bf16))
     if spec.moe:
         # An MoE layer keeps, per token, its k permuted copies and their expert outputs
         # (2·k·h each) and the experts' fc1 and activation outputs, as a dense MLP of width
@@ -199,8 +205,9 @@ def _layer_activations(spec, *, tp: int, sp: bool, etp: int) -> float:
     else:
         flash = (spec.attention_backend or "unfused") == "flash"
         # the s×s scores, probabilities and dropout mask; none with a flash kernel (it keeps
-        # only the softmax statistics) or under selective recomputation
-        attention = 0.0 if rc == "selective" or flash else 5 * a * s / (h * tp)
+        # only the softmax statistics) or where selective recomputation reruns the core
+        core = "core_attn" in spec.recomputed_modules
+        attention = 0.0 if core or flash else 5 * a * s / (h * tp)
         if spec.hybrid_override_pattern is not None:  # one norm per layer, not two
             attention *= spec.hybrid_override_pattern.count("*") / L
             base = (5 + split) / tp if sp else 5 + split / tp
@@ -212,8 +219,6 @@ def _layer_activations(spec, *, tp: int, sp: bool, etp: int) -> float:
             # fc2 input take 1 byte (FP8) or 0.5625 (NVFP4) instead of 2 (the attention
             # output stays bf16: the flash backward reads it); averaged over the layers,
             # those kept in BF16 (first_last_layers_bf16) saving nothing
-            bf16 = spec.bf16_layers
-            shed = (2 - BYTES_PER_ELEMENT[spec.precision]) * (1 - sum(bf16) / len(bf16))
             if spec.hybrid_override_pattern is None:
                 base -= shed * (2 / tp if sp else 2)
                 base -= shed * (share * quant_moe + (1 - share) * quant_dense) / tp
@@ -222,8 +227,62 @@ def _layer_activations(spec, *, tp: int, sp: bool, etp: int) -> float:
                 base -= shed * (1 / tp if sp else 1)
                 base -= shed * (pattern.count("-") * quant_dense
                                 + pattern.count("E") * quant_moe) / L / tp
+        if spec.recomputed_modules:
+            base -= _recomputed(spec, tp=tp, sp=sp, shed=shed, share=share, k=k,
+                                dense_mlp=dense_mlp, moe_mlp=moe_mlp,
+                                quant_dense=quant_dense, quant_moe=quant_moe)
         per_layer = s * b * h * (base + attention)
     return per_layer
+
+
+def _recomputed(spec, *, tp, sp, shed, share, k, dense_mlp, moe_mlp, quant_dense,
+                quant_moe) -> float:
+    """What selective recomputation's modules other than the attention core free, in
+    bytes per token and hidden unit averaged over the layers (as :func:`_layer_activations`
+    counts them, ``shed`` the bytes a quantized GEMM input saves): a module rerun in
+    backward keeps no output (Megatron-Core discards ``layernorm``'s, ``mla_up_proj``'s and
+    ``moe_act``'s outputs once their consumers have run, Transformer Engine then saving the
+    GEMMs' original inputs, not quantized copies; ``mlp``, ``moe`` and ``shared_experts``
+    checkpoint their input, which the layer keeps anyway).
+
+    * ``layernorm``: the outputs of the norms no linear layer fuses — the pre-MLP norm of
+      every layer of an MoE model (of a hybrid stack's MoE layers) and MLA's input norm;
+    * ``mlp``: a dense MLP's fc1 and activation outputs and, where fused into fc1, its
+      norm's output;
+    * ``moe``: everything an MoE layer keeps past its input; else ``moe_act``: the routed
+      experts' activation outputs, 2·k·moe_ffn, and ``shared_experts``: the shared expert's;
+    * ``mla_up_proj``: the queries, keys and values (the latents stay).
+    """
+    modules, h = spec.recomputed_modules, spec.hidden_size
+    pattern = spec.hybrid_override_pattern
+    if pattern is None:
+        attention, dense, moe = 1.0, 1 - share, share
+        # Megatron-Core's layer spec for a model with experts gives every layer a separate
+        # pre-MLP norm; a dense model's is fused into fc1
+        separate, fused = (1.0, 0.0) if spec.moe else (0.0, dense)
+    else:  # only an MoE layer's norm is separate
+        attention, dense, moe = (pattern.count(c) / len(pattern) for c in "*-E")
+        separate, fused = moe, dense
+    norms = 0.0
+    if "layernorm" in modules:
+        norms += separate + attention * spec.multi_latent_attention
+    if "mlp" in modules:  # a fused norm's output; a separate one is the checkpoint's input
+        norms += fused
+    norms *= 2 - shed  # a norm's output, as the norm-fed GEMM keeps it
+    split = 0.0
+    if "mlp" in modules:
+        split += dense * (dense_mlp - shed * quant_dense)
+    if "moe" in modules:
+        split += moe * (moe_mlp - shed * quant_moe)
+    else:
+        if "moe_act" in modules:
+            split += moe * (2 - shed) * k * spec.moe_ffn / h
+        if "shared_experts" in modules:
+            gate = 6 if spec.gated_linear_unit else 4
+            split += moe * (gate - shed) * spec.shared_ffn / h
+    if "mla_up_proj" in modules and spec.multi_latent_attention:
+        split += attention * 2 * spec.qkv_width / h
+    return norms / (tp if sp else 1) + split / tp
 
 
 def _stage_bytes(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m, schedule,

@@ -27,10 +27,11 @@ many FLOPs as the forward GEMM; the attention GEMMs get the gradients of both op
 the saved tensor; the layernorm backward fuses the residual-gradient add.  Bias gradients
 are counted in ``wgrad_elements`` but not as separate kernels.
 
-Recomputation (``activation_recompute``): ``selective`` recomputes the attention core whose
-activations are large but cheap (QKᵀ, softmax, dropout; Korthikanti §5) just before its
-backward; ``full`` checkpoints each block's input and recomputes the whole block forward
-before its backward (SC21's "activation recomputation").  Recomputed nodes have phase
+Recomputation (``activation_recompute``): ``selective`` recomputes the ``recompute_modules``
+(Megatron-Core's; by default the attention core, whose activations are large but cheap: QKᵀ,
+softmax, dropout, Korthikanti §5) just before their backward; ``full`` checkpoints each
+block's input and recomputes the whole block forward before its backward (SC21's
+"activation recomputation").  Recomputed nodes have phase
 ``recompute`` and ids ending in ``.re``.
 
 An optimizer node per unit (Adam with fp32 master weights, states and gradients: reads
@@ -296,6 +297,7 @@ class _Block:
             self.ssd_width = (spec.mamba_num_groups * spec.mamba_state_dim // spec.mamba_heads
                               + spec.mamba_head_dim) // 2
         self.mla = spec.multi_latent_attention
+        self.recomputed = spec.recomputed_modules
         #: the op whose output the attention reads, and the queries' / keys' width per head
         self.qkv_op = "kv_up" if self.mla else "qkv"
         self.dqk = spec.qk_dim
@@ -771,12 +773,13 @@ class _Block:
         g.context = {"phase": "bwd", "layer": self.layer, "unit": self.layer + 1}
         grad, wgrads = dy, []
         if "ln2" in self.ops:  # the feed-forward part (an MLP or an MoE layer)
+            self._recompute(x, dy, self._ffn_recomputed())
             grad, wgrads = self._ffn_backward(x, dy)
         if "M" in self.kind:
             grad, mixer_wgrads = self._mamba_backward(x, grad)
             wgrads += mixer_wgrads
         elif self.mixer:
-            grad, mixer_wgrads = self._attention_backward(x, grad, recompute)
+            grad, mixer_wgrads = self._attention_backward(x, grad)
             wgrads += mixer_wgrads
         # optimizer
         g.context = {"phase": "optimizer", "layer": self.layer, "unit": self.layer + 1}
@@ -784,6 +787,52 @@ class _Block:
         for node in wgrads:
             g.edge(node, opt, "wgrad", g.nodes[node]["wgrad_elements"] * self.bytes)
         return grad
+
+    def _recompute(self, x: str, after: str, ops: set[str]) -> None:
+        """Forward nodes of ``ops`` (in forward order) run again once ``after`` has run, as
+        the backward that reads their outputs begins."""
+        if not ops:
+            return
+        ordered = tuple(op for op in self.ops if op in ops)
+        self.forward(x, "recompute", ordered)
+        self.g.edge(after, self.prefix + ordered[0] + ".re", "control")
+        self.g.context = {"phase": "bwd", "layer": self.layer, "unit": self.layer + 1}
+
+    def _attention_recomputed(self, flash: bool) -> set[str]:
+        """The attention part's ops that selective recomputation reruns (Megatron-Core's
+        ``recompute_modules``): the core (``core_attn``; Korthikanti §5, or the fused flash
+        core), MLA's up-projections and RoPE (``mla_up_proj``) and MLA's input norm, which
+        no linear layer fuses (``layernorm``)."""
+        modules, ops = self.recomputed, set()
+        if "core_attn" in modules:
+            ops.update(FLASH_SELECTIVE_OPS if flash else SELECTIVE_OPS)
+        if self.mla and "mla_up_proj" in modules:
+            ops.update(("q_up", "kv_up", "rope"))
+        if self.mla and "layernorm" in modules:
+            ops.add("ln1")
+        return ops & set(self.ops)
+
+    def _ffn_recomputed(self) -> set[str]:
+        """The feed-forward part's ops that selective recomputation reruns: the whole MoE
+        layer (``moe``: routing, the experts, and with them the token dispatch and combine)
+        or its experts' activation (``moe_act``) and shared expert (``shared_experts``); the
+        whole dense MLP, its fused norm included (``mlp``); the pre-MLP norm where it is
+        not fused into a linear layer: every layer of an MoE model, a hybrid stack's MoE
+        layers (``layernorm``)."""
+        modules, ops = self.recomputed, set()
+        ffn = set(self.ops[self.ops.index("ln2") + 1:-1])  # between ln2 and mlp_residual
+        if self.moe and "moe" in modules:
+            ops |= ffn
+        if self.moe and "moe_act" in modules:
+            ops.add("expert_act")
+        if self.moe and "shared_experts" in modules:
+            ops.update(("shared_fc1", "shared_act", "shared_fc2"))
+        if not self.moe and "mlp" in modules:
+            ops |= ffn | {"ln2"}
+        if "layernorm" in modules and (self.moe or self.spec.moe and
+                                       self.spec.hybrid_override_pattern is None):
+            ops.add("ln2")
+        return ops & set(self.ops)
 
     def _stash(self, u: str, v: str, nbytes: float | None = None) -> None:
         self.g.edge(u, v, "stash", nbytes)
@@ -847,7 +896,7 @@ class _Block:
         self._stash(self.src["proj_residual"], n)
         return self._dy_cast(proj, t * h, n, "sp") if self.quantized else n
 
-    def _attention_backward(self, x: str, dy: str, recompute: str) -> tuple[str, list[str]]:
+    def _attention_backward(self, x: str, dy: str) -> tuple[str, list[str]]:
         """Backward of the attention part from ``dy`` (the gradient of its output): (the
         node holding the gradient of the block's input, the weight-gradient nodes)."""
         g, t, h, s, a, b, p = self.g, self.t, self.h, self.s, self.a, self.b, self.prefix
@@ -858,11 +907,7 @@ class _Block:
         proj_in = src["proj_cast"] if self.quantized else src["attn" if flash else "av"]
         proj_dx, proj_dw = gemm_bwd("proj", t, q, h, proj_in, n, "n", "m", h)
         qkv_src = src["rope"] if "rope" in src else src["qkv"]
-        if recompute == "selective":
-            ops = FLASH_SELECTIVE_OPS if flash else SELECTIVE_OPS
-            self.forward("", "recompute", ops)
-            g.edge(proj_dx, p + ops[0] + ".re", "control")
-            g.context = {"phase": "bwd", "layer": self.layer, "unit": self.layer + 1}
+        self._recompute(x, proj_dx, self._attention_recomputed(flash))
         heads = b * a
         if flash:
             # the fused backward recomputes the scores tile by tile: QKᵀ, dV, dP, dQ, dK

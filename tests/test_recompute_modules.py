@@ -1,0 +1,198 @@
+"""Selective recomputation by module (Megatron-Core's ``recompute_modules``): what each
+module frees, what its rerun costs, and the refusals of modules a model does not have."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import crossflow
+from crossflow.config.workload import TransformerSpec
+from crossflow.errors import ConfigError
+from crossflow.sim.training_memory import transformer_memory
+from crossflow.workloads.transformer import transformer_graph
+
+A100 = "a100-sxm4-80gb"
+ONE = {"tp": 1, "pp": 1, "dp": 1}
+
+
+def _gpt(**update) -> dict:
+    return {"kind": "transformer", "name": "small-gpt", "num_layers": 4, "hidden_size": 1024,
+            "num_attention_heads": 16, "seq_length": 2048, "vocab_size": 32768,
+            "global_batch_size": 8, "micro_batch_size": 2, "precision": "bf16",
+            "activation_recompute": "selective", **update}
+
+
+def _moe(**update) -> dict:
+    return _gpt(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=1536,
+                moe_shared_expert_intermediate_size=1024, gated_linear_unit=True, **update)
+
+
+def _mla(**update) -> dict:
+    return _gpt(multi_latent_attention=True, q_lora_rank=512, kv_lora_rank=256,
+                qk_head_dim=64, qk_pos_emb_head_dim=32, v_head_dim=64, **update)
+
+
+def _spec(d: dict, *modules: str) -> TransformerSpec:
+    return TransformerSpec.model_validate({**d, "recompute_modules": modules})
+
+
+def _activations(d: dict, *modules: str) -> float:
+    return transformer_memory(_spec(d, *modules), **ONE)["activations_bytes"]
+
+
+def _time(d: dict, *modules: str) -> float:
+    return crossflow.predict(workload=_spec(d, *modules), hardware=A100).time_s
+
+
+def test_megatron_default_is_the_attention_core():
+    default = TransformerSpec.model_validate(_gpt())
+    assert default.recomputed_modules == {"core_attn"}
+    core = _spec(_gpt(), "core_attn")
+    assert transformer_memory(default, **ONE) == transformer_memory(core, **ONE)
+    assert (crossflow.predict(workload=default, hardware=A100).time_s
+            == crossflow.predict(workload=core, hardware=A100).time_s)
+
+
+def test_an_empty_list_keeps_the_unfused_attention_scores():
+    # Korthikanti's 5·a·s/h bytes per token and hidden unit come back without core_attn
+    d = _gpt()
+    s, b, a, L = d["seq_length"], d["micro_batch_size"], d["num_attention_heads"], 4
+    extra = _activations(d) - _activations(d, "core_attn")
+    assert extra == pytest.approx(L * 5 * a * s * s * b)
+    assert _time(d) < _time(d, "core_attn")  # and nothing is rerun
+
+
+def test_mlp_frees_the_dense_mlp_and_its_fused_norm_output():
+    # fc1's and GeLU's outputs (2 bytes each per ffn unit) and the fused norm's (2 per
+    # hidden unit), per token of every layer
+    d = _gpt()
+    h, s, b, L = 1024, 2048, 2, 4
+    freed = _activations(d, "core_attn") - _activations(d, "core_attn", "mlp")
+    assert freed == pytest.approx(L * s * b * (2 * h + 4 * 4 * h))
+    assert _time(d, "core_attn", "mlp") > _time(d, "core_attn")
+    names = {a["name"] for _, a in transformer_graph(_spec(d, "mlp")).nodes(data=True)
+             if a["phase"] == "recompute"}
+    assert names == {"ln2", "mlp1", "gelu", "mlp2"}
+
+
+def test_moe_modules_free_what_they_rerun():
+    d = _moe()
+    s, b, L, k, f = 2048, 2, 4, 2, 1536
+    base = _activations(d)
+    act = base - _activations(d, "moe_act")
+    assert act == pytest.approx(L * s * b * 2 * k * f)  # the experts' SwiGLU outputs
+    shared = base - _activations(d, "shared_experts")
+    assert shared == pytest.approx(L * s * b * 6 * 1024)  # fc1 (2 × 1024) and SwiGLU
+    whole = base - _activations(d, "moe")
+    assert whole > act + shared
+    # "moe" reruns what "moe_act" and "shared_experts" would, so adding them frees nothing
+    assert _activations(d, "moe", "moe_act", "shared_experts") == _activations(d, "moe")
+    # every layer of an MoE model has a separate pre-MLP norm: its output goes too
+    assert base - _activations(d, "layernorm") == pytest.approx(L * s * b * 2 * 1024)
+    t_act, t_moe = _time(d, "moe_act"), _time(d, "moe")
+    assert _time(d) < t_act < t_moe
+
+
+def test_recomputing_the_whole_moe_layer_repeats_its_all_to_alls():
+    d = _moe(global_batch_size=64)
+    par = {"tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 8,
+           "expert_parallel": 8}
+    spec_act, spec_moe = _spec(d, "moe_act"), _spec(d, "moe")
+    act = crossflow.predict(workload=spec_act, system="dgx-h100-megatron-core",
+                            parallelism=par)
+    moe = crossflow.predict(workload=spec_moe, system="dgx-h100-megatron-core",
+                            parallelism=par)
+    backward = moe.details["block_backward_s"], act.details["block_backward_s"]
+    assert backward[0]["ep_comm"] == pytest.approx(2 * backward[1]["ep_comm"])
+    assert backward[0]["collectives"] == 2 * backward[1]["collectives"]
+
+
+def test_recomputing_a_whole_mlp_repeats_its_tensor_parallel_collectives():
+    d = _gpt(global_batch_size=16)
+    par = {"tensor_parallel": 8, "sequence_parallel": True}
+    runs = [crossflow.predict(workload=_spec(d, *m), system="dgx-h100-megatron-core",
+                              parallelism=par).details["block_backward_s"]
+            for m in (("core_attn",), ("core_attn", "mlp"))]
+    # forward: an all-gather and a reduce-scatter per sublayer; backward those and a
+    # gather for the weight gradient, and the MLP's pair again when it is rerun
+    assert [r["collectives"] for r in runs] == [6, 8]
+
+
+def test_mla_up_proj_frees_the_queries_keys_and_values():
+    d = _mla()
+    spec = _spec(d)
+    s, b, L = 2048, 2, 4
+    freed = _activations(d) - _activations(d, "mla_up_proj")
+    assert freed == pytest.approx(L * s * b * 2 * spec.qkv_width)
+    names = {a["name"] for _, a in transformer_graph(_spec(d, "mla_up_proj")).nodes(data=True)
+             if a["phase"] == "recompute"}
+    assert names == {"q_up", "kv_up", "rope"}
+    # MLA's input norm is no linear layer's: "layernorm" frees it, and reruns it
+    assert _activations(d) - _activations(d, "layernorm") == pytest.approx(L * s * b * 2 * 1024)
+
+
+def test_deepseek_v3_fits_an_h100_with_its_recipes_recomputation():
+    # Megatron-Bridge's H100 recipe for DeepSeek-V3 recomputes mla_up_proj and mlp
+    # (perf_recipes/deepseek/h100/deepseek_v3.py); its 25.09 run trained in 80 GB
+    from crossflow.validation import megatron_bridge as mb
+
+    row = next(r for r in mb.moe_rows() if r["model_key"] == "deepseek_v3")
+    spec, par = mb.case(row)
+    plain = crossflow.predict(workload=spec, system=mb.SYSTEM, parallelism=par)
+    recipe = {**par, "recompute_granularity": "selective",
+              "recompute_modules": ("mla_up_proj", "mlp")}
+    fits = crossflow.predict(workload=spec, system=mb.SYSTEM, parallelism=recipe)
+    assert not plain.feasible and fits.feasible
+    assert fits.memory_per_device_bytes < 80e9 < plain.memory_per_device_bytes
+
+
+def test_the_parallelism_overrides_the_workloads_modules():
+    d = {**_gpt(), "recompute_modules": ("core_attn", "mlp")}
+    workload = crossflow.predict(workload=d, hardware=A100)
+    mine = crossflow.predict(workload=d, hardware=A100,
+                             parallelism={"recompute_modules": ("core_attn",)})
+    assert mine.memory_per_device_bytes > workload.memory_per_device_bytes
+    # under another granularity the workload's modules do not apply (and are no error)
+    full = crossflow.predict(workload=d, hardware=A100,
+                             parallelism={"recompute_granularity": "full"})
+    assert full.memory_per_device_bytes < workload.memory_per_device_bytes
+    with pytest.raises(ConfigError, match="recompute_modules"):
+        crossflow.predict(workload=d, hardware=A100,
+                          parallelism={"recompute_granularity": "none",
+                                       "recompute_modules": ("mlp",)})
+
+
+@pytest.mark.parametrize("update, pattern", [
+    ({"activation_recompute": "full", "recompute_modules": ("mlp",)},
+     "activation_recompute is full"),
+    ({"recompute_modules": ("attention",)}, "'attention' is no module"),
+    ({"recompute_modules": ("moe_act",)}, "'moe_act' recomputes the routed experts'"),
+    ({"recompute_modules": ("mla_up_proj",)}, "'mla_up_proj' recomputes MLA's"),
+    ({"recompute_modules": ("layernorm",)}, "'layernorm' recomputes the norms"),
+])
+def test_modules_a_model_cannot_recompute_exit_2(cli, tmp_path, update, pattern):
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump({**_gpt(), **update}))
+    code, out, err = cli("predict", "--workload", path, "--hardware", A100)
+    assert code == 2 and not out
+    assert str(path) in err and "recompute_modules" in err and pattern in err
+
+
+def test_an_moe_mla_model_over_memory_is_offered_its_light_recomputation(cli):
+    """DeepSeek-V3 at NVIDIA's 25.09 H100 setting (without the recipe's recomputation)
+    does not fit; predict offers the modules Megatron-Bridge's guidance starts from, the
+    fastest fix, and the line it prints runs."""
+    par = ("{tensor_parallel: 2, pipeline_parallel: 8, data_parallel: 64, "
+           "virtual_pipeline_stages: 4, sequence_parallel: true, "
+           "use_distributed_optimizer: true, expert_parallel: 64, "
+           "pipeline_model_parallel_layout: Et|(tt|)*30mL}")
+    base = ("predict", "--workload", "deepseek-v3", "--system", "dgx-h100-megatron-core")
+    code, out, _ = cli(*base, "--parallelism", par)
+    assert code == 3
+    line = out.splitlines()[-1]
+    assert line.startswith("  to use the fastest: --parallelism")
+    assert line.endswith("recompute_granularity: selective, recompute_modules: "
+                         "[layernorm, moe_act, mla_up_proj]}'")
+    code, out, _ = cli(*base, "--parallelism", line.split("--parallelism ")[1].strip("'"))
+    assert code == 0
