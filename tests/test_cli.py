@@ -112,14 +112,14 @@ def test_a_design_no_single_option_fits_gets_a_sharding_with_a_recomputation(cli
     assert fits == [{"use_megatron_fsdp": True, "recompute_granularity": "full"}]
 
 
-def test_the_first_fix_runs_as_printed(cli, tmp_path):
-    """The line after the options says how to pass the first one; given back inline as it
+def test_the_fastest_fix_runs_as_printed(cli, tmp_path):
+    """The line after the options says how to pass the fastest one; given back inline as it
     says, the design fits (an inline mapping takes the strategy name and its degrees)."""
     base = ("predict", "--workload", "llama3-70b", "--system", "dgx-h100-megatron-core",
             "--parallelism")
     code, out, _ = cli(*base, "t4-p4-d4-v5-sp-c2")
     line = out.splitlines()[-1]
-    assert code == 3 and line == ("  to use the first: --parallelism '{strategy: "
+    assert code == 3 and line == ("  to use the fastest: --parallelism '{strategy: "
                                   "t4-p4-d4-v5-sp-c2, use_distributed_optimizer: true}'")
     code, out, _ = cli(*base, line.split("--parallelism ")[1].strip("'"))
     assert code == 0 and "strategy      t4-d4-p4-v5-sp-c2" in out
@@ -127,7 +127,7 @@ def test_the_first_fix_runs_as_printed(cli, tmp_path):
     path = tmp_path / "par.yaml"
     path.write_text("strategy: t4-p4-d4-v5-sp-c2\n")
     code, out, _ = cli(*base, str(path))
-    assert out.splitlines()[-1] == (f"  to use the first: add `use_distributed_optimizer: "
+    assert out.splitlines()[-1] == (f"  to use the fastest: add `use_distributed_optimizer: "
                                     f"true` to {path}")
     # an inline value that is not a mapping, or a strategy that is none, names the key
     code, _, err = cli(*base, "{t4-p4")

@@ -87,16 +87,18 @@ _RECOMPUTE = ({"recompute_granularity": "selective"}, {"recompute_granularity": 
 def _fits_with(args: argparse.Namespace, p) -> list[tuple[dict, object]]:
     """For a transformer the memory check refused: the options above that make the same
     design fit, each with the prediction it then gets (the model's own verdict, not a rule
-    of thumb); the pairs of options only where no single one fits."""
+    of thumb), the fastest first; the pairs of options only where no single one fits."""
     if p.feasible or p.details.get("rejected_by") != "memory_check" or not args.parallelism:
         return []
     from crossflow.config import load_spec
     from crossflow.parallel import parse_parallelism
     from crossflow.predict import predict
 
-    if load_spec(args.workload, "workloads").kind != "transformer":
+    spec = load_spec(args.workload, "workloads")
+    if spec.kind != "transformer":
         return []  # the options are a transformer's (Megatron-LM's)
     par = parse_parallelism(args.parallelism)
+    recompute = (*_light_recompute(spec), *_RECOMPUTE)
 
     def tried(options: dict) -> tuple[dict, object] | None:
         update = {("zero1" if k == "use_distributed_optimizer" else k): v
@@ -111,10 +113,22 @@ def _fits_with(args: argparse.Namespace, p) -> list[tuple[dict, object]]:
             return None
         return (options, q) if q.feasible else None
 
-    fits = [f for f in map(tried, (*_SHARDING, *_RECOMPUTE)) if f]
+    fits = [f for f in map(tried, (*_SHARDING, *recompute)) if f]
     if not fits:
-        fits = [f for f in (tried({**s, **r}) for s in _SHARDING for r in _RECOMPUTE) if f]
-    return fits
+        fits = [f for f in (tried({**s, **r}) for s in _SHARDING for r in recompute) if f]
+    return sorted(fits, key=lambda f: f[1].time_s)
+
+
+def _light_recompute(spec) -> tuple[dict, ...]:
+    """The selective recomputation Megatron-Bridge's guidance starts from where attention
+    is not the memory (docs/model.md, "Recomputation by module"): MLA's up-projections,
+    and an MoE model's separate norms and expert activations — cheap reruns of large
+    outputs; none for a dense model without MLA."""
+    modules = (("layernorm", "moe_act") if spec.moe else ()) + (
+        ("mla_up_proj",) if spec.multi_latent_attention else ())
+    if not modules:
+        return ()
+    return ({"recompute_granularity": "selective", "recompute_modules": modules},)
 
 
 def _print_fits(fits: list[tuple[dict, object]], parallelism: str) -> None:
@@ -128,13 +142,19 @@ def _print_fits(fits: list[tuple[dict, object]], parallelism: str) -> None:
     for text, q in rows:
         print(f"    {text:<{width}}  memory/device {fmt_bytes(q.memory_per_device_bytes):>8}"
               f"  time {fmt_time(q.time_s)}")
-    print(f"  to use the first: {_with_options(parallelism, fits[0][0])}")
+    print(f"  to use the fastest: {_with_options(parallelism, fits[0][0])}")
 
 
 def _yaml_pairs(mapping: dict) -> str:
     """``key: value, ...`` as YAML reads them back (booleans lowercase)."""
-    return ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
-                     for k, v in mapping.items())
+    def text(v) -> str:
+        if isinstance(v, bool):
+            return str(v).lower()
+        if isinstance(v, (tuple, list)):
+            return "[" + ", ".join(map(str, v)) + "]"
+        return str(v)
+
+    return ", ".join(f"{k}: {text(v)}" for k, v in mapping.items())
 
 
 def _with_options(parallelism: str, options: dict) -> str:
