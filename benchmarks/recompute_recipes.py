@@ -1,4 +1,4 @@
-"""What Megatron-Bridge's per-module recomputation buys on published runs, by the model.
+"""What Megatron-Bridge's recomputation settings buy on published runs, by the model.
 
     python benchmarks/recompute_recipes.py
 
@@ -7,8 +7,10 @@ For runs of the published Megatron-Bridge tables whose recipes set ``recompute_m
 memory per GPU and the iteration time CrossFlow predicts without and with the recipe's
 modules, and the throughput's error against the published figure both ways (times on the
 device with memory to spare where a design is over memory, as the validation data sets
-price such runs).  The validation data sets themselves predict these runs without the
-modules (docs/validation.md).
+price such runs).  Then full recomputation's methods on NVIDIA's 24.07 Llama 3 8B run on
+8 H100s (Megatron-Bridge's H100 recipe for it recomputes the first 5 layers: ``block``).
+The validation data sets themselves predict these runs without recomputation
+(docs/validation.md).
 """
 
 from __future__ import annotations
@@ -53,5 +55,20 @@ def main() -> None:
                   f" {t0:7.3f} -> {t1:6.3f} {e0:+7.1%} -> {e1:+6.1%}")
 
 
+def methods() -> None:
+    row = next(r for r in mb.dense_rows() if r["model_key"] == "llama3_8b")
+    spec, par = mb.case(row)
+    print(f"\n{mb.label(row)}: full recomputation's methods")
+    for name, extra in (("none", {}), ("block 5", {"recompute_method": "block",
+                                                   "recompute_num_layers": 5}),
+                        ("uniform 1", {}), ("uniform 4", {"recompute_method": "uniform",
+                                                          "recompute_num_layers": 4})):
+        if name != "none":
+            extra = {"recompute_granularity": "full", **extra}
+        p = crossflow.predict(workload=spec, system=mb.SYSTEM, parallelism=par | extra)
+        print(f"  {name:<10} {p.time_s:7.3f} s  {p.memory_per_device_bytes / 1e9:5.1f} GB/GPU")
+
+
 if __name__ == "__main__":
     main()
+    methods()

@@ -125,9 +125,10 @@ def _fitted(spec, par):
         strategy = par.to_strategy()
         if par.micro_batch_size and spec.kind == "transformer":
             spec = _with_micro_batch(spec, par.micro_batch_size)
-        if spec.kind == "transformer" and (par.recompute_granularity
-                                           or par.recompute_modules is not None):
-            spec = _with_recompute(spec, par.recompute_granularity, par.recompute_modules)
+        given = tuple((k, getattr(par, k)) for k in RECOMPUTE_KEYS
+                      if getattr(par, k) is not None)
+        if spec.kind == "transformer" and given:
+            spec = _with_recompute(spec, given)
         cp = par.context_parallel
         if cp > 1 and "M" in (getattr(spec, "hybrid_override_pattern", None) or ""):
             raise ConfigError(
@@ -219,18 +220,29 @@ def _with_layers(spec, layers: int):
     return spec.model_copy(update={"num_layers": layers})
 
 
+#: the parallelism's keys that override the workload's recomputation (Megatron's names; the
+#: granularity is the workload's ``activation_recompute``)
+RECOMPUTE_KEYS = ("recompute_granularity", "recompute_modules", "recompute_method",
+                  "recompute_num_layers")
+
+
 @lru_cache(maxsize=256)
-def _with_recompute(spec, recompute: str | None, modules: tuple[str, ...] | None):
-    """The workload under the parallelism's recompute granularity and modules: its own
-    modules kept under selective recomputation, dropped under another; modules the
-    parallelism names checked against the model as a workload's are."""
-    recompute = recompute or spec.activation_recompute
-    if modules is None:
-        kept = spec.recompute_modules if recompute == "selective" else None
-        return spec.model_copy(update={"activation_recompute": recompute,
-                                       "recompute_modules": kept})
-    return type(spec).model_validate({**dict(spec), "activation_recompute": recompute,
-                                      "recompute_modules": modules})
+def _with_recompute(spec, given: tuple[tuple[str, object], ...]):
+    """The workload under the parallelism's recomputation keys: a granularity keeps the
+    workload's modules (selective) or method and layers (full) where it allows them and
+    drops them where not; modules, a method or layers the parallelism names are checked
+    against the model as a workload's are."""
+    update = {("activation_recompute" if k == "recompute_granularity" else k): v
+              for k, v in given}
+    mode = update.get("activation_recompute", spec.activation_recompute)
+    update["activation_recompute"] = mode
+    for key, kept_under in (("recompute_modules", "selective"), ("recompute_method", "full"),
+                            ("recompute_num_layers", "full")):
+        if key not in update and mode != kept_under:
+            update[key] = None
+    if all(k == "recompute_granularity" for k, _ in given):  # nothing new to check
+        return spec.model_copy(update=update)
+    return type(spec).model_validate({**dict(spec), **update})
 
 
 @lru_cache(maxsize=256)
@@ -518,11 +530,23 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
                  "context_parallel": par.context_parallel if par else 1,
                  "activation_recompute": spec.activation_recompute,
+                 **_recompute_details(spec),
                  **({"expert_parallel": par.expert_parallel,
                      "expert_tensor_parallel": par.expert_tensor_parallel}
                     if par and spec.moe else {}),
                  "model_flops_per_iteration": r.flops_per_iteration, **r.detail},
     )
+
+
+def _recompute_details(spec) -> dict:
+    """What the recomputation reruns, in Megatron-LM's names, where the mode leaves a
+    choice: the modules under selective recomputation, the method under full."""
+    if spec.activation_recompute == "selective":
+        return {"recompute_modules": sorted(spec.recomputed_modules)}
+    if spec.activation_recompute == "full":
+        return {"recompute_method": spec.recompute_method or "uniform",
+                "recompute_num_layers": spec.recompute_num_layers or 1}
+    return {}
 
 
 def _graph(spec, strategy, arch, network, devices) -> Prediction:

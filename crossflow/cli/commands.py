@@ -145,6 +145,20 @@ def _print_fits(fits: list[tuple[dict, object]], parallelism: str) -> None:
     print(f"  to use the fastest: {_with_options(parallelism, fits[0][0])}")
 
 
+def _recompute_text(d: dict) -> str:
+    """The recomputation a prediction ran: ``full``, ``full (block: the first 5 layers of
+    each chunk)``, ``selective (core_attn, moe_act)``, ``none``."""
+    mode = d["activation_recompute"]
+    if mode == "selective":
+        return f"selective ({', '.join(d['recompute_modules']) or 'no module'})"
+    if mode == "full" and d.get("recompute_method") == "block":
+        return (f"full (block: the first {d['recompute_num_layers']} layers of each "
+                "pipeline chunk)")
+    if mode == "full" and d.get("recompute_num_layers", 1) > 1:
+        return f"full (uniform: groups of {d['recompute_num_layers']} layers)"
+    return mode
+
+
 def _yaml_pairs(mapping: dict) -> str:
     """``key: value, ...`` as YAML reads them back (booleans lowercase)."""
     def text(v) -> str:
@@ -199,7 +213,7 @@ def _print_prediction(p) -> None:
               + (f", mapping order {d['mapping_order']}" if "mapping_order" in d else ""))
     print(f"  time          {fmt_time(p.time_s)}")
     if "activation_recompute" in d:
-        print(f"  recompute     {d['activation_recompute']}")
+        print(f"  recompute     {_recompute_text(d)}")
     # the achieved rate counts the FLOPs the device runs, recomputed ones included; MFU
     # counts the model's FLOPs only (Megatron's convention), so the two differ by the
     # recomputation

@@ -77,6 +77,13 @@ class TransformerSpec(Spec):
     #: (Megatron-Core's ``--recompute-modules``, :data:`RECOMPUTE_MODULES`); None: Megatron's
     #: default, ``[core_attn]``
     recompute_modules: tuple[str, ...] | None = None
+    #: under ``activation_recompute: full``, which layers (Megatron's ``--recompute-method``):
+    #: ``uniform`` checkpoints the input of each group of ``recompute_num_layers`` layers and
+    #: recomputes every layer; ``block`` recomputes the first ``recompute_num_layers`` layers
+    #: of each pipeline chunk and keeps the others' activations.  None: uniform, groups of 1
+    recompute_method: Literal["uniform", "block"] | None = None
+    #: Megatron's ``--recompute-num-layers`` (uniform: default 1; block: required)
+    recompute_num_layers: Dim | None = None
     #: the MLP's inner width; Megatron's default is 4 · hidden_size
     ffn_hidden_size: Dim | None = None
     #: key/value heads (Megatron's ``--num-query-groups``): grouped-query attention when
@@ -542,6 +549,33 @@ class TransformerSpec(Spec):
                 f"and C", key="mamba_num_groups", value=groups,
                 allowed=f"a divisor of {heads}")
 
+
+    def recomputed_layers(self, chunk: int) -> int:
+        """Of a pipeline chunk of ``chunk`` decoder layers, how many a backward recomputes
+        whole: all under full recomputation, the first ``recompute_num_layers`` under its
+        block method, none otherwise."""
+        if self.activation_recompute != "full":
+            return 0
+        if self.recompute_method == "block":
+            return min(chunk, self.recompute_num_layers)
+        return chunk
+
+    @model_validator(mode="after")
+    def _recompute_method_fits(self) -> TransformerSpec:
+        for key in ("recompute_method", "recompute_num_layers"):
+            value = getattr(self, key)
+            if value is not None and self.activation_recompute != "full":
+                raise ConfigError(
+                    "says which layers full recomputation recomputes; this workload's "
+                    f"activation_recompute is {self.activation_recompute} (Megatron-LM "
+                    "refuses it without --recompute-granularity full)", key=key, value=value,
+                    allowed="null, or activation_recompute: full")
+        if self.recompute_method == "block" and self.recompute_num_layers is None:
+            raise ConfigError(
+                "the block method recomputes the first recompute_num_layers layers of each "
+                "pipeline chunk, and recompute_num_layers is not set", key="recompute_method",
+                value="block", allowed="uniform, or set recompute_num_layers")
+        return self
 
     @model_validator(mode="after")
     def _recompute_modules_fit(self) -> TransformerSpec:

@@ -15,7 +15,8 @@ here too: the pipeline ``schedule`` (1F1B, interleaved when virtual stages > 1, 
 ``zero1`` (optimizer state sharded over the data-parallel group, Rajbhandari et al. 2020,
 stage 1; Megatron's name ``use_distributed_optimizer`` is accepted as its alias), a
 ``micro_batch_size``, a ``recompute_granularity`` (Megatron's name: none, selective or
-full) and ``recompute_modules`` that override the workload's, and Megatron-FSDP
+full), ``recompute_modules``, ``recompute_method`` and ``recompute_num_layers`` that
+override the workload's, and Megatron-FSDP
 (``use_megatron_fsdp`` with its ``data_parallel_sharding_strategy``: ZeRO-1, -2 or -3 over
 the data × context ranks), and how the layers split over the pipeline chunks where not
 evenly (Megatron's ``account_for_*_in_pipeline_split``,
@@ -74,6 +75,10 @@ class ParallelismSpec(Spec):
     #: recomputed (the workload's ``recompute_modules``, which this overrides; None: the
     #: workload's)
     recompute_modules: tuple[str, ...] | None = None
+    #: Megatron's ``--recompute-method`` and ``--recompute-num-layers`` under full
+    #: recomputation (the workload's keys, which these override; None: the workload's)
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: Degree | None = None
     #: Megatron's ``--use-distributed-optimizer``: another name for ``zero1``
     use_distributed_optimizer: bool | None = None
     #: context parallelism (Megatron's ``--context-parallel-size``): each sequence split over

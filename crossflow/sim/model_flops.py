@@ -1,11 +1,12 @@
 """Model FLOPs per iteration, as Megatron-LM counts them (SC21 eq. 3 and its MoE
-generalisation): what MFU divides by.  Recomputation is counted only where asked; the
-hardware FLOPs a device runs are the simulator's (:mod:`crossflow.sim.training`)."""
+generalisation): what MFU divides by.  Recomputation is counted only where asked (the
+share of the decoder's layers full recomputation reruns, 0 to 1); the hardware FLOPs a
+device runs are the simulator's (:mod:`crossflow.sim.training`)."""
 
 from __future__ import annotations
 
 
-def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: bool, *,
+def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: float, *,
                 qkv: int | None = None, q: int | None = None, ffn_in: int | None = None
                 ) -> float:
     """Megatron's FLOPs per iteration (SC21 eq. 3, generalised to an MLP of width ``ffn``,
@@ -21,10 +22,10 @@ def model_flops(L: int, h: int, s: int, V: int, B: int, ffn: int, recompute: boo
     per_token_layer = 2 * (h * qkv + q * h + h * ffn_in + ffn * h) + 4 * s * q
     forward = B * s * (L * per_token_layer + 2 * h * V)
     layers_forward = B * s * L * per_token_layer
-    return 3 * forward + (layers_forward if recompute else 0)
+    return 3 * forward + layers_forward * recompute
 
 
-def spec_model_flops(spec, recompute: bool = False) -> float:
+def spec_model_flops(spec, recompute: float = 0.0) -> float:
     """:func:`model_flops` of a TransformerSpec; with MoE layers, :func:`moe_model_flops`;
     of a hybrid stack, :func:`hybrid_model_flops`."""
     if spec.hybrid_override_pattern is not None:
@@ -35,10 +36,12 @@ def spec_model_flops(spec, recompute: bool = False) -> float:
         base = model_flops(spec.num_layers, spec.hidden_size, spec.seq_length,
                            spec.vocab_size, spec.global_batch_size, spec.ffn, recompute,
                            qkv=spec.qkv_width, q=spec.q_width, ffn_in=spec.mlp_in_width)
-    return base + mtp_model_flops(spec, recompute)
+    # Megatron-Core's block method does not recompute the MTP depths (it warns and skips)
+    block = getattr(spec, "recompute_method", None) == "block"
+    return base + mtp_model_flops(spec, 0.0 if block else recompute)
 
 
-def mtp_model_flops(spec, recompute: bool = False) -> float:
+def mtp_model_flops(spec, recompute: float = 0.0) -> float:
     """The multi-token-prediction depths' model FLOPs, as Megatron-LM's
     ``num_floating_point_operations`` counts them: per depth its layers (each as a layer of
     its kind), its norms and 2h -> h projection (2·(3h + 2h²) per token) and another
@@ -51,7 +54,7 @@ def mtp_model_flops(spec, recompute: bool = False) -> float:
         per[symbol] for kind in spec.mtp_layer_kinds for symbol in kind)
     forward = layers + spec.mtp_num_layers * tokens * (
         2 * (3 * h + 2 * h * h) + 2 * h * spec.vocab_size)
-    return 3 * forward + (layers if recompute else 0)
+    return 3 * forward + layers * recompute
 
 
 def _per_token(spec) -> dict[str, float]:
@@ -71,7 +74,7 @@ def _per_token(spec) -> dict[str, float]:
     return per
 
 
-def hybrid_model_flops(spec, recompute: bool = False) -> float:
+def hybrid_model_flops(spec, recompute: float = 0.0) -> float:
     """Model FLOPs of a hybrid stack (Megatron-LM's ``hybrid_flops`` in
     megatron/training/training.py): per layer its own sublayer — a Mamba-2 layer's input
     projection (2·h·(2·d_inner + 2·groups·state + heads)), scan (7·d_inner·state) and output
@@ -81,10 +84,10 @@ def hybrid_model_flops(spec, recompute: bool = False) -> float:
     per = _per_token(spec)
     layers_forward = B * s * sum(per[c] for c in spec.hybrid_override_pattern)
     forward = layers_forward + B * s * 2 * h * V
-    return 3 * forward + (layers_forward if recompute else 0)
+    return 3 * forward + layers_forward * recompute
 
 
-def moe_model_flops(spec, recompute: bool = False) -> float:
+def moe_model_flops(spec, recompute: float = 0.0) -> float:
     """Model FLOPs of a model with MoE layers or multi-head latent attention (the
     attention's projections as :attr:`TransformerSpec.attention_macs` counts them):
     :func:`model_flops` with each MoE layer's MLP
@@ -98,4 +101,4 @@ def moe_model_flops(spec, recompute: bool = False) -> float:
     moe = sum(spec.moe_layers)
     layers_forward = B * s * (L * attention + moe * moe_mlp + (L - moe) * dense_mlp)
     forward = layers_forward + B * s * 2 * h * V
-    return 3 * forward + (layers_forward if recompute else 0)
+    return 3 * forward + layers_forward * recompute

@@ -188,8 +188,10 @@ def transformer_iteration(
             # same ring cost; backward the other way round
             gather = network.expert_tensor("all_gather", etp * routed, etp)
     moe_efficiency = software.moe_efficiency if software is not None else 1.0
+    per_chunk_kinds = _chunk_kinds(spec, layers)
     blocks, ends = _passes(arch, spec, tp, sp, coll, cp, ep, a2a, moe_efficiency,
-                           accum_bytes(software), etp, gather)
+                           accum_bytes(software), etp, gather,
+                           kinds=set().union(*per_chunk_kinds))
     emb_f, emb_b, head_f, head_b = (p.total for p in ends)
     # Context parallelism (Transformer Engine's ring attention, crossflow.sim.ring_attention):
     # each rank holds 1/cp of every sequence and passes its keys and values around the ring
@@ -216,19 +218,24 @@ def transformer_iteration(
     # MoE one where there are MoE layers (a model mixing both is priced layer by layer on
     # the device, its host issue as if all its layers were of that kind); of a hybrid
     # stack, its most frequent kind, and a layer's time the mean over its layers
-    all_kinds = layer_kinds(spec)
+    # the layers of each kind, the MTP depths' included, and the decoder's
+    every = {k: sum(c.get(k, 0) for c in per_chunk_kinds) for k in blocks}
+    decoder = dict(every)
+    for k in _mtp_layer_kinds(spec):
+        decoder[k] -= spec.mtp_num_layers
     if spec.hybrid_override_pattern is None:
-        rep_kind = "*E" if spec.moe else "*-"
-        if rep_kind not in kinds:  # every layer kept in BF16
-            rep_kind += BF16_MARK
+        rep = "*E" if spec.moe else "*-"
+        # every layer kept in BF16, or its activations kept under block recomputation
+        rep_kind = next(k for k in (rep, rep + BF16_MARK, rep + KEPT_MARK,
+                                    rep + BF16_MARK + KEPT_MARK) if k in kinds)
         layer_f, layer_b, *_ = kinds[rep_kind]
     else:
-        rep_kind = max(sorted(blocks), key=all_kinds.count)
-        layer_f, layer_b = (sum(kinds[k][i] for k in all_kinds) / L for i in (0, 1))
+        rep_kind = max(sorted(blocks), key=decoder.get)
+        layer_f, layer_b = (sum(n * kinds[k][i] for k, n in decoder.items()) / L
+                            for i in (0, 1))
     block_f, block_b = blocks[rep_kind]
     T = b * s // cp
 
-    per_chunk_kinds = _chunk_kinds(spec, layers)
     p2p = _stage_transfer(network, T * h * nbytes, tp=tp, pp=pp, sp=sp)
     p2p_on_device = 0.0 if overlap.p2p else p2p
     fwd_s, bwd_s = _chunk_times(per_chunk_kinds, kinds, ends, p2p_on_device)
@@ -264,11 +271,12 @@ def transformer_iteration(
     device_tail = dp_time + emb_time + opt
     host_tail = software.iteration_s if host is not None else 0.0
     total = pipe.makespan_s + max(device_tail, host_tail)
-    every = all_kinds + mtp_kinds(spec) * spec.mtp_num_layers
-    blocks_J = sum(every.count(kind) * (bf.energy_J + bb.energy_J)
+    recompute = sum(map(spec.recomputed_layers, layers)) / L  # the layers rerun whole
+    blocks_J = sum(every[kind] * (bf.energy_J + bb.energy_J)
                    for kind, (bf, bb) in blocks.items())
     energy = _energy(arch, spec, tp=tp, pp=pp, dp=dp, m=m, blocks_J=blocks_J,
-                     ends=ends, stage_params=optimized, adam_J=adam.energy_J)
+                     ends=ends, stage_params=optimized, adam_J=adam.energy_J,
+                     rerun=recompute)
     # layer passes per device per iteration, for the breakdown (the first device's: the MTP
     # layers' too when it holds the last chunk)
     micro = m * (vp * per_chunk + (len(mtp_kinds(spec)) * spec.mtp_num_layers if pp == 1 else 0))
@@ -327,7 +335,6 @@ def transformer_iteration(
                                  cp=cp, split=tuple(layers), ep=ep, etp=etp)
     where = stage_name(stage, pp)
     used = check_capacity(arch, memory, where)
-    recompute = spec.activation_recompute == "full"
     return TrainingResult(
         time_s=total,
         breakdown=breakdown,
@@ -488,36 +495,50 @@ def _layer_times(block_f, block_b, overlap, cp_f: float, cp_b: float,
 
 def _chunk_kinds(spec, layers: list[int]) -> list[dict[str, int]]:
     """Layers of each kind in each pipeline chunk (chunks hold consecutive layers, first to
-    last), the kinds in sorted order, a kind a chunk does not hold left out."""
+    last), the kinds in sorted order, a kind a chunk does not hold left out.  Under full
+    recomputation's block method a chunk's layers past its first ``recompute_num_layers``
+    keep their activations: a kind of their own (:data:`KEPT_MARK`), priced without
+    recomputation."""
     pattern, out, start = layer_kinds(spec), [], 0
     for n in layers:
         here = pattern[start:start + n]
+        if spec.recompute_method == "block":
+            rerun = spec.recomputed_layers(n)
+            here = here[:rerun] + tuple(k + KEPT_MARK for k in here[rerun:])
         out.append({k: here.count(k) for k in sorted(set(here))})
         start += n
     if spec.mtp_num_layers:  # the MTP depths' layers run on the last chunk, after the head
         last = dict(out[-1])
-        for kind in mtp_kinds(spec):
+        for kind in _mtp_layer_kinds(spec):
             last[kind] = last.get(kind, 0) + spec.mtp_num_layers
         out[-1] = dict(sorted(last.items()))
     return out
 
 
+def _mtp_layer_kinds(spec) -> tuple[str, ...]:
+    """:func:`mtp_kinds`, kept (:data:`KEPT_MARK`) under the block method: Megatron-Core
+    recomputes no MTP layer there (multi_token_prediction.py warns and skips)."""
+    mark = KEPT_MARK if spec.recompute_method == "block" else ""
+    return tuple(kind + mark for kind in mtp_kinds(spec))
+
+
 def _energy(arch: MicroArch, spec, *, tp, pp, dp, m, blocks_J, ends, stage_params,
-            adam_J) -> float:
+            adam_J, rerun: float) -> float:
     """Dynamic energy of one iteration on all devices (joules).
 
     Kernels: the kernel model's energy (FLOPs at the technology's energy per FLOP, bytes at
     each memory level's energy per byte).  Links: the bytes each device sends — ring
     all-reduces move 2(n−1)/n of the tensor, gathers and scatters (n−1)/n, a pipeline
     boundary the activation and its gradient — at the link's energy per byte (NVLink inside
-    a node, the NIC between nodes).  Static power is not included.
+    a node, the NIC between nodes); ``rerun`` is the share of the layers recomputed whole
+    (their forward all-reduces run again).  Static power is not included.
     """
     act = spec.micro_batch_size * spec.seq_length * spec.hidden_size * BYTES_PER_ELEMENT[
         spec.activation_precision]
     kernels = tp * dp * m * (blocks_J + sum(p.energy_J for p in ends))
     intra = arch.links.get("intra")
     inter = arch.links.get("inter") or intra
-    per_pass = 4 + (2 if spec.activation_recompute == "full" else 0)  # all-reduces per block
+    per_pass = 4 + 2 * rerun  # all-reduces per block: 2 more in a block recomputed whole
     blocks = sum(map(len, spec.layer_kinds)) / 2  # a hybrid stack's layer is half a block
     tp_bytes = per_pass * 2 * (tp - 1) / tp * act * blocks * m * dp * tp
     dp_bytes = 2 * (dp - 1) / dp * stage_params * GRAD_BYTES * tp * pp * dp
@@ -538,22 +559,21 @@ def accum_bytes(software) -> int:
 
 def _passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int = 1, ep: int = 1,
             a2a: float = 0.0, moe_efficiency: float = 1.0, accum: float = 0.0,
-            etp: int = 1, gather: float = 0.0):
-    """Forward / backward times of one block of each kind the model has (a dict: its
-    ``layer_kinds`` symbols -> (forward, backward)), and of the embedding and of the head (per
-    micro-batch, one tensor-parallel and context-parallel rank), priced from the workload
-    graph's nodes.  Context parallelism divides every node's tokens (its batch key) by
-    ``cp``; a flash attention core becomes Transformer Engine's ring
-    (:mod:`crossflow.sim.ring_attention`), an unfused one keeps 1/cp of its heads;
-    expert parallelism gives each rank 1/ep of the experts, each with ep times the tokens
-    and expert tensor parallelism 1/etp of each expert's width for etp times the tokens
-    (:func:`~crossflow.sim.transformer.expert_shard`); ``a2a`` is the seconds of one of its
-    all-to-alls, ``gather`` of the expert-tensor-parallel all-gather or reduce-scatter
-    beside each; ``accum`` the
-    bytes per weight gradient of the accumulation into the gradient buffer
-    (:func:`accum_bytes`)."""
+            etp: int = 1, gather: float = 0.0, kinds: set[str] | None = None):
+    """Forward / backward times of one block of each kind the model has, or of ``kinds`` (a
+    dict: :func:`_chunk_kinds`' symbols -> (forward, backward)), and of the embedding
+    and of the head (per micro-batch, one tensor-parallel and context-parallel rank),
+    priced from the workload graph's nodes.  Context parallelism divides every node's
+    tokens (its batch key) by ``cp``; a flash attention core becomes Transformer
+    Engine's ring (:mod:`crossflow.sim.ring_attention`), an unfused one keeps 1/cp of
+    its heads; expert parallelism gives each rank 1/ep of the experts, each with ep
+    times the tokens and expert tensor parallelism 1/etp of each expert's width for etp
+    times the tokens (:func:`~crossflow.sim.transformer.expert_shard`); ``a2a`` is the
+    seconds of one of its all-to-alls, ``gather`` of the expert-tensor-parallel
+    all-gather or reduce-scatter beside each; ``accum`` the bytes per weight gradient of
+    the accumulation into the gradient buffer (:func:`accum_bytes`)."""
     blocks = {}
-    for kind in sorted(set(layer_kinds(spec)) | set(mtp_kinds(spec))):
+    for kind in sorted(kinds or set(layer_kinds(spec)) | set(mtp_kinds(spec))):
         moe = "E" in kind
         *block, ends = _block_passes(arch, _one_block(spec, kind), tp, sp, coll, cp, ep,
                                      a2a if moe else 0.0, moe_efficiency, accum, etp,
@@ -670,6 +690,9 @@ def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int
 
 #: what :func:`layer_kinds` appends to the kind of a layer a quantized run keeps in BF16
 BF16_MARK = "#"
+#: what :func:`_chunk_kinds` appends to the kind of a layer that full recomputation's block
+#: method does not recompute
+KEPT_MARK = "~"
 
 
 def layer_kinds(spec) -> tuple[str, ...]:
@@ -696,6 +719,10 @@ def _one_block(spec, kind: str = "*-"):
     """The same model with one block of a kind (:func:`layer_kinds`' symbols): all blocks of
     a kind are alike, so one prices them all."""
     one = {"num_layers": 1, "first_last_layers_bf16": False}
+    if kind.endswith(KEPT_MARK):
+        kind = kind[:-1]
+        one.update(activation_recompute="none", recompute_method=None,
+                   recompute_num_layers=None)
     if kind.endswith(BF16_MARK):
         kind = kind[:-1]
         one["precision"] = spec.activation_precision

@@ -100,13 +100,19 @@ def stage_memory(spec, *, tp: int, pp: int, dp: int, vp: int = 1, sp: bool = Fal
     m = spec.global_batch_size // (dp * spec.micro_batch_size)
     counts = split or tuple(chunk_layers(spec.num_layers, pp * vp))
     per_layer = _layer_activations(spec, tp=tp, sp=sp, etp=etp)  # the same on every stage
+    kept = per_layer
+    if spec.activation_recompute == "full" and (spec.recompute_method == "block"
+                                                or (spec.recompute_num_layers or 1) > 1):
+        # a layer full recomputation does not rerun keeps all its activations
+        kept = _layer_activations(spec.model_copy(update={"activation_recompute": "none"}),
+                                  tp=tp, sp=sp, etp=etp)
     stages = (0, pp - 1) if pp > 1 else (0,)
     return max(((r, _stage_bytes(
         spec, tp=tp, pp=pp, dp=dp, vp=vp, sp=sp, zero1=zero1, fsdp=fsdp,
         stage_params=stage_parameter_split(spec, tp=tp, pp=pp, split=counts, vp=vp, ep=ep,
                                            etp=etp, stage=r),
         m=m, schedule=schedule, grad_bytes=grad_bytes, cp=cp, ep=ep, etp=etp,
-        per_layer=per_layer, layers=sum(counts[r::pp]), stage=r))
+        per_layer=per_layer, kept=kept, chunks=counts[r::pp], stage=r))
         for r in stages), key=lambda rb: sum(rb[1].values()))
 
 
@@ -286,10 +292,18 @@ def _recomputed(spec, *, tp, sp, shed, share, k, dense_mlp, moe_mlp, quant_dense
 
 
 def _stage_bytes(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m, schedule,
-                 per_layer: float, layers: float, stage: int,
+                 per_layer: float, kept: float, chunks: tuple[int, ...], stage: int,
                  grad_bytes=MAIN_GRAD_BYTES, cp=1, ep=1, etp=1, fsdp="") -> dict[str, float]:
-    """Bytes on a device of pipeline stage ``stage``, which holds ``layers`` decoder layers
-    of ``per_layer`` activation bytes each per micro-batch (:func:`_layer_activations`).
+    """Bytes on a device of pipeline stage ``stage``, which holds chunks of ``chunks``
+    decoder layers of ``per_layer`` activation bytes each per micro-batch
+    (:func:`_layer_activations`), or ``kept`` where full recomputation does not rerun a
+    layer.
+
+    Full recomputation's block method reruns the first ``recompute_num_layers`` layers of
+    each chunk; the others, and the MTP layers, keep all their activations.  Its uniform
+    method with groups of n layers keeps one input per group, and while a group is rerun
+    its layers' activations for one micro-batch, n − 1 more than the one layer the figure
+    leaves out for every full recomputation (as Korthikanti et al. do).
 
     In-flight micro-batches on the first stage: p with 1F1B, p·(1 + (p−1)/(p·v))
     interleaved (Korthikanti eq. 5), m with GPipe; on stage r, p − r with 1F1B, and
@@ -307,12 +321,19 @@ def _stage_bytes(spec, *, tp, pp, dp, vp, sp, zero1, stage_params, m, schedule,
         in_flight = min(pp - stage, m)
     # a rank holds 1/cp of each sequence; the MTP layers and the loss are on the last stage,
     # the last chunk, which runs one micro-batch's backward straight after its forward
-    held = layers * in_flight
-    loss = 0.0
-    if stage == pp - 1:
-        held += spec.mtp_num_layers * len(spec.mtp_layer_kinds)
-        loss = loss_activations(spec, tp=tp, sp=sp)
-    activations = (per_layer * held + loss) / cp
+    layers, extra = sum(chunks), 0.0
+    mtp = spec.mtp_num_layers * len(spec.mtp_layer_kinds) if stage == pp - 1 else 0
+    if spec.recompute_method == "block":
+        rerun = sum(map(spec.recomputed_layers, chunks))
+        held = rerun * in_flight
+        extra = kept * ((layers - rerun) * in_flight + mtp)
+    else:
+        n = spec.recompute_num_layers or 1  # > 1 only under the uniform method
+        held = (sum(-(-c // n) for c in chunks) if n > 1 else layers) * in_flight + mtp
+        if n > 1:
+            extra = (min(n, max(chunks)) - 1) * kept
+    loss = loss_activations(spec, tp=tp, sp=sp) if stage == pp - 1 else 0.0
+    activations = (per_layer * held + extra + loss) / cp
     shard = dp * cp if zero1 else 1
     dense, expert = stage_params
     # the experts' optimizer state is sharded over their own data-parallel ranks

@@ -762,12 +762,13 @@ class _Block:
         return self._quantize(self.prefix + name + ".dY_cast", elements, grad, outputs=2,
                               edge="grad", **{key: "elements"}, **extra)
 
-    def backward(self, x: str, dy: str, recompute: str) -> str:
-        """Backward nodes; ``x`` is the block input, ``dy`` the node holding d(output).
+    def backward(self, x: str, dy: str, *, rerun: bool) -> str:
+        """Backward nodes; ``x`` is the block input, ``dy`` the node holding d(output);
+        ``rerun``: the whole block's forward runs again first (full recomputation).
 
         Returns the node holding d(input)."""
         g, p = self.g, self.prefix
-        if recompute == "full":
+        if rerun:
             self.forward(x, "recompute")
             g.edge(dy, p + self.ops[0] + ".re", "control")
         g.context = {"phase": "bwd", "layer": self.layer, "unit": self.layer + 1}
@@ -1109,8 +1110,9 @@ def _build(spec: TransformerSpec, b: int) -> nx.DiGraph:
         _mtp_projection(g, t, h, L)
     # blocks, backward
     dy = dfln
+    rerun = spec.recomputed_layers(L)  # the graph is one pipeline chunk
     for layer in reversed(range(L)):
-        dy = blocks[layer].backward(inputs[layer], dy, recompute)
+        dy = blocks[layer].backward(inputs[layer], dy, rerun=layer < rerun)
     # embedding backward
     g.context = {"phase": "bwd", "layer": -1, "unit": 0}
     dxd = g.elementwise("emb.add_dropout.bwd", "embedding_dropout.bwd", t * h, inputs=2,

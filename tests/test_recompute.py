@@ -1,7 +1,11 @@
-"""Selective recomputation by module (Megatron-Core's ``recompute_modules``): what each
-module frees, what its rerun costs, and the refusals of modules a model does not have."""
+"""Recomputation as Megatron-LM's options choose it: selective recomputation by module
+(``recompute_modules``: what each module frees, what its rerun costs, the refusals of
+modules a model does not have) and which layers full recomputation reruns
+(``recompute_method``, ``recompute_num_layers``)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import yaml
@@ -196,3 +200,105 @@ def test_an_moe_mla_model_over_memory_is_offered_its_light_recomputation(cli):
                          "[layernorm, moe_act, mla_up_proj]}'")
     code, out, _ = cli(*base, "--parallelism", line.split("--parallelism ")[1].strip("'"))
     assert code == 0
+
+
+def _full(d: dict, **method) -> TransformerSpec:
+    return TransformerSpec.model_validate({**d, "activation_recompute": "full", **method})
+
+
+def _none(d: dict) -> TransformerSpec:
+    return TransformerSpec.model_validate({**d, "activation_recompute": "none"})
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_block_method_reruns_the_first_layers_of_each_chunk(pp):
+    """Of each chunk's layers the first recompute_num_layers keep only their input, the
+    others all their activations: on a stage of 1F1B with pp micro-batches in flight the
+    difference from no recomputation is in_flight · N · (kept − input) bytes."""
+    # a small vocabulary: the first stage (the most in flight) is the fuller in every mode
+    d = _gpt(num_layers=16, vocab_size=1024, global_batch_size=16)
+    opts = {"tp": 1, "pp": pp, "dp": 1}
+    acts = {name: transformer_memory(spec, **opts)["activations_bytes"]
+            for name, spec in (("none", _none(d)), ("full", _full(d)),
+                               ("block", _full(d, recompute_method="block",
+                                               recompute_num_layers=3)))}
+    per_layer = (acts["none"] - acts["full"]) / (16 // pp)  # × in flight, first stage
+    assert acts["none"] - acts["block"] == pytest.approx(3 * per_layer)
+    # and as many layers as a chunk holds is full recomputation
+    every = _full(d, recompute_method="block", recompute_num_layers=16 // pp)
+    assert transformer_memory(every, **opts) == transformer_memory(_full(d), **opts)
+
+
+def test_the_block_method_prices_its_rerun_layers_only():
+    d = _gpt(num_layers=8)
+    times = [crossflow.predict(workload=spec, hardware=A100).time_s
+             for spec in (_none(d), _full(d, recompute_method="block", recompute_num_layers=2),
+                          _full(d, recompute_method="block", recompute_num_layers=6),
+                          _full(d))]
+    assert times == sorted(times) and len(set(times)) == 4
+    # each rerun layer costs the same forward: the steps are proportional
+    assert (times[2] - times[1]) == pytest.approx(2 * (times[1] - times[0]), rel=1e-6)
+    assert (times[3] - times[2]) == pytest.approx(times[1] - times[0], rel=1e-6)
+
+
+def test_the_uniform_method_keeps_one_input_per_group_and_reruns_a_group_at_once():
+    d = _gpt(num_layers=8)
+    full, grouped = _full(d), _full(d, recompute_method="uniform", recompute_num_layers=4)
+    acts = [transformer_memory(s, **ONE)["activations_bytes"] for s in (_none(d), full, grouped)]
+    s, b, h = 2048, 2, 1024
+    layer_input = 2 * s * b * h
+    loss = acts[1] - 8 * layer_input  # the loss's logits and inputs, the same in all
+    kept = (acts[0] - loss) / 8
+    assert acts[2] == pytest.approx(loss + 2 * layer_input + 3 * kept)
+    assert (crossflow.predict(workload=grouped, hardware=A100).time_s
+            == crossflow.predict(workload=full, hardware=A100).time_s)
+
+
+@pytest.mark.parametrize("update, key, pattern", [
+    ({"activation_recompute": "selective", "recompute_method": "uniform"},
+     "recompute_method", "activation_recompute is selective"),
+    ({"activation_recompute": "none", "recompute_num_layers": 2},
+     "recompute_num_layers", "activation_recompute is none"),
+    ({"activation_recompute": "full", "recompute_method": "block"},
+     "recompute_method", "recompute_num_layers is not set"),
+])
+def test_a_recompute_method_without_full_recomputation_exits_2(cli, tmp_path, update, key,
+                                                                pattern):
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump({**_gpt(), **update}))
+    code, out, err = cli("predict", "--workload", path, "--hardware", A100)
+    assert code == 2 and not out
+    assert str(path) in err and f"key '{key}'" in err and pattern in err
+
+
+def test_the_parallelism_sets_the_method_as_megatron_does():
+    d = _gpt(num_layers=8, activation_recompute="none")
+    block = {"recompute_granularity": "full", "recompute_method": "block",
+             "recompute_num_layers": 2}
+    p = crossflow.predict(workload=d, hardware=A100, parallelism=block)
+    q = crossflow.predict(workload=_full(d, recompute_method="block", recompute_num_layers=2),
+                          hardware=A100)
+    assert p.time_s == q.time_s and p.memory_per_device_bytes == q.memory_per_device_bytes
+    # a workload's method is dropped under the parallelism's selective granularity
+    w = _full(d, recompute_method="block", recompute_num_layers=2)
+    sel = crossflow.predict(workload=w, hardware=A100,
+                            parallelism={"recompute_granularity": "selective"})
+    assert sel.time_s == crossflow.predict(workload=_gpt(num_layers=8), hardware=A100).time_s
+    with pytest.raises(ConfigError, match="recompute_method"):
+        crossflow.predict(workload=d, hardware=A100,
+                          parallelism={"recompute_method": "uniform"})
+
+
+def test_predict_says_what_the_recomputation_reruns(cli, tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(_gpt(num_layers=8, recompute_modules=["core_attn", "mlp"])))
+    base = ("predict", "--workload", path, "--hardware", A100, "--parallelism")
+    code, out, _ = cli(*base, "{}")
+    assert code == 0 and "recompute     selective (core_attn, mlp)" in out
+    code, out, _ = cli(*base, "{recompute_granularity: full, recompute_method: block, "
+                              "recompute_num_layers: 2}")
+    assert code == 0
+    assert "recompute     full (block: the first 2 layers of each pipeline chunk)" in out
+    code, out, _ = cli(*base, "{recompute_granularity: full}", "--json")
+    details = json.loads(out)
+    assert (details["recompute_method"], details["recompute_num_layers"]) == ("uniform", 1)
