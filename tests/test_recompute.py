@@ -302,3 +302,25 @@ def test_predict_says_what_the_recomputation_reruns(cli, tmp_path):
     code, out, _ = cli(*base, "{recompute_granularity: full}", "--json")
     details = json.loads(out)
     assert (details["recompute_method"], details["recompute_num_layers"]) == ("uniform", 1)
+
+
+def test_a_design_over_memory_is_offered_the_fewest_block_layers_that_fit(cli):
+    """GPT-3 175B at t8 p8 without recomputation does not fit an 80 GiB A100; predict
+    offers full recomputation of the first N layers of each 12-layer chunk, N the fewest
+    that fit, and N − 1 does not."""
+    code, out, _ = cli("predict", "--workload", "gpt3-175b", "--system", "dgx-a100",
+                       "--parallelism", "{strategy: t8-p8-d24, recompute_granularity: none}",
+                       "--json")
+    assert code == 3
+    fits = json.loads(out)["fits_with"]
+    block = next(f for f in fits if f["options"].get("recompute_method") == "block")
+    n = block["options"]["recompute_num_layers"]
+    assert 1 <= n < 12
+    assert block["time_s"] < next(f["time_s"] for f in fits
+                                  if f["options"] == {"recompute_granularity": "full"})
+    par = {"strategy": "t8-p8-d24", "recompute_granularity": "full",
+           "recompute_method": "block"}
+    assert crossflow.predict(workload="gpt3-175b", system="dgx-a100",
+                             parallelism=par | {"recompute_num_layers": n}).feasible
+    assert not crossflow.predict(workload="gpt3-175b", system="dgx-a100",
+                                 parallelism=par | {"recompute_num_layers": n - 1}).feasible

@@ -114,9 +114,37 @@ def _fits_with(args: argparse.Namespace, p) -> list[tuple[dict, object]]:
         return (options, q) if q.feasible else None
 
     fits = [f for f in map(tried, (*_SHARDING, *recompute)) if f]
+    fits += _block_recompute(spec, par, tried)
     if not fits:
         fits = [f for f in (tried({**s, **r}) for s in _SHARDING for r in recompute) if f]
     return sorted(fits, key=lambda f: f[1].time_s)
+
+
+def _block_recompute(spec, par, tried) -> list[tuple[dict, object]]:
+    """Full recomputation of only the first N layers of each pipeline chunk (Megatron-LM's
+    block method), N the fewest that fit, found by bisection (memory falls as N grows);
+    none where the design already recomputes every layer or only a whole chunk fits."""
+    from crossflow.parallel.spec import chunk_layers
+
+    if spec.activation_recompute == "full" and par.recompute_granularity in (None, "full"):
+        return []
+    strategy = par.to_strategy()
+    chunk = max(par.chunk_split(spec.num_layers)
+                or chunk_layers(spec.num_layers, strategy.pp * strategy.vp))
+
+    def block(n: int) -> tuple[dict, object] | None:
+        return tried({"recompute_granularity": "full", "recompute_method": "block",
+                      "recompute_num_layers": n})
+
+    lo, hi, best = 1, chunk - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        found = block(mid)
+        if found:
+            best, hi = found, mid - 1
+        else:
+            lo = mid + 1
+    return [best] if best else []
 
 
 def _light_recompute(spec) -> tuple[dict, ...]:
