@@ -159,8 +159,10 @@ def _layer_activations(spec, *, tp: int, sp: bool, etp: int) -> float:
     Activations per layer per micro-batch follow Korthikanti et al. 2022 (Table 2):
     s·b·h·(34 + 5·a·s/h) without parallelism; (10 + 24/t + 5·a·s/(h·t)) with tensor
     parallelism; (34/t + 5·a·s/(h·t)) with sequence parallelism; the attention-core term
-    5·a·s/(h·t) vanishes with selective recompute; full recompute keeps only the layer input
-    (2·s·b·h, /t with sequence parallelism).
+    5·a·s/(h·t) vanishes when selective recomputation reruns the attention core
+    (``core_attn``); full recompute keeps only the layer input
+    (2·s·b·h, /t with sequence parallelism).  Selective recomputation's other modules
+    free what :func:`_recomputed` says.
     """
     s, b, h, a, L = (spec.seq_length, spec.micro_batch_size, spec.hidden_size,
                      spec.num_attention_heads, spec.num_layers)

@@ -817,9 +817,9 @@ class _Block:
         """The feed-forward part's ops that selective recomputation reruns: the whole MoE
         layer (``moe``: routing, the experts, and with them the token dispatch and combine)
         or its experts' activation (``moe_act``) and shared expert (``shared_experts``); the
-        whole dense MLP, its fused norm included (``mlp``); the pre-MLP norm where it is
-        not fused into a linear layer: every layer of an MoE model, a hybrid stack's MoE
-        layers (``layernorm``)."""
+        whole dense MLP, its norm included where fused into fc1 (``mlp``); the pre-MLP norm
+        where it is not fused into a linear layer: every layer of an MoE model, a hybrid
+        stack's MoE layers (``layernorm``)."""
         modules, ops = self.recomputed, set()
         ffn = set(self.ops[self.ops.index("ln2") + 1:-1])  # between ln2 and mlp_residual
         if self.moe and "moe" in modules:
@@ -828,10 +828,12 @@ class _Block:
             ops.add("expert_act")
         if self.moe and "shared_experts" in modules:
             ops.update(("shared_fc1", "shared_act", "shared_fc2"))
-        if not self.moe and "mlp" in modules:
-            ops |= ffn | {"ln2"}
-        if "layernorm" in modules and (self.moe or self.spec.moe and
-                                       self.spec.hybrid_override_pattern is None):
+        # Megatron-Core's spec gives every layer of an MoE model a separate pre-MLP norm
+        # (a hybrid stack: its MoE layers); elsewhere the norm is fused into fc1
+        separate = self.moe or self.spec.moe and self.spec.hybrid_override_pattern is None
+        if not self.moe and "mlp" in modules:  # a separate norm's output is its input
+            ops |= ffn if separate else ffn | {"ln2"}
+        if "layernorm" in modules and separate:
             ops.add("ln2")
         return ops & set(self.ops)
 
