@@ -46,7 +46,7 @@ class _Local:
     def p2p(self, nbytes: float, dim: str) -> float:
         return 0.0
 
-    def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
+    def all_to_all(self, nbytes: float, size: int, stride: int = 1, copies=None) -> float:
         return 0.0
 
     def expert_tensor(self, kind: str, nbytes: float, size: int) -> float:

@@ -181,7 +181,8 @@ def test_the_shipped_blackwell_factor_is_the_fit_s_optimum():
 def test_gb200_jobs_get_nvlink_domains_of_64_gpus():
     """A rack holds 72 GPUs, but the launcher's Slurm segments give jobs of 64-256 GPUs
     domains of 16 trays: an expert-parallel group of 64 stays on NVLink.  With 72-GPU
-    domains it would straddle two racks and DeepSeek-V3 would be predicted 2.4x slower."""
+    domains it would straddle two racks and DeepSeek-V3 would be predicted 1.5x slower with
+    its recipe's HybridEP dispatcher (2.1x with the all-to-all one)."""
     from crossflow.predict import load_hardware
     from crossflow.validation.megatron_bridge import _roomy, case
 
@@ -198,7 +199,8 @@ def test_gb200_jobs_get_nvlink_domains_of_64_gpus():
     ours = crossflow.predict(workload=spec, system=gb200, parallelism=par, hardware=roomy)
     rack = crossflow.predict(workload=spec, parallelism=par, hardware=roomy,
                              system=gb200.model_copy(update={"devices_per_node": 72}))
-    assert rack.time_s > 2 * ours.time_s
+    assert spec.moe_token_dispatcher_type == "flex"
+    assert rack.time_s > 1.4 * ours.time_s
     assert ours.breakdown["ep_comm_s"] < 0.25 * rack.breakdown["ep_comm_s"]
 
 

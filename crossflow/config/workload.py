@@ -155,6 +155,11 @@ class TransformerSpec(Spec):
     #: (``--moe-pad-expert-input-to-capacity``): each expert's GEMMs and the all-to-alls
     #: carry exactly the capacity, however the router spread the tokens
     moe_pad_expert_input_to_capacity: bool = False
+    #: how tokens reach the experts of other ranks (``--moe-token-dispatcher-type``):
+    #: ``alltoall`` sends every routed copy (token, expert) to its expert's rank;
+    #: ``flex`` (DeepEP, HybridEP) sends a token once to each rank that holds one of its
+    #: experts, and across nodes once to each node, forwarded inside it over NVLink
+    moe_token_dispatcher_type: Literal["alltoall", "flex"] = "alltoall"
     #: a hybrid stack (Megatron-LM's ``--hybrid-override-pattern``; Mamba-based models such
     #: as Nemotron-H): one symbol per layer, each a layer of its own with a pre-norm and a
     #: residual — ``M`` a Mamba-2 mixer, ``*`` self-attention, ``-`` an MLP, ``E`` an MoE
@@ -373,6 +378,27 @@ class TransformerSpec(Spec):
             return E * capacity
         return min(tokens * k, E * capacity)
 
+    def dispatched_copies(self, tokens: int, ranks: int, local: int) -> tuple[float, float]:
+        """Copies of a rank's ``tokens`` the flex dispatcher sends per token, in expectation
+        over uniform top-k routing, among ``ranks`` expert-parallel ranks ``local`` to a
+        node: (over NVLink, over the network).  A token reaches each rank holding one of
+        its experts once — across nodes once per node (DeepEP's RDMA leg), then forwarded
+        inside it — so of the p ranks in n nodes the NVLink carries (p − n)·h_r copies and
+        the network (n − 1)·h_n, h_r and h_n the chances that one rank or one node holds
+        at least one of the k experts: 1 − C(E − E/p, k) / C(E, k) and likewise with E/n
+        (without replacement: k distinct experts).  Copies a capacity drops (``routed_rows``
+        below k per token) are not sent: both scale by the copies kept."""
+        E, k = self.num_moe_experts, self.moe_router_topk
+        nodes = max(1, ranks // local)
+
+        def hit(experts_there: float) -> float:
+            away = E - round(experts_there)
+            return 1 - math.comb(away, k) / math.comb(E, k)
+
+        kept = self.routed_rows(tokens) / (tokens * k)
+        return ((ranks - nodes) * hit(E / ranks) * kept,
+                (nodes - 1) * hit(E / nodes) * kept)
+
     @property
     def quantized(self) -> bool:
         """Whether Transformer Engine runs the Linear layers' GEMMs in a quantized format
@@ -559,6 +585,24 @@ class TransformerSpec(Spec):
         if self.recompute_method == "block":
             return min(chunk, self.recompute_num_layers)
         return chunk
+
+    @model_validator(mode="after")
+    def _dispatcher_fits(self) -> TransformerSpec:
+        if self.moe_token_dispatcher_type != "flex":
+            return self
+        key = "moe_token_dispatcher_type"
+        if self.num_moe_experts is None:
+            raise ConfigError(
+                "a token dispatcher sends tokens to the experts of MoE layers, and the model "
+                "has none (num_moe_experts is not set)", key=key, value="flex",
+                allowed="alltoall (the default) for a dense model, or set num_moe_experts")
+        if self.moe_pad_expert_input_to_capacity:
+            raise ConfigError(
+                "the flex dispatcher does not pad the experts' inputs to their capacity "
+                "(Megatron-Core refuses moe_pad_expert_input_to_capacity with DeepEP)",
+                key=key, value="flex",
+                allowed="alltoall, or moe_pad_expert_input_to_capacity: false")
+        return self
 
     @model_validator(mode="after")
     def _recompute_method_fits(self) -> TransformerSpec:

@@ -22,6 +22,7 @@ imported; the names are still importable from this module).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Protocol
@@ -87,9 +88,12 @@ class Network(Protocol):
     def p2p(self, nbytes: float, dim: str) -> float:
         """One point-to-point transfer between neighbours of the ``dim`` group."""
 
-    def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
+    def all_to_all(self, nbytes: float, size: int, stride: int = 1,
+                   copies: Callable[[int, int], tuple[float, float]] | None = None) -> float:
         """An all-to-all in each expert-parallel group of ``size`` ranks (every
-        ``stride``-th rank of the expert grid: ``stride`` is expert tensor parallelism)."""
+        ``stride``-th rank of the expert grid: ``stride`` is expert tensor parallelism);
+        ``copies``: a deduplicating dispatcher's copies per token over NVLink and the
+        network, given the group's size and members per node."""
 
     def expert_tensor(self, kind: str, nbytes: float, size: int) -> float:
         """``kind`` ∈ all_gather | reduce_scatter in each expert-tensor-parallel group of
@@ -177,8 +181,13 @@ def transformer_iteration(
     # capacity is per rank, from its own tokens)
     a2a = gather = 0.0
     if spec.moe and (ep > 1 or etp > 1):
-        routed = spec.routed_rows(b * s // cp // tp) * spec.moe_width * nbytes
-        if ep > 1:
+        tokens = b * s // cp // tp
+        routed = spec.routed_rows(tokens) * spec.moe_width * nbytes
+        if ep > 1 and spec.moe_token_dispatcher_type == "flex":
+            # each token once per destination rank and node (DeepEP, HybridEP)
+            a2a = network.all_to_all(tokens * spec.moe_width * nbytes, ep, etp,
+                                     partial(spec.dispatched_copies, tokens))
+        elif ep > 1:
             a2a = network.all_to_all(routed, ep, etp)
         if etp > 1:
             # Megatron-Core's all-to-all dispatcher then gathers the rows its expert-tensor

@@ -58,6 +58,7 @@ steps that cross a node boundary (:func:`nccl_ring`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -156,8 +157,8 @@ def send_recv(nbytes: float, group: Group) -> float:
     return launch + _lines(1, nbytes, group.send_bandwidth_Bps, group)
 
 
-def all_to_all(nbytes: float, size: int, local: int, intra: Group, inter: Group | None
-               ) -> float:
+def all_to_all(nbytes: float, size: int, local: int, intra: Group, inter: Group | None,
+               copies: Callable[[int, int], tuple[float, float]] | None = None) -> float:
     """Seconds for an all-to-all of ``nbytes`` per device over ``size`` devices, ``local``
     of them in each node (MoE token dispatch and combine).
 
@@ -172,14 +173,25 @@ def all_to_all(nbytes: float, size: int, local: int, intra: Group, inter: Group 
 
     ``α`` is the step latency of the slowest level the group spans.  Contention inside the
     fabric is not modelled (a non-blocking fat tree and switch).
+
+    A deduplicating dispatcher (Megatron-Core's flex: DeepEP, HybridEP) passes ``copies``:
+    given the group's size and members per node, the copies of each of ``nbytes``' tokens
+    (then one copy each) that cross NVLink and the network
+    (:meth:`~crossflow.config.workload.TransformerSpec.dispatched_copies`).
     """
     if size <= 1 or _empty(nbytes):
         return 0.0 * nbytes
-    inside = (local - 1) / size * nbytes / intra.bandwidth_Bps if local > 1 else 0.0
+    if copies is not None:
+        inside_n, across_n = copies(size, local)
+        inside = inside_n * nbytes / intra.bandwidth_Bps
+        across_bytes = across_n * nbytes
+    else:
+        inside = (local - 1) / size * nbytes / intra.bandwidth_Bps if local > 1 else 0.0
+        across_bytes = (size - local) / size * nbytes
     if local < size:
         if inter is None:
             raise ValueError("an all-to-all across nodes needs the inter-node group")
-        across = (size - local) / size * nbytes / inter.bandwidth_Bps
+        across = across_bytes / inter.bandwidth_Bps
         latency = max(inter.step_latency_s, intra.step_latency_s if local > 1 else 0.0)
         launch = inter.launch_s
     else:

@@ -7,6 +7,8 @@ names are the paper's ``kp1``, ``kp2``, ``dp`` and ``lp`` (Megatron's t is kp1, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from crossflow.system.collectives import all_gather, reduce_scatter, send_recv
 from crossflow.system.system import Mapping
 
@@ -30,12 +32,14 @@ class MappedNetwork:
             self._memo[key] = value
         return self._memo[key]
 
-    def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
+    def all_to_all(self, nbytes: float, size: int, stride: int = 1,
+                   copies: Callable[[int, int], tuple[float, float]] | None = None) -> float:
         """An all-to-all in each expert-parallel group of ``size`` ranks, every
-        ``stride``-th rank of the expert grid (:meth:`Mapping.all_to_all`)."""
-        key = ("all_to_all", nbytes, f"{size}/{stride}")
+        ``stride``-th rank of the expert grid, ``copies`` a deduplicating dispatcher's
+        (:meth:`Mapping.all_to_all`)."""
+        key = ("all_to_all", nbytes, f"{size}/{stride}", copies)
         if key not in self._memo:
-            self._memo[key] = self.mapping.all_to_all(nbytes, size, stride)
+            self._memo[key] = self.mapping.all_to_all(nbytes, size, stride, copies)
         return self._memo[key]
 
     def expert_tensor(self, kind: str, nbytes: float, size: int) -> float:

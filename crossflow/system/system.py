@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Mapping as AnyMapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -470,11 +470,12 @@ class Mapping:
         group = _ring_stats(self.system, self.expert_tensor_groups(size)).group(self.system)
         return (all_gather if kind == "all_gather" else reduce_scatter)(nbytes, group)
 
-    def all_to_all(self, nbytes: float, size: int, stride: int = 1) -> float:
+    def all_to_all(self, nbytes: float, size: int, stride: int = 1,
+                   copies: Callable[[int, int], tuple[float, float]] | None = None) -> float:
         """Seconds for an all-to-all of ``nbytes`` per device in every expert-parallel
-        group of ``size`` ranks at once (:func:`crossflow.system.collectives.all_to_all`),
-        the groups of :meth:`expert_groups` with ``stride``: the groups' members per node
-        decide how much crosses the network."""
+        group of ``size`` ranks at once (:func:`crossflow.system.collectives.all_to_all`,
+        ``copies`` a deduplicating dispatcher's), the groups of :meth:`expert_groups` with
+        ``stride``: the groups' members per node decide how much crosses the network."""
         if size <= 1:
             return 0.0
         members = self.expert_groups(size, stride)
@@ -484,7 +485,7 @@ class Mapping:
         # group waits for the node holding the fewest of its members
         local = min(int(np.unique(row, return_counts=True)[1].min()) for row in nodes)
         return all_to_all(nbytes, size, local, _level_group(system, "intra"),
-                          _level_group(system, "inter"))
+                          _level_group(system, "inter"), copies)
 
     def link_loads(self, dims: Iterable[str] = DIMS) -> dict[tuple, int]:
         """Logical edges on each used link direction / port, summed over ``dims``: a dict

@@ -205,17 +205,31 @@ DEEPSEEK_LAYOUTS = {(4, 1): (16, 16, 13), (8, 1): (8, 8, 5), (4, 2): (8, 8, 5),
                     (16, 1): (4, 4, 1), (8, 2): (4, 4, 1), (4, 4): (4, 4, 1), (8, 4): (1, 2, 0)}
 
 
+#: The DeepSeek-V3 runs whose recipes sent tokens with Megatron-Core's all-to-all
+#: dispatcher, (release, system); every other run used the flex dispatcher (DeepEP or
+#: HybridEP), as the ``deepseek-v3`` preset does: 25.09 ran DeepEP on H100 and token
+#: dropping without it on B200 and GB200 (scripts/performance/run_script.py at fa0315ae2);
+#: v0.2.0 (25.11) set no flex backend for B200 (hybridep on GB200, deepep on H100;
+#: scripts/performance/configs/deepseek/workload_base_configs.py at v0.2.0); v0.3.0 and
+#: later set one for every GPU (deepseek_workload_base_configs.py at v0.3.0 … v0.4.2;
+#: src/megatron/bridge/perf_recipes/deepseek/ at 067f987df)
+DEEPSEEK_ALLTOALL = {("25.09", "DGX-B200"), ("25.09", "DGX-GB200"), ("25.11", "DGX-B200")}
+
+
 def _deepseek_case(r: dict[str, str]):
     """(TransformerSpec, parallelism dict) of a DeepSeek-V3 row: the ``deepseek-v3`` preset
     (model_architectures.csv's row, MLA with its widths, the recipe's one MTP depth; none
-    where the table says "w/o MTP") with the row's run settings, laid out over the pipeline
-    as the recipe does (:data:`DEEPSEEK_LAYOUTS`)."""
+    where the table says "w/o MTP") with the row's run settings and token dispatcher
+    (:data:`DEEPSEEK_ALLTOALL`), laid out over the pipeline as the recipe does
+    (:data:`DEEPSEEK_LAYOUTS`)."""
     base = load_spec("deepseek-v3", "workloads")
     spec = TransformerSpec(**(base.model_dump() | {
         "mtp_num_layers": 0 if "w/o MTP" in r["model"] else base.mtp_num_layers,
         "seq_length": int(r["seq_length"]), "global_batch_size": int(r["global_batch_size"]),
         "micro_batch_size": int(r["micro_batch_size"]),
-        "precision": _precision(r)}))
+        "precision": _precision(r)}
+        | ({"moe_token_dispatcher_type": "alltoall"}
+           if (r.get("release"), r.get("system")) in DEEPSEEK_ALLTOALL else {})))
     pp, vp = int(r["pp"]), _int(r["vp"])
     first, middle, last = DEEPSEEK_LAYOUTS[pp, vp]
     chunks = pp * vp
