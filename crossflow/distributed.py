@@ -207,6 +207,12 @@ def _check_experts(spec, par, strategy) -> None:
             f"width, so expert_tensor_parallel must divide the workload's "
             f"moe_ffn_hidden_size ({spec.moe_ffn})", key="expert_tensor_parallel",
             value=etp, allowed="a divisor of " + str(spec.moe_ffn))
+    if moe and etp > 1 and spec.moe_token_dispatcher_type == "flex":
+        raise ConfigError(
+            "the flex dispatcher (DeepEP, HybridEP) under expert tensor parallelism is not "
+            "modelled: it dispatches over the expert-tensor and expert-parallel ranks "
+            "together", key="expert_tensor_parallel", value=etp,
+            allowed="1 with moe_token_dispatcher_type: flex")
     if moe and strategy.tp > 1 and not strategy.sp:
         raise ConfigError(
             "an MoE model under tensor parallelism needs sequence parallelism (Megatron-LM "

@@ -86,3 +86,15 @@ def test_deepseek_v3_runs_with_the_dispatcher_its_recipe_chose():
     kinds = {(r["release"], mb.case(r)[0].moe_token_dispatcher_type) for r in b200
              if r["model_key"] == "deepseek_v3"}
     assert ("25.11", "alltoall") in kinds and ("26.04.01", "flex") in kinds
+
+
+def test_the_flex_dispatcher_under_expert_tensor_parallelism_is_refused():
+    from crossflow.errors import ConfigError
+
+    par = {"tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 8,
+           "expert_parallel": 4, "expert_tensor_parallel": 2}
+    with pytest.raises(ConfigError, match="under expert tensor parallelism is not modelled"):
+        crossflow.predict(workload=_moe(moe_token_dispatcher_type="flex"),
+                          system="dgx-h100-megatron-core", parallelism=par)
+    assert crossflow.predict(workload=_moe(), system="dgx-h100-megatron-core",
+                             parallelism=par).time_s > 0
