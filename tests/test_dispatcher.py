@@ -11,6 +11,7 @@ import yaml
 
 import crossflow
 from crossflow.config.workload import TransformerSpec
+from crossflow.sim.transformer import dispatched_copies
 
 
 def _moe(**update) -> dict:
@@ -29,9 +30,9 @@ def test_copies_follow_uniform_routing_without_replacement():
         return 1 - math.comb(E - there, k) / math.comb(E, k)
 
     # one node of 8 ranks: each token to the other ranks holding one of its experts
-    assert spec.dispatched_copies(4096, 8, 8) == pytest.approx((7 * hit(8), 0.0))
+    assert dispatched_copies(spec, 4096, 8, 8) == pytest.approx((7 * hit(8), 0.0))
     # 4 nodes of 8: once to each other node hit, and forwarded there over NVLink
-    nvlink, network = spec.dispatched_copies(4096, 32, 8)
+    nvlink, network = dispatched_copies(spec, 4096, 32, 8)
     assert network == pytest.approx(3 * hit(16))
     assert nvlink == pytest.approx((32 - 4) * hit(2))
     # fewer than the k copies the all-to-all dispatcher sends across: (p − local)/p · k
@@ -55,7 +56,7 @@ def test_across_nodes_the_flex_dispatcher_sends_fewer_bytes():
     (p − local)/p per token for the all-to-all dispatcher, (n − 1) · h_n for the flex one."""
     spec = TransformerSpec.model_validate(_moe(moe_token_dispatcher_type="flex"))
     alltoall, flex = _ep_comm("alltoall", 32, 8), _ep_comm("flex", 32, 8)
-    ratio = spec.dispatched_copies(4096, 32, 8)[1] / ((32 - 8) / 32 * 8)
+    ratio = dispatched_copies(spec, 4096, 32, 8)[1] / ((32 - 8) / 32 * 8)
     assert flex / alltoall == pytest.approx(ratio, rel=0.05)
     # inside one node both are NVLink-bound: fewer distinct ranks than copies
     assert _ep_comm("flex", 8, 8) < _ep_comm("alltoall", 8, 8)

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from crossflow.config.base import Spec
 from crossflow.config.device import Precision
+from crossflow.config.megatron_options import check_options
 from crossflow.errors import ConfigError
 
 Dim = Annotated[int, Field(ge=1)]
@@ -32,18 +33,6 @@ class GemmSpec(Spec):
 
 
 Recompute = Literal["none", "selective", "full"]
-#: what each of Megatron-Core's selective ``recompute_modules`` recomputes in backward, in
-#: the layers that have it (docs/model.md, "Recomputation")
-RECOMPUTE_MODULES: dict[str, str] = {
-    "core_attn": "the attention core (its s x s scores, or a flash kernel's softmax state)",
-    "layernorm": "the norms not fused into a linear layer (every pre-MLP norm of an MoE "
-                 "model, MLA's input norm, a hybrid stack's MoE-layer norm)",
-    "mla_up_proj": "MLA's query and key/value up-projections and RoPE",
-    "mlp": "the whole dense MLP",
-    "moe": "the whole MoE layer, its token dispatch and combine included",
-    "moe_act": "the routed experts' activation function",
-    "shared_experts": "the shared expert's MLP",
-}
 
 
 def _divides(spec: Spec, part: str, whole: str, what: str = "") -> None:
@@ -74,7 +63,8 @@ class TransformerSpec(Spec):
     precision: Precision = "fp16"
     activation_recompute: Recompute = "none"
     #: under ``activation_recompute: selective``, the modules recomputed in backward
-    #: (Megatron-Core's ``--recompute-modules``, :data:`RECOMPUTE_MODULES`); None: Megatron's
+    #: (Megatron-Core's ``--recompute-modules``; their choices:
+    #: :data:`crossflow.config.megatron_options.RECOMPUTE_MODULES`); None: Megatron's
     #: default, ``[core_attn]``
     recompute_modules: tuple[str, ...] | None = None
     #: under ``activation_recompute: full``, which layers (Megatron's ``--recompute-method``):
@@ -378,27 +368,6 @@ class TransformerSpec(Spec):
             return E * capacity
         return min(tokens * k, E * capacity)
 
-    def dispatched_copies(self, tokens: int, ranks: int, local: int) -> tuple[float, float]:
-        """Copies of a rank's ``tokens`` the flex dispatcher sends per token, in expectation
-        over uniform top-k routing, among ``ranks`` expert-parallel ranks ``local`` to a
-        node: (over NVLink, over the network).  A token reaches each rank holding one of
-        its experts once — across nodes once per node (DeepEP's RDMA leg), then forwarded
-        inside it — so of the p ranks in n nodes the NVLink carries (p − n)·h_r copies and
-        the network (n − 1)·h_n, h_r and h_n the chances that one rank or one node holds
-        at least one of the k experts: 1 − C(E − E/p, k) / C(E, k) and likewise with E/n
-        (without replacement: k distinct experts).  Copies a capacity drops (``routed_rows``
-        below k per token) are not sent: both scale by the copies kept."""
-        E, k = self.num_moe_experts, self.moe_router_topk
-        nodes = max(1, ranks // local)
-
-        def hit(experts_there: float) -> float:
-            away = E - round(experts_there)
-            return 1 - math.comb(away, k) / math.comb(E, k)
-
-        kept = self.routed_rows(tokens) / (tokens * k)
-        return ((ranks - nodes) * hit(E / ranks) * kept,
-                (nodes - 1) * hit(E / nodes) * kept)
-
     @property
     def quantized(self) -> bool:
         """Whether Transformer Engine runs the Linear layers' GEMMs in a quantized format
@@ -438,6 +407,16 @@ class TransformerSpec(Spec):
             return frozenset()
         return frozenset(("core_attn",) if self.recompute_modules is None
                          else self.recompute_modules)
+
+    def recomputed_layers(self, chunk: int) -> int:
+        """Of a pipeline chunk of ``chunk`` decoder layers, how many a backward recomputes
+        whole: all under full recomputation, the first ``recompute_num_layers`` under its
+        block method, none otherwise."""
+        if self.activation_recompute != "full":
+            return 0
+        if self.recompute_method == "block":
+            return min(chunk, self.recompute_num_layers)
+        return chunk
 
     @model_validator(mode="after")
     def _mtp_fits(self) -> TransformerSpec:
@@ -575,79 +554,10 @@ class TransformerSpec(Spec):
                 f"and C", key="mamba_num_groups", value=groups,
                 allowed=f"a divisor of {heads}")
 
-
-    def recomputed_layers(self, chunk: int) -> int:
-        """Of a pipeline chunk of ``chunk`` decoder layers, how many a backward recomputes
-        whole: all under full recomputation, the first ``recompute_num_layers`` under its
-        block method, none otherwise."""
-        if self.activation_recompute != "full":
-            return 0
-        if self.recompute_method == "block":
-            return min(chunk, self.recompute_num_layers)
-        return chunk
-
     @model_validator(mode="after")
-    def _dispatcher_fits(self) -> TransformerSpec:
-        if self.moe_token_dispatcher_type != "flex":
-            return self
-        key = "moe_token_dispatcher_type"
-        if self.num_moe_experts is None:
-            raise ConfigError(
-                "a token dispatcher sends tokens to the experts of MoE layers, and the model "
-                "has none (num_moe_experts is not set)", key=key, value="flex",
-                allowed="alltoall (the default) for a dense model, or set num_moe_experts")
-        if self.moe_pad_expert_input_to_capacity:
-            raise ConfigError(
-                "the flex dispatcher does not pad the experts' inputs to their capacity "
-                "(Megatron-Core refuses moe_pad_expert_input_to_capacity with DeepEP)",
-                key=key, value="flex",
-                allowed="alltoall, or moe_pad_expert_input_to_capacity: false")
-        return self
-
-    @model_validator(mode="after")
-    def _recompute_method_fits(self) -> TransformerSpec:
-        for key in ("recompute_method", "recompute_num_layers"):
-            value = getattr(self, key)
-            if value is not None and self.activation_recompute != "full":
-                raise ConfigError(
-                    "says which layers full recomputation recomputes; this workload's "
-                    f"activation_recompute is {self.activation_recompute} (Megatron-LM "
-                    "refuses it without --recompute-granularity full)", key=key, value=value,
-                    allowed="null, or activation_recompute: full")
-        if self.recompute_method == "block" and self.recompute_num_layers is None:
-            raise ConfigError(
-                "the block method recomputes the first recompute_num_layers layers of each "
-                "pipeline chunk, and recompute_num_layers is not set", key="recompute_method",
-                value="block", allowed="uniform, or set recompute_num_layers")
-        return self
-
-    @model_validator(mode="after")
-    def _recompute_modules_fit(self) -> TransformerSpec:
-        modules, key = self.recompute_modules, "recompute_modules"
-        if modules is None:
-            return self
-        if modules and self.activation_recompute != "selective":
-            raise ConfigError(
-                "names modules that selective recomputation recomputes; this workload's "
-                f"activation_recompute is {self.activation_recompute} (Megatron-Core refuses "
-                "recompute modules without --recompute-granularity selective)", key=key,
-                value=list(modules), allowed="null or [], or activation_recompute: selective")
-        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
-        if unknown:
-            raise ConfigError(
-                f"{', '.join(repr(m) for m in unknown)} is no module CrossFlow recomputes",
-                key=key, value=list(modules), allowed=", ".join(RECOMPUTE_MODULES))
-        kinds = "".join(self.layer_kinds)
-        has = {"mla_up_proj": self.multi_latent_attention, "moe": self.moe,
-               "moe_act": self.moe, "shared_experts": self.moe and self.shared_ffn > 0,
-               "mlp": "-" in kinds, "layernorm": "E" in kinds or self.multi_latent_attention}
-        missing = [m for m in modules if not has.get(m, True)]
-        if missing:
-            m = missing[0]
-            raise ConfigError(
-                f"{m!r} recomputes {RECOMPUTE_MODULES[m]}, which this model does not have",
-                key=key, value=list(modules),
-                allowed=", ".join(m for m in RECOMPUTE_MODULES if has.get(m, True)))
+    def _options_fit(self) -> TransformerSpec:
+        # last: the checks read layer_kinds, which the shape checks above vouch for
+        check_options(self)
         return self
 
 

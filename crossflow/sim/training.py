@@ -62,6 +62,7 @@ from crossflow.sim.training_memory import transformer_memory as transformer_memo
 from crossflow.sim.transformer import (
     block_collectives,
     collective_count,
+    dispatched_copies,
     expert_gathered,
     expert_shard,
     price_nodes,
@@ -186,7 +187,7 @@ def transformer_iteration(
         if ep > 1 and spec.moe_token_dispatcher_type == "flex":
             # each token once per destination rank and node (DeepEP, HybridEP)
             a2a = network.all_to_all(tokens * spec.moe_width * nbytes, ep, etp,
-                                     partial(spec.dispatched_copies, tokens))
+                                     partial(dispatched_copies, spec, tokens))
         elif ep > 1:
             a2a = network.all_to_all(routed, ep, etp)
         if etp > 1:

@@ -15,6 +15,7 @@ re-shard an MoE layer's expert GEMMs (:func:`expert_shard`, :func:`expert_gather
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -161,6 +162,29 @@ def block_collectives(*, tokens: int, hidden: int, precision: str, sp: bool, rec
     if recompute == "full":
         rerun = sublayers
     return forward, backward + forward * rerun / sublayers
+
+
+def dispatched_copies(spec, tokens: int, ranks: int, local: int) -> tuple[float, float]:
+    """Copies of a rank's ``tokens`` the flex dispatcher (``moe_token_dispatcher_type:
+    flex``: DeepEP, HybridEP) sends per token, in expectation over uniform top-k routing,
+    among ``ranks`` expert-parallel ranks ``local`` to a node: (over NVLink, over the
+    network).  A token reaches each rank holding one of its experts once — across nodes
+    once per node (DeepEP's RDMA leg), then forwarded inside it — so of the p ranks in n
+    nodes the NVLink carries (p − n)·h_r copies and the network (n − 1)·h_n, h_r and h_n
+    the chances that one rank or one node holds at least one of the k experts:
+    1 − C(E − E/p, k) / C(E, k) and likewise with E/n (without replacement: k distinct
+    experts).  Copies a capacity drops (``routed_rows`` below k per token) are not sent:
+    both scale by the copies kept."""
+    E, k = spec.num_moe_experts, spec.moe_router_topk
+    nodes = max(1, ranks // local)
+
+    def hit(experts_there: float) -> float:
+        away = E - round(experts_there)
+        return 1 - math.comb(away, k) / math.comb(E, k)
+
+    kept = spec.routed_rows(tokens) / (tokens * k)
+    return ((ranks - nodes) * hit(E / ranks) * kept,
+            (nodes - 1) * hit(E / nodes) * kept)
 
 
 def expert_shard(attrs: dict, ep: int, etp: int = 1) -> dict:

@@ -177,7 +177,7 @@ def all_to_all(nbytes: float, size: int, local: int, intra: Group, inter: Group 
     A deduplicating dispatcher (Megatron-Core's flex: DeepEP, HybridEP) passes ``copies``:
     given the group's size and members per node, the copies of each of ``nbytes``' tokens
     (then one copy each) that cross NVLink and the network
-    (:meth:`~crossflow.config.workload.TransformerSpec.dispatched_copies`).
+    (:func:`crossflow.sim.transformer.dispatched_copies`).
     """
     if size <= 1 or _empty(nbytes):
         return 0.0 * nbytes
