@@ -621,17 +621,17 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
     # of a hybrid stack
     kind = spec.layer_kinds[0]
     sublayers = len(kind)
+    # the sublayers whose forward (and its collectives) the backward runs again
     modules = spec.recomputed_modules
-    rerun = ("mlp" in modules and "-" in kind) + ("moe" in modules and "E" in kind)
+    rerun = (sublayers if spec.activation_recompute == "full"
+             else ("mlp" in modules and "-" in kind) + ("moe" in modules and "E" in kind))
     comm_f, comm_b = block_collectives(tokens=tokens, hidden=spec.hidden_size,
                                        precision=spec.activation_precision, sp=sp,
-                                       recompute=spec.activation_recompute, collective=coll,
-                                       sublayers=sublayers, rerun=rerun)
+                                       collective=coll, sublayers=sublayers, rerun=rerun)
     act = tokens * spec.hidden_size * BYTES_PER_ELEMENT[spec.activation_precision]
     vocab_comm = coll("all_reduce", act)  # vocab-parallel embedding / loss (Megatron)
     on = tp > 1
-    count_f, count_b = collective_count(sp=sp, recompute=spec.activation_recompute,
-                                        sublayers=sublayers, rerun=rerun)
+    count_f, count_b = collective_count(sp=sp, sublayers=sublayers, rerun=rerun)
     block_f = price_nodes(arch, groups[(0, False)], comm_f, on * count_f, a2a, moe_efficiency,
                           gather=gather)
     block_b = price_nodes(arch, groups[(0, True)], comm_b, on * count_b, a2a, moe_efficiency,

@@ -130,28 +130,25 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
                      grad_accum)
 
 
-def collective_count(*, sp: bool, recompute: str, sublayers: int = 2,
-                     rerun: int = 0) -> tuple[int, int]:
+def collective_count(*, sp: bool, sublayers: int = 2, rerun: int = 0) -> tuple[int, int]:
     """(forward, backward) tensor-parallel collectives of one block (as
     :func:`block_collectives` prices them) of ``sublayers`` sublayers (attention and
     MLP: 2; a layer of a hybrid stack: 1), ``rerun`` of them recomputed whole."""
     forward = (2 if sp else 1) * sublayers
     backward = (3 if sp else 1) * sublayers
-    if recompute == "full":
-        rerun = sublayers
     return forward, backward + forward * rerun // sublayers
 
 
-def block_collectives(*, tokens: int, hidden: int, precision: str, sp: bool, recompute: str,
+def block_collectives(*, tokens: int, hidden: int, precision: str, sp: bool,
                       collective: CollectiveTime, sublayers: int = 2,
                       rerun: int = 0) -> tuple[float, float]:
     """(forward, backward) seconds of one block's tensor-parallel collectives: per
     sublayer (attention, MLP, or a hybrid stack's Mamba, attention, MLP or MoE layer) an
     all-gather before it and a reduce-scatter after it with sequence parallelism (backward
     the same, and the input gathered again for the weight gradient), else one all-reduce
-    each way (Megatron's f and g operators).  A sublayer recomputed whole (all of them
-    under full recomputation, ``rerun`` of them under selective recomputation's ``mlp`` or
-    ``moe``) repeats its forward collectives in the backward."""
+    each way (Megatron's f and g operators).  Each of the ``rerun`` sublayers recomputed
+    whole (all of them under full recomputation; the MLP or MoE one under selective
+    recomputation's ``mlp`` or ``moe``) repeats its forward collectives in the backward."""
     act = tokens * hidden * BYTES_PER_ELEMENT[precision]
     if sp:
         pair = collective("all_gather", act) + collective("reduce_scatter", act)
@@ -159,8 +156,6 @@ def block_collectives(*, tokens: int, hidden: int, precision: str, sp: bool, rec
         backward = sublayers * pair + sublayers * collective("all_gather", act)  # for dW
     else:
         forward = backward = sublayers * collective("all_reduce", act)
-    if recompute == "full":
-        rerun = sublayers
     return forward, backward + forward * rerun / sublayers
 
 
