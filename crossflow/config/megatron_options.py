@@ -80,7 +80,8 @@ def _check_recompute_modules(spec) -> None:
     kinds = "".join(spec.layer_kinds)
     has = {"mla_up_proj": spec.multi_latent_attention, "moe": spec.moe,
            "moe_act": spec.moe, "shared_experts": spec.moe and spec.shared_ffn > 0,
-           "mlp": "-" in kinds, "layernorm": "E" in kinds or spec.multi_latent_attention}
+           "mlp": "-" in kinds, "layernorm": spec.multi_latent_attention
+           or any(map(spec.separate_pre_mlp_norm, spec.layer_kinds))}
     missing = [m for m in modules if not has.get(m, True)]
     if missing:
         m = missing[0]

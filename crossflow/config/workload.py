@@ -408,6 +408,13 @@ class TransformerSpec(Spec):
         return frozenset(("core_attn",) if self.recompute_modules is None
                          else self.recompute_modules)
 
+    def separate_pre_mlp_norm(self, kind: str) -> bool:
+        """Whether a layer of ``kind`` (:attr:`layer_kinds`) normalises its MLP or MoE
+        part's input in a norm of its own rather than in fc1's fused one: Megatron-Core's
+        layer spec gives every layer of a model with experts one (the router reads its
+        output), a hybrid stack its MoE layers only."""
+        return "E" in kind or self.moe and self.hybrid_override_pattern is None
+
     def recomputed_layers(self, chunk: int) -> int:
         """Of a pipeline chunk of ``chunk`` decoder layers, how many a backward recomputes
         whole: all under full recomputation, the first ``recompute_num_layers`` under its

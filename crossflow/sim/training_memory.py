@@ -265,12 +265,13 @@ def _recomputed(spec, *, tp, sp, shed, share, k, dense_mlp, moe_mlp, quant_dense
     pattern = spec.hybrid_override_pattern
     if pattern is None:
         attention, dense, moe = 1.0, 1 - share, share
-        # Megatron-Core's layer spec for a model with experts gives every layer a separate
-        # pre-MLP norm; a dense model's is fused into fc1
-        separate, fused = (1.0, 0.0) if spec.moe else (0.0, dense)
-    else:  # only an MoE layer's norm is separate
+    else:
         attention, dense, moe = (pattern.count(c) / len(pattern) for c in "*-E")
-        separate, fused = moe, dense
+    kinds = spec.layer_kinds
+    # the share of layers with a pre-MLP norm of their own, and of dense MLPs whose norm is
+    # fused into fc1 (an MoE model's dense layers have their own)
+    separate = sum(map(spec.separate_pre_mlp_norm, kinds)) / len(kinds)
+    fused = 0.0 if spec.separate_pre_mlp_norm("-") else dense
     norms = 0.0
     if "layernorm" in modules:
         norms += separate + attention * spec.multi_latent_attention

@@ -828,9 +828,7 @@ class _Block:
             ops.add("expert_act")
         if self.moe and "shared_experts" in modules:
             ops.update(("shared_fc1", "shared_act", "shared_fc2"))
-        # Megatron-Core's spec gives every layer of an MoE model a separate pre-MLP norm
-        # (a hybrid stack: its MoE layers); elsewhere the norm is fused into fc1
-        separate = self.moe or self.spec.moe and self.spec.hybrid_override_pattern is None
+        separate = self.spec.separate_pre_mlp_norm(self.kind)
         if not self.moe and "mlp" in modules:  # a separate norm's output is its input
             ops |= ffn if separate else ffn | {"ln2"}
         if "layernorm" in modules and separate:
