@@ -35,6 +35,7 @@ from crossflow.sim.training_memory import stage_memory, stage_name
 from crossflow.system import DIMS, ORDERS, build_system, order_classes, parse_order
 from crossflow.system.network import MappedNetwork
 from crossflow.workloads import compute_graph
+from crossflow.workloads.transformer import attention_backend
 
 
 class _Local:
@@ -370,6 +371,11 @@ class _Batch:
             if (software is not None and spec.kind == "transformer"
                     and spec.attention_backend is None):
                 self.spec = _with_attention(spec, software.attention)
+        if spec.kind == "transformer":
+            try:  # the attention kernel is settled here: refuse what it cannot run, now
+                attention_backend(self.spec)
+            except ConfigError as exc:
+                raise exc.with_file(spec.source_file) if spec.source_file else exc from None
 
     def memory(self, spec, strategy, par) -> MemoryCheck:
         """The memory verdict of one candidate (``spec, strategy, par`` as
@@ -536,7 +542,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
                  "context_parallel": par.context_parallel if par else 1,
                  "activation_recompute": spec.activation_recompute,
-                 **_recompute_details(spec),
+                 **_recompute_details(spec), **_execution_details(spec),
                  **({"expert_parallel": par.expert_parallel,
                      "expert_tensor_parallel": par.expert_tensor_parallel}
                     if par and spec.moe else {}),
@@ -553,6 +559,18 @@ def _recompute_details(spec) -> dict:
         return {"recompute_method": spec.recompute_method or "uniform",
                 "recompute_num_layers": spec.recompute_num_layers or 1}
     return {}
+
+
+#: The workload's execution options (crossflow.sim.execution) and their defaults
+EXECUTION_OPTIONS = {"cuda_graph_impl": "none", "cuda_graph_modules": (),
+                     "overlap_moe_expert_parallel_comm": False,
+                     "fp8_dot_product_attention": False}
+
+
+def _execution_details(spec) -> dict:
+    """The execution options the workload sets (those not at their defaults)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, default in EXECUTION_OPTIONS.items()
+            if (v := getattr(spec, k)) != default}
 
 
 def _graph(spec, strategy, arch, network, devices) -> Prediction:

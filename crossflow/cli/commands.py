@@ -187,6 +187,22 @@ def _recompute_text(d: dict) -> str:
     return mode
 
 
+def _execution_text(d: dict) -> str:
+    """The execution options a prediction ran with, in words ("" for none): ``one CUDA
+    graph per iteration, expert all-to-alls overlapped, FP8 attention``."""
+    impl, modules = d.get("cuda_graph_impl", "none"), d.get("cuda_graph_modules", [])
+    parts = []
+    if impl == "full_iteration":
+        parts.append("one CUDA graph per iteration")
+    elif impl != "none":
+        parts.append(f"{impl} CUDA graphs of " + (", ".join(modules) or "whole layers"))
+    if d.get("overlap_moe_expert_parallel_comm"):
+        parts.append("expert all-to-alls overlapped")
+    if d.get("fp8_dot_product_attention"):
+        parts.append("FP8 attention")
+    return ", ".join(parts)
+
+
 def _yaml_pairs(mapping: dict) -> str:
     """``key: value, ...`` as YAML reads them back (booleans lowercase)."""
     def text(v) -> str:
@@ -242,6 +258,8 @@ def _print_prediction(p) -> None:
     print(f"  time          {fmt_time(p.time_s)}")
     if "activation_recompute" in d:
         print(f"  recompute     {_recompute_text(d)}")
+    if executes := _execution_text(d):
+        print(f"  executes      {executes}")
     # the achieved rate counts the FLOPs the device runs, recomputed ones included; MFU
     # counts the model's FLOPs only (Megatron's convention), so the two differ by the
     # recomputation

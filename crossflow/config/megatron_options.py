@@ -1,7 +1,9 @@
 """The execution options of a transformer workload in Megatron-LM's names — which modules
-or layers the backward recomputes, and how MoE tokens reach other ranks' experts — and the
-checks that refuse a combination Megatron-LM refuses or CrossFlow does not model (docs/model.md,
-"Recomputation by module", "Full recomputation of some layers", "The flex dispatcher")."""
+or layers the backward recomputes, how MoE tokens reach other ranks' experts, what CUDA graphs
+capture, which communication and kernels run overlapped or in FP8 — and the checks that refuse
+a combination Megatron-LM refuses or CrossFlow does not model (docs/model.md, "Recomputation
+by module", "Full recomputation of some layers", "The flex dispatcher", "CUDA graphs and
+overlapped expert all-to-alls")."""
 
 from __future__ import annotations
 
@@ -21,12 +23,37 @@ RECOMPUTE_MODULES: dict[str, str] = {
 }
 
 
+#: what each of Megatron-Core's ``cuda_graph_modules`` captures in a per-layer graph
+#: (TransformerConfig.cuda_graph_modules; [] captures the whole layer)
+CUDA_GRAPH_MODULES: dict[str, str] = {
+    "attn": "the attention half of each layer",
+    "mlp": "a dense layer's MLP",
+    "moe": "an MoE layer, its experts included",
+    "moe_router": "an MoE layer up to its router (and shared experts not overlapped)",
+    "moe_preprocess": "the MoE dispatcher's preprocessing (with moe_router)",
+    "mamba": "a Mamba-2 mixer",
+}
+
+
+def experts_captured(spec) -> bool:
+    """Whether a CUDA graph captures the MoE layers' experts: a full-iteration graph, or
+    per-layer graphs of whole layers or of ``moe``.  Captured, the dropless dispatcher runs
+    without its host synchronisation on the tokens each expert received (a graph needs the
+    sizes fixed: Megatron-Core's paged stash and padded expert buffers), so the layer's many
+    small kernels are not launch-bound: the software profile's ``moe_efficiency``, fitted to
+    eager runs, does not apply."""
+    impl, modules = spec.cuda_graph_impl, spec.cuda_graph_modules
+    return impl == "full_iteration" or (impl != "none" and (not modules or "moe" in modules))
+
+
 def check_options(spec) -> None:
     """Raise a ConfigError naming the key unless the TransformerSpec's recomputation and
     token-dispatcher options fit it and each other."""
     _check_dispatcher(spec)
     _check_recompute_method(spec)
     _check_recompute_modules(spec)
+    _check_cuda_graphs(spec)
+    _check_overlap_and_fp8(spec)
 
 
 def _check_dispatcher(spec) -> None:
@@ -89,3 +116,40 @@ def _check_recompute_modules(spec) -> None:
             f"{m!r} recomputes {RECOMPUTE_MODULES[m]}, which this model does not have",
             key=key, value=list(modules),
             allowed=", ".join(m for m in RECOMPUTE_MODULES if has.get(m, True)))
+
+
+def _check_cuda_graphs(spec) -> None:
+    modules, key = spec.cuda_graph_modules, "cuda_graph_modules"
+    unknown = [m for m in modules if m not in CUDA_GRAPH_MODULES]
+    if unknown:
+        raise ConfigError(
+            f"{', '.join(repr(m) for m in unknown)} is no module Megatron-Core captures in a "
+            "CUDA graph", key=key, value=list(modules), allowed=", ".join(CUDA_GRAPH_MODULES))
+    if modules and spec.cuda_graph_impl in ("none", "full_iteration"):
+        raise ConfigError(
+            "names what per-layer CUDA graphs capture; this workload's cuda_graph_impl is "
+            f"{spec.cuda_graph_impl} (Megatron-Core wants the list empty there)", key=key,
+            value=list(modules),
+            allowed="[], or cuda_graph_impl: local or transformer_engine")
+    if "moe_preprocess" in modules and "moe_router" not in modules:
+        raise ConfigError(
+            "captures the MoE preprocessing, which Megatron-Core captures only with the "
+            "router", key=key, value=list(modules), allowed="moe_router beside moe_preprocess")
+
+
+def _check_overlap_and_fp8(spec) -> None:
+    if spec.overlap_moe_expert_parallel_comm and not spec.moe:
+        raise ConfigError(
+            "overlaps the all-to-alls of MoE layers, and the model has none", value=True,
+            key="overlap_moe_expert_parallel_comm",
+            allowed="false for a dense model, or set num_moe_experts")
+    if spec.fp8_dot_product_attention and not spec.quantized:
+        raise ConfigError(
+            "runs the attention core in FP8, which Transformer Engine does only inside an "
+            f"FP8 run; this workload's precision is {spec.precision}", value=True,
+            key="fp8_dot_product_attention", allowed="false, or precision: fp8 or fp4")
+    if spec.fp8_dot_product_attention and spec.attention_backend == "unfused":
+        raise ConfigError(
+            "runs the attention core in FP8, which only a fused kernel does (Transformer "
+            "Engine's FP8 attention), and attention_backend is unfused", value=True,
+            key="fp8_dot_product_attention", allowed="false, or attention_backend: flash")

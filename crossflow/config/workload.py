@@ -150,6 +150,18 @@ class TransformerSpec(Spec):
     #: ``flex`` (DeepEP, HybridEP) sends a token once to each rank that holds one of its
     #: experts, and across nodes once to each node, forwarded inside it over NVLink
     moe_token_dispatcher_type: Literal["alltoall", "flex"] = "alltoall"
+    #: CUDA graphs (``--cuda-graph-impl``): ``none``, per-layer graphs of the modules
+    #: ``cuda_graph_modules`` names (``local``, ``transformer_engine``; [] the whole layer),
+    #: or one graph of the whole forward-backward, the optimizer step outside
+    #: (``full_iteration``; docs/model.md, "CUDA graphs and overlapped expert all-to-alls")
+    cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = "none"
+    #: ``--cuda-graph-modules``: attn, mlp, moe, moe_router, moe_preprocess, mamba
+    cuda_graph_modules: tuple[str, ...] = ()
+    #: one micro-batch's MoE all-to-alls behind another's computation
+    #: (``--overlap-moe-expert-parallel-comm``, with ``--delay-wgrad-compute``)
+    overlap_moe_expert_parallel_comm: bool = False
+    #: the attention core in FP8 (``--fp8-dot-product-attention``, cuDNN's FP8 attention)
+    fp8_dot_product_attention: bool = False
     #: a hybrid stack (Megatron-LM's ``--hybrid-override-pattern``; Mamba-based models such
     #: as Nemotron-H): one symbol per layer, each a layer of its own with a pre-norm and a
     #: residual — ``M`` a Mamba-2 mixer, ``*`` self-attention, ``-`` an MLP, ``E`` an MoE

@@ -33,6 +33,7 @@ from crossflow.errors import ConfigError
 from crossflow.kernels import ops
 from crossflow.parallel import Strategy, shard_node
 from crossflow.parallel.spec import chunk_layers
+from crossflow.sim.execution import as_executed
 from crossflow.sim.memory import check_capacity
 from crossflow.sim.model_flops import model_flops as model_flops
 from crossflow.sim.model_flops import moe_model_flops as moe_model_flops
@@ -153,6 +154,7 @@ def transformer_iteration(
     layers split evenly), as :meth:`~crossflow.parallel.spec.ParallelismSpec.chunk_split`
     derives it from Megatron's uneven-split options.
     """
+    arch, software = as_executed(arch, software, spec)
     L, h, s, V = spec.num_layers, spec.hidden_size, spec.seq_length, spec.vocab_size
     prec, b = spec.activation_precision, spec.micro_batch_size
     m = spec.global_batch_size // (dp * b)

@@ -216,6 +216,42 @@ DEEPSEEK_LAYOUTS = {(4, 1): (16, 16, 13), (8, 1): (8, 8, 5), (4, 2): (8, 8, 5),
 DEEPSEEK_ALLTOALL = {("25.09", "DGX-B200"), ("25.09", "DGX-GB200"), ("25.11", "DGX-B200")}
 
 
+#: The MoE runs whose recipes overlap one micro-batch's all-to-alls with another's
+#: computation (Megatron-Bridge's ``moe_a2a_overlap``: Megatron-Core's
+#: ``overlap_moe_expert_parallel_comm`` with ``delay_wgrad_compute``), (system, model) -> the
+#: releases: scripts/performance/configs/*/*_workload_base_configs.py at v0.3.0 (26.02),
+#: v0.3.1 (26.02.01), v0.4.0 (26.04), v0.4.2 (26.04.01), v0.5.0 (26.06), v0.5.1 (26.06.01) and
+#: src/megatron/bridge/perf_recipes/*/ at v0.6.0 (26.08); none at v0.2.0 (25.11)
+MOE_A2A_OVERLAP = {
+    ("DGX-H100", "qwen3_235b_a22b"): {"26.02", "26.02.01", "26.04", "26.04.01", "26.06"},
+    ("DGX-H100", "qwen3_30b_a3b"): {"26.02"},
+    ("DGX-B200", "deepseek_v3"): {"26.04.01"},
+    ("DGX-GB200", "gpt_oss_120b"): {"26.04", "26.04.01"},
+}
+#: The MXFP8 runs on GB200 whose recipes capture the whole forward-backward in one CUDA
+#: graph (``cuda_graph_impl: full_iteration``, with the overlap above, HybridEP and
+#: Transformer Engine's fused grouped MLP; ``_enable_hybridep_full_iteration_mxfp8`` and
+#: ``_enable_deepseek_full_iteration_mxfp8`` at v0.6.0, the ``GB200_FP8_MX`` configs at v0.5.0
+#: and v0.5.1), model -> whether the recipe also runs the attention in FP8
+#: (``fp8_dot_product_attention``)
+FULL_ITERATION_RELEASES = {"26.06", "26.06.01", "26.08"}
+FULL_ITERATION = {"deepseek_v3": False, "qwen3_30b_a3b": True, "qwen3_235b_a22b": True,
+                  "gpt_oss_120b": True}
+
+
+def _recipe_options(r: dict[str, str]) -> dict:
+    """The workload options of an MoE row's recipe: :data:`MOE_A2A_OVERLAP`,
+    :data:`FULL_ITERATION`."""
+    key, release, system, out = r["model_key"], r.get("release"), r.get("system"), {}
+    if release in MOE_A2A_OVERLAP.get((system, key), ()):
+        out["overlap_moe_expert_parallel_comm"] = True
+    if (system == "DGX-GB200" and release in FULL_ITERATION_RELEASES
+            and r["precision"] == "MXFP8" and key in FULL_ITERATION):
+        out |= {"cuda_graph_impl": "full_iteration", "overlap_moe_expert_parallel_comm": True,
+                "fp8_dot_product_attention": FULL_ITERATION[key]}
+    return out
+
+
 def _deepseek_case(r: dict[str, str]):
     """(TransformerSpec, parallelism dict) of a DeepSeek-V3 row: the ``deepseek-v3`` preset
     (model_architectures.csv's row, MLA with its widths, the recipe's one MTP depth; none
@@ -229,7 +265,8 @@ def _deepseek_case(r: dict[str, str]):
         "micro_batch_size": int(r["micro_batch_size"]),
         "precision": _precision(r)}
         | ({"moe_token_dispatcher_type": "alltoall"}
-           if (r.get("release"), r.get("system")) in DEEPSEEK_ALLTOALL else {})))
+           if (r.get("release"), r.get("system")) in DEEPSEEK_ALLTOALL else {})
+        | _recipe_options(r)))
     pp, vp = int(r["pp"]), _int(r["vp"])
     first, middle, last = DEEPSEEK_LAYOUTS[pp, vp]
     chunks = pp * vp
@@ -285,7 +322,8 @@ def _moe_case(r: dict[str, str], a: dict[str, str]):
         moe_ffn_hidden_size=int(a["moe_ffn_hidden_size"]),
         moe_shared_expert_intermediate_size=_int(a["shared_expert_ffn_size"], 0) or None,
         **({"moe_expert_capacity_factor": TOKENDROP_CAPACITY_FACTOR,
-            "moe_pad_expert_input_to_capacity": TOKENDROP_PAD} if _tokendrop(r) else {}))
+            "moe_pad_expert_input_to_capacity": TOKENDROP_PAD} if _tokendrop(r) else {}),
+        **_recipe_options(r))
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 

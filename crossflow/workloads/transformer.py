@@ -167,7 +167,16 @@ def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]
 
 def attention_backend(spec: TransformerSpec) -> str:
     """The attention kernel the graph uses: the workload's, else unfused."""
-    return spec.attention_backend or "unfused"
+    backend = spec.attention_backend or "unfused"
+    if backend == "unfused" and spec.fp8_dot_product_attention:
+        raise ConfigError(
+            "runs the attention core in FP8, which only a fused kernel does (Transformer "
+            "Engine's FP8 attention), and here it is unfused: the workload sets no "
+            "attention_backend, and the system's software profile (software.attention), or "
+            "without a system the default, runs it unfused",
+            key="fp8_dot_product_attention", value=True,
+            allowed="false, or attention_backend: flash")
+    return backend
 
 
 def transformer_graph(spec: TransformerSpec, *, micro_batch_size: int | None = None
@@ -276,6 +285,9 @@ class _Block:
         self.bytes = BYTES_PER_ELEMENT[spec.activation_precision]
         self.gemm_precision = spec.precision
         self.quantized = spec.quantized  # the Linear GEMMs read casts of their inputs
+        #: the flash kernel's format: FP8 under fp8_dot_product_attention (q, k, v and the
+        #: output in FP8, products at the FP8 rate), else the activations'
+        self.attn_precision = "fp8" if spec.fp8_dot_product_attention else None
         #: a cast reads bf16 and writes the GEMM's format (QUANTIZE): its reads counted in
         #: elements of that format (2 for FP8, 2 · 2 / 0.5625 for NVFP4)
         reads, self.cast_writes = QUANTIZE.get(spec.precision, (0, 0))
@@ -357,7 +369,7 @@ class _Block:
                     g.edge(get("qkv"), n, act)
             elif op == "attn":
                 g.attention(n, op, b * a, s, self.d_fwd, gemms=2, causal=self.causal,
-                            tp="heads")
+                            tp="heads", precision=self.attn_precision)
                 g.edge(qkv_out(), n, "act" if self.qkv_op in new else "stash",
                        t * qkv_n * self.bytes)
             elif op == "qk":
@@ -913,7 +925,7 @@ class _Block:
         if flash:
             # the fused backward recomputes the scores tile by tile: QKᵀ, dV, dP, dQ, dK
             da = g.attention(p + "attn.bwd", "attn.bwd", heads, s, self.d_bwd, gemms=5,
-                             causal=self.causal, tp="heads")
+                             causal=self.causal, tp="heads", precision=self.attn_precision)
             g.edge(proj_dx, da, "grad")
             stash(qkv_src, da, t * qkv_n * nb)
             stash(src["attn"], da)
