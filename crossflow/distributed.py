@@ -561,16 +561,16 @@ def _recompute_details(spec) -> dict:
     return {}
 
 
-#: The workload's execution options (crossflow.sim.execution) and their defaults
-EXECUTION_OPTIONS = {"cuda_graph_impl": "none", "cuda_graph_modules": (),
-                     "overlap_moe_expert_parallel_comm": False,
-                     "fp8_dot_product_attention": False}
+#: The workload's execution options (crossflow.sim.execution)
+EXECUTION_OPTIONS = ("cuda_graph_impl", "cuda_graph_modules", "overlap_moe_expert_parallel_comm",
+                     "fp8_dot_product_attention")
 
 
 def _execution_details(spec) -> dict:
     """The execution options the workload sets (those not at their defaults)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, default in EXECUTION_OPTIONS.items()
-            if (v := getattr(spec, k)) != default}
+    fields = type(spec).model_fields
+    return {k: list(v) if isinstance(v, tuple) else v for k in EXECUTION_OPTIONS
+            if (v := getattr(spec, k)) != fields[k].default}
 
 
 def _graph(spec, strategy, arch, network, devices) -> Prediction:
