@@ -128,7 +128,8 @@ def _check_cuda_graphs(spec) -> None:
     if modules and spec.cuda_graph_impl in ("none", "full_iteration"):
         raise ConfigError(
             "names what per-layer CUDA graphs capture; this workload's cuda_graph_impl is "
-            f"{spec.cuda_graph_impl} (Megatron-Core wants the list empty there)", key=key,
+            f"{spec.cuda_graph_impl} (Megatron-Core ignores the list without graphs and wants "
+            "it empty with one full-iteration graph)", key=key,
             value=list(modules),
             allowed="[], or cuda_graph_impl: local or transformer_engine")
     if "moe_preprocess" in modules and "moe_router" not in modules:
