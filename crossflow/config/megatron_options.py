@@ -1,6 +1,7 @@
 """The execution options of a transformer workload in Megatron-LM's names — which modules
 or layers the backward recomputes, how MoE tokens reach other ranks' experts, what CUDA graphs
-capture, which communication and kernels run overlapped or in FP8 — and the checks that refuse
+capture, which communication and kernels run overlapped or in FP8, which layers of a quantized
+run stay in BF16 — and the checks that refuse
 a combination Megatron-LM refuses or CrossFlow does not model (docs/model.md, "Recomputation
 by module", "Full recomputation of some layers", "The flex dispatcher", "CUDA graphs and
 overlapped expert all-to-alls")."""
@@ -54,6 +55,7 @@ def check_options(spec) -> None:
     _check_recompute_modules(spec)
     _check_cuda_graphs(spec)
     _check_overlap_and_fp8(spec)
+    _check_bf16_layers(spec)
 
 
 def _check_dispatcher(spec) -> None:
@@ -154,3 +156,19 @@ def _check_overlap_and_fp8(spec) -> None:
             "runs the attention core in FP8, which only a fused kernel does (Transformer "
             "Engine's FP8 attention), and attention_backend is unfused", value=True,
             key="fp8_dot_product_attention", allowed="false, or attention_backend: flash")
+
+
+def _check_bf16_layers(spec) -> None:
+    if not spec.first_last_layers_bf16:
+        return
+    if not spec.quantized:
+        raise ConfigError(
+            "keeps layers in BF16 in a quantized run; this workload's GEMMs are "
+            f"{spec.precision} throughout", key="first_last_layers_bf16", value=True,
+            allowed="true with precision fp8 or fp4, else false")
+    start, end, L = (spec.num_layers_at_start_in_bf16, spec.num_layers_at_end_in_bf16,
+                     spec.num_layers)
+    if start + end > L:
+        raise ConfigError(
+            f"with num_layers_at_start_in_bf16 = {start}, more BF16 layers than the model's "
+            f"{L}", key="num_layers_at_end_in_bf16", value=end, allowed=f"0 to {L - start}")

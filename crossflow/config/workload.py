@@ -392,24 +392,6 @@ class TransformerSpec(Spec):
         ``fp4`` only the GEMMs run quantized (Transformer Engine); the rest stays bf16."""
         return "bf16" if self.quantized else self.precision
 
-    @model_validator(mode="after")
-    def _bf16_layers_fit(self) -> TransformerSpec:
-        if not self.first_last_layers_bf16:
-            return self
-        if not self.quantized:
-            raise ConfigError(
-                "keeps layers in BF16 in a quantized run; this workload's GEMMs are "
-                f"{self.precision} throughout", key="first_last_layers_bf16", value=True,
-                allowed="true with precision fp8 or fp4, else false")
-        L = self.num_layers
-        if self.num_layers_at_start_in_bf16 + self.num_layers_at_end_in_bf16 > L:
-            raise ConfigError(
-                f"with num_layers_at_start_in_bf16 = {self.num_layers_at_start_in_bf16}, more "
-                f"BF16 layers than the model's {L}", key="num_layers_at_end_in_bf16",
-                value=self.num_layers_at_end_in_bf16,
-                allowed=f"0 to {L - self.num_layers_at_start_in_bf16}")
-        return self
-
     @property
     def recomputed_modules(self) -> frozenset[str]:
         """The modules a backward recomputes: ``recompute_modules`` (default ``core_attn``)
