@@ -99,3 +99,18 @@ def test_the_flex_dispatcher_under_expert_tensor_parallelism_is_refused():
                           system="dgx-h100-megatron-core", parallelism=par)
     assert crossflow.predict(workload=_moe(), system="dgx-h100-megatron-core",
                              parallelism=par).time_s > 0
+
+
+def test_nemotron_3_runs_take_their_recipes_flex_dispatcher():
+    """Every Megatron-Bridge performance recipe of Nemotron 3 sets HybridEP.  Nemotron 3
+    Super on 64 B200s spreads EP 64 over 8 nodes: with the all-to-all dispatcher its MXFP8
+    run of 26.04.01 read −34.5 %, with the recipe's flex one +2.7 % (GB200, inside one NVLink
+    domain, moves by less than a point either way)."""
+    from crossflow.validation import megatron_bridge as mb
+
+    row = next(r for r in mb._blackwell_rows("B200", moe=True) if r["release"] == "26.04.01"
+               and r["model_key"] == "nemotron_3_super" and r["precision"] == "MXFP8")
+    spec, _ = mb.case(row)
+    assert spec.moe_token_dispatcher_type == "flex"
+    tokens, _ = mb.predict_row(row, "dgx-b200-megatron-core")
+    assert tokens == pytest.approx(float(row["tokens_per_s_per_gpu"]), rel=0.08)

@@ -239,10 +239,24 @@ FULL_ITERATION = {"deepseek_v3": False, "qwen3_30b_a3b": True, "qwen3_235b_a22b"
                   "gpt_oss_120b": True}
 
 
+#: The models every performance recipe of Megatron-Bridge runs with the flex dispatcher
+#: (HybridEP), on every GPU and release it published them: Nemotron 3 Nano and Super
+#: (``moe_flex_dispatcher_backend="hybridep"`` in BASE_NEMOTRON_3_NANO_CONFIG and
+#: BASE_NEMOTRON_3_SUPER_CONFIG, inherited by every GPU's config, of
+#: scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py at v0.4.0 …
+#: v0.5.1; src/megatron/bridge/perf_recipes/nemotronh/gb200/nemotronh.py at v0.6.0) and 3.5
+#: Lightning (Nano's GB200 MXFP8 config with two MTP depths, v0.6.0).  Qwen3's and
+#: GPT-OSS's recipes change dispatcher with the release and GPU (all-to-all here;
+#: docs/validation.md); DeepSeek-V3's: :data:`DEEPSEEK_ALLTOALL`.
+FLEX_MODELS = {"nemotron_3_nano", "nemotron_3_super", "nemotron_3_5_lightning"}
+
+
 def _recipe_options(r: dict[str, str]) -> dict:
     """The workload options of an MoE row's recipe: :data:`MOE_A2A_OVERLAP`,
-    :data:`FULL_ITERATION`."""
+    :data:`FULL_ITERATION`, :data:`FLEX_MODELS`."""
     key, release, system, out = r["model_key"], r.get("release"), r.get("system"), {}
+    if key in FLEX_MODELS:
+        out["moe_token_dispatcher_type"] = "flex"
     if release in MOE_A2A_OVERLAP.get((system, key), ()):
         out["overlap_moe_expert_parallel_comm"] = True
     if (system == "DGX-GB200" and release in FULL_ITERATION_RELEASES
@@ -298,7 +312,7 @@ def _hybrid_case(r: dict[str, str]):
     spec = TransformerSpec(**(base.model_dump() | {
         "seq_length": int(r["seq_length"]), "global_batch_size": int(r["global_batch_size"]),
         "micro_batch_size": int(r["micro_batch_size"]),
-        "precision": _precision(r)} | bf16))
+        "precision": _precision(r)} | bf16 | _recipe_options(r)))
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 
