@@ -28,6 +28,7 @@ from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.parallel import Strategy, check_strategy, parse_parallelism
 from crossflow.parallel.spec import LAYOUT_GRAMMAR, parse_pipeline_layout
 from crossflow.prediction import Prediction, infeasible
+from crossflow.sim.execution import options_set
 from crossflow.sim.graph_sim import graph_iteration, graph_memory
 from crossflow.sim.memory import capacity_problem, check_capacity
 from crossflow.sim.training import grad_bytes, transformer_iteration
@@ -542,7 +543,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
                  "context_parallel": par.context_parallel if par else 1,
                  "activation_recompute": spec.activation_recompute,
-                 **_recompute_details(spec), **_execution_details(spec),
+                 **_recompute_details(spec), **options_set(spec),
                  **({"expert_parallel": par.expert_parallel,
                      "expert_tensor_parallel": par.expert_tensor_parallel}
                     if par and spec.moe else {}),
@@ -559,18 +560,6 @@ def _recompute_details(spec) -> dict:
         return {"recompute_method": spec.recompute_method or "uniform",
                 "recompute_num_layers": spec.recompute_num_layers or 1}
     return {}
-
-
-#: The workload's execution options (crossflow.sim.execution)
-EXECUTION_OPTIONS = ("cuda_graph_impl", "cuda_graph_modules", "overlap_moe_expert_parallel_comm",
-                     "fp8_dot_product_attention")
-
-
-def _execution_details(spec) -> dict:
-    """The execution options the workload sets (those not at their defaults)."""
-    fields = type(spec).model_fields
-    return {k: list(v) if isinstance(v, tuple) else v for k in EXECUTION_OPTIONS
-            if (v := getattr(spec, k)) != fields[k].default}
 
 
 def _graph(spec, strategy, arch, network, devices) -> Prediction:

@@ -26,6 +26,18 @@ from functools import lru_cache
 
 from crossflow.config.megatron_options import experts_captured
 
+#: The execution options of a transformer workload (the graph reads fp8_dot_product_attention)
+OPTIONS = ("cuda_graph_impl", "cuda_graph_modules", "overlap_moe_expert_parallel_comm",
+           "fp8_dot_product_attention")
+
+
+def options_set(spec) -> dict:
+    """The execution options ``spec`` sets (those not at their defaults), as a prediction's
+    details report them."""
+    fields = type(spec).model_fields
+    return {k: list(v) if isinstance(v, tuple) else v for k in OPTIONS
+            if (v := getattr(spec, k)) != fields[k].default}
+
 
 def as_executed(arch, software, spec):
     """(device, software profile) as ``spec``'s execution options run them: the arguments
