@@ -1,10 +1,9 @@
 """The execution options of a transformer workload in Megatron-LM's names — which modules
 or layers the backward recomputes, how MoE tokens reach other ranks' experts, what CUDA graphs
 capture, which communication and kernels run overlapped or in FP8, which layers of a quantized
-run stay in BF16 — and the checks that refuse
-a combination Megatron-LM refuses or CrossFlow does not model (docs/model.md, "Recomputation
-by module", "Full recomputation of some layers", "The flex dispatcher", "CUDA graphs and
-overlapped expert all-to-alls")."""
+run stay in BF16 — and the checks that refuse a combination Megatron-LM refuses or CrossFlow
+does not model (docs/model.md, "Recomputation by module", "Full recomputation of some
+layers", "The flex dispatcher", "CUDA graphs and overlapped expert all-to-alls")."""
 
 from __future__ import annotations
 
@@ -48,8 +47,8 @@ def experts_captured(spec) -> bool:
 
 
 def check_options(spec) -> None:
-    """Raise a ConfigError naming the key unless the TransformerSpec's recomputation and
-    token-dispatcher options fit it and each other."""
+    """Raise a ConfigError naming the key unless the TransformerSpec's execution options
+    (above) fit it and each other."""
     _check_dispatcher(spec)
     _check_recompute_method(spec)
     _check_recompute_modules(spec)
