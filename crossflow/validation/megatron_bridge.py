@@ -252,11 +252,13 @@ FLEX_MODELS = {"nemotron_3_nano", "nemotron_3_super", "nemotron_3_5_lightning"}
 
 
 def _recipe_options(r: dict[str, str]) -> dict:
-    """The workload options of an MoE row's recipe: :data:`MOE_A2A_OVERLAP`,
-    :data:`FULL_ITERATION`, :data:`FLEX_MODELS`."""
+    """The workload options of an MoE row's recipe: its dispatcher (:data:`FLEX_MODELS`,
+    :data:`DEEPSEEK_ALLTOALL`), :data:`MOE_A2A_OVERLAP`, :data:`FULL_ITERATION`."""
     key, release, system, out = r["model_key"], r.get("release"), r.get("system"), {}
     if key in FLEX_MODELS:
         out["moe_token_dispatcher_type"] = "flex"
+    if key == "deepseek_v3" and (release, system) in DEEPSEEK_ALLTOALL:
+        out["moe_token_dispatcher_type"] = "alltoall"  # the preset's is flex
     if release in MOE_A2A_OVERLAP.get((system, key), ()):
         out["overlap_moe_expert_parallel_comm"] = True
     if (system == "DGX-GB200" and release in FULL_ITERATION_RELEASES
@@ -270,17 +272,14 @@ def _deepseek_case(r: dict[str, str]):
     """(TransformerSpec, parallelism dict) of a DeepSeek-V3 row: the ``deepseek-v3`` preset
     (model_architectures.csv's row, MLA with its widths, the recipe's one MTP depth; none
     where the table says "w/o MTP") with the row's run settings and token dispatcher
-    (:data:`DEEPSEEK_ALLTOALL`), laid out over the pipeline as the recipe does
+    and options (:func:`_recipe_options`), laid out over the pipeline as the recipe does
     (:data:`DEEPSEEK_LAYOUTS`)."""
     base = load_spec("deepseek-v3", "workloads")
     spec = TransformerSpec(**(base.model_dump() | {
         "mtp_num_layers": 0 if "w/o MTP" in r["model"] else base.mtp_num_layers,
         "seq_length": int(r["seq_length"]), "global_batch_size": int(r["global_batch_size"]),
         "micro_batch_size": int(r["micro_batch_size"]),
-        "precision": _precision(r)}
-        | ({"moe_token_dispatcher_type": "alltoall"}
-           if (r.get("release"), r.get("system")) in DEEPSEEK_ALLTOALL else {})
-        | _recipe_options(r)))
+        "precision": _precision(r)} | _recipe_options(r)))
     pp, vp = int(r["pp"]), _int(r["vp"])
     first, middle, last = DEEPSEEK_LAYOUTS[pp, vp]
     chunks = pp * vp
