@@ -23,6 +23,7 @@ from typing import Any
 from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import MicroArch
 from crossflow.config.loader import load_spec
+from crossflow.config.megatron_options import check_context_parallel
 from crossflow.config.system import MAX_DEVICES, SWITCHED
 from crossflow.errors import ConfigError, InfeasibleDesignError
 from crossflow.parallel import Strategy, check_strategy, parse_parallelism
@@ -131,20 +132,7 @@ def _fitted(spec, par):
                       if getattr(par, k) is not None)
         if spec.kind == "transformer" and given:
             spec = _with_recompute(spec, given)
-        cp = par.context_parallel
-        if cp > 1 and "M" in (getattr(spec, "hybrid_override_pattern", None) or ""):
-            raise ConfigError(
-                "context parallelism of Mamba-2 layers (Megatron-Core's all-to-all between "
-                "the sequence and the heads around each mixer) is not modelled",
-                key="context_parallel", value=cp,
-                allowed="1 for a model with Mamba-2 layers (M in hybrid_override_pattern)")
-        if cp > 1 and (spec.kind != "transformer" or spec.seq_length % (2 * cp)):
-            raise ConfigError(
-                "context parallelism splits a transformer's sequence into 2·cp chunks (each "
-                "rank takes one from each end, balancing the causal mask)",
-                key="context_parallel", value=cp,
-                allowed="a degree whose double divides the workload's seq_length"
-                + ("" if spec.kind == "transformer" else " (transformers only)"))
+        check_context_parallel(spec, par.context_parallel)
         _check_experts(spec, par, strategy)
     checked, cp = spec, 1
     if par is not None and par.pipeline_model_parallel_layout is not None:

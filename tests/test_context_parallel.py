@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from crossflow.kernels.ops import NO_WINDOW
 from crossflow.sim.ring_attention import ring_comm, ring_exposed, ring_nodes
 from crossflow.workloads.graph import attention_flops
 
@@ -16,7 +17,8 @@ def _attn(gemms: int = 2, causal: int = 1) -> dict:
     """A flash-attention node's tensor-parallel shard over the whole sequence."""
     return {"op": "attention", "name": "attn", "phase": "fwd" if gemms == 2 else "bwd",
             "layer": 0, "precision": "bf16", "heads": HEADS, "seq": SEQ, "head_dim": DIM,
-            "gemms": gemms, "causal": causal, "batch_key": "heads", "tp_key": "heads",
+            "gemms": gemms, "causal": causal, "window": NO_WINDOW, "batch_key": "heads",
+            "tp_key": "heads",
             "flops": attention_flops(HEADS, SEQ, DIM, gemms, causal)}
 
 

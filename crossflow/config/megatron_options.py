@@ -7,6 +7,7 @@ layers", "The flex dispatcher", "CUDA graphs and overlapped expert all-to-alls")
 
 from __future__ import annotations
 
+from crossflow.config.attention_window import check_window, check_window_under_cp
 from crossflow.errors import ConfigError
 
 #: what each of Megatron-Core's selective ``recompute_modules`` recomputes in backward, in
@@ -55,6 +56,7 @@ def check_options(spec) -> None:
     _check_cuda_graphs(spec)
     _check_overlap_and_fp8(spec)
     _check_bf16_layers(spec)
+    check_window(spec)
 
 
 def _check_dispatcher(spec) -> None:
@@ -171,3 +173,26 @@ def _check_bf16_layers(spec) -> None:
         raise ConfigError(
             f"with num_layers_at_start_in_bf16 = {start}, more BF16 layers than the model's "
             f"{L}", key="num_layers_at_end_in_bf16", value=end, allowed=f"0 to {L - start}")
+
+
+def check_context_parallel(spec, cp: int) -> None:
+    """Raise a ConfigError naming ``context_parallel`` unless the workload (any kind) can
+    split its sequences over ``cp`` ranks as CrossFlow models it: a transformer's, into
+    2·cp chunks, through attention layers only (no Mamba-2 mixer) without a sliding
+    window."""
+    if cp == 1:
+        return
+    if "M" in (getattr(spec, "hybrid_override_pattern", None) or ""):
+        raise ConfigError(
+            "context parallelism of Mamba-2 layers (Megatron-Core's all-to-all between "
+            "the sequence and the heads around each mixer) is not modelled",
+            key="context_parallel", value=cp,
+            allowed="1 for a model with Mamba-2 layers (M in hybrid_override_pattern)")
+    if spec.kind != "transformer" or spec.seq_length % (2 * cp):
+        raise ConfigError(
+            "context parallelism splits a transformer's sequence into 2·cp chunks (each "
+            "rank takes one from each end, balancing the causal mask)",
+            key="context_parallel", value=cp,
+            allowed="a degree whose double divides the workload's seq_length"
+            + ("" if spec.kind == "transformer" else " (transformers only)"))
+    check_window_under_cp(spec, cp)

@@ -98,6 +98,11 @@ class TransformerSpec(Spec):
     attention_backend: Literal["unfused", "flash"] | None = None
     #: causal (decoder) attention: a flash kernel skips the masked half of the scores
     causal: bool = True
+    #: sliding-window attention (``--window-size``): the keys (left, right) of each query a
+    #: windowed layer sees, -1 unlimited; which layers (``--window-attn-skip-freq``): N, all
+    #: but every N-th; a list of 1 (window) and 0 per layer; None, all (attention_window.py)
+    window_size: tuple[int, int] | None = None
+    window_attn_skip_freq: Dim | tuple[int, ...] | None = None
     #: Mixture of experts (Megatron-Core's MoE layer; docs/model.md, "Mixture of experts"):
     #: routed experts per MoE layer (``--num-experts``); None: a dense model
     num_moe_experts: Dim | None = None

@@ -27,6 +27,26 @@ INDEX_BYTES = 8
 #: and 63 % backward (Dao 2023, arXiv:2307.08691, §4.1) where cuBLAS GEMMs sustain ~86 %
 #: (the dgx-a100 profile's 0.863 before issue #19, 0.899 since): 0.68 / 0.86 ~ 0.8.
 FLASH_RELATIVE_EFFICIENCY = 0.8
+#: A sliding window of attention (Megatron-LM's ``--window-size``: keys left and right of each
+#: query, -1 unlimited) that limits nothing
+NO_WINDOW = (-1, -1)
+
+
+def score_share(seq: int, causal: int, window: tuple[int, int] = NO_WINDOW) -> float:
+    """Share of the seq × seq scores of one head a flash kernel computes: it skips the tiles
+    its mask hides.  Each query sees the keys of its ``window`` (left, right; -1 unlimited,
+    so an unlimited causal window is half the square), only those before it under a causal
+    mask: the band of the square within ``left`` + 1 keys (itself included) on one side and
+    ``right`` on the other, in area, as the causal half is (tiles partly inside the band are
+    not counted whole)."""
+    left, right = window
+
+    def band(width: int) -> float:  # the square's area within ``width`` of its diagonal
+        w = seq if width < 0 else min(width, seq)
+        return w * seq - w * w / 2
+
+    area = band(left + 1 if left >= 0 else -1) + (0.0 if causal else band(right))
+    return area / (seq * seq)
 
 
 def vector_rate(arch: MicroArch) -> float:
@@ -149,19 +169,21 @@ def embedding(arch: MicroArch, tokens: int, hidden: int, precision: str = "fp16"
 
 
 def fused_attention(arch: MicroArch, heads: int, seq: int, head_dim: int, gemms: int,
-                    causal: int, precision: str = "bf16") -> KernelResult:
+                    causal: int, precision: str = "bf16",
+                    window: tuple[int, int] = NO_WINDOW) -> KernelResult:
     """A flash-attention kernel (FlashAttention, cuDNN fused attention): the scores are made
     and consumed tile by tile on chip, so main memory sees only q, k, v and the output
     (forward, ``gemms`` = 2: QKᵀ and PV) or q, k, v, o, dO in and dq, dk, dv out (backward,
     ``gemms`` = 5: the scores recomputed, dV, dP, dQ, dK) — no s×s tensor.  Under a causal
-    mask the kernel skips the masked tiles: half the products.  Time: the slower of the
+    mask the kernel skips the masked tiles: half the products; under a sliding ``window``
+    those outside it too (:func:`score_share`).  Time: the slower of the
     products at the profile's attention efficiency (or the device's measured kernels, with
     their time per query row) and the bytes at the memory-bound efficiency, at least the
     kernel minimum, plus the launch.
     """
     check_precision(arch, precision)
     b = BYTES_PER_ELEMENT[precision]
-    flops = 2.0 * gemms * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    flops = 2.0 * gemms * heads * seq * seq * head_dim * score_share(seq, causal, window)
     forward = gemms <= 2
     kernel = arch.attention_kernel
     rows_time = 0.0
@@ -191,5 +213,5 @@ def fused_attention(arch: MicroArch, heads: int, seq: int, head_dim: int, gemms:
         launch_s=launch,
         energy_J=energy,
         detail={"heads": heads, "seq": seq, "head_dim": head_dim, "gemms": gemms,
-                "causal": bool(causal)},
+                "causal": bool(causal), "window": window},
     )

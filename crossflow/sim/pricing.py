@@ -32,7 +32,8 @@ def _price(arch: MicroArch, op: str, shape: tuple, precision: str) -> tuple[floa
         tokens, hidden, _vocab = shape
         r = ops.embedding(arch, tokens, hidden, precision)
     elif op == "attention":
-        r = ops.fused_attention(arch, *shape, precision)
+        *dims, window = shape
+        r = ops.fused_attention(arch, *dims, precision, window=window)
     else:
         raise ValueError(f"unknown op {op!r}")
     return r.time_s, r.energy_J

@@ -28,6 +28,7 @@ from functools import lru_cache, partial
 from typing import Protocol
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
+from crossflow.config.attention_window import window_layers
 from crossflow.config.system import OverlapSpec
 from crossflow.errors import ConfigError
 from crossflow.kernels import ops
@@ -237,9 +238,9 @@ def transformer_iteration(
         decoder[k] -= spec.mtp_num_layers
     if spec.hybrid_override_pattern is None:
         rep = "*E" if spec.moe else "*-"
-        # every layer kept in BF16, or its activations kept under block recomputation
-        rep_kind = next(k for k in (rep, rep + BF16_MARK, rep + KEPT_MARK,
-                                    rep + BF16_MARK + KEPT_MARK) if k in kinds)
+        # the layers of that kind with the fewest marks: where every one is marked (kept in
+        # BF16, windowed, or its activations kept under block recomputation), a marked one
+        rep_kind = min((k for k in sorted(kinds) if k.rstrip(MARKS) == rep), key=len)
         layer_f, layer_b, *_ = kinds[rep_kind]
     else:
         rep_kind = max(sorted(blocks), key=decoder.get)
@@ -700,21 +701,28 @@ def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int
                 software.sync != "none" and pp > 1)
 
 
-#: what :func:`layer_kinds` appends to the kind of a layer a quantized run keeps in BF16
+#: what :func:`layer_kinds` appends to the kind of a layer whose attention has a sliding
+#: window (``window_size``)
+WINDOW_MARK = "/"
+#: what :func:`layer_kinds` appends (after :data:`WINDOW_MARK`) to the kind of a layer a
+#: quantized run keeps in BF16
 BF16_MARK = "#"
 #: what :func:`_chunk_kinds` appends to the kind of a layer that full recomputation's block
 #: method does not recompute
 KEPT_MARK = "~"
+#: every mark a kind may carry, in the order they are appended
+MARKS = WINDOW_MARK + BF16_MARK + KEPT_MARK
 
 
 def layer_kinds(spec) -> tuple[str, ...]:
-    """``spec.layer_kinds``, each layer a quantized run keeps in BF16
-    (``first_last_layers_bf16``) marked with :data:`BF16_MARK`: a kind of its own, priced
-    at BF16, so the pipeline stages that hold such layers take their time."""
-    if not spec.first_last_layers_bf16:  # the common case, on every prediction's path
+    """``spec.layer_kinds``, each layer with a sliding window marked with
+    :data:`WINDOW_MARK` and each a quantized run keeps in BF16 (``first_last_layers_bf16``)
+    with :data:`BF16_MARK`: kinds of their own, priced so, so the pipeline stages that hold
+    such layers take their time."""
+    if not spec.first_last_layers_bf16 and spec.window_size is None:  # the common case
         return spec.layer_kinds
-    return tuple(k + BF16_MARK if bf16 else k
-                 for k, bf16 in zip(spec.layer_kinds, spec.bf16_layers, strict=True))
+    return tuple(k + WINDOW_MARK * w + BF16_MARK * bf16 for k, w, bf16 in zip(
+        spec.layer_kinds, window_layers(spec), spec.bf16_layers, strict=True))
 
 
 def mtp_kinds(spec) -> tuple[str, ...]:
@@ -738,6 +746,12 @@ def _one_block(spec, kind: str = "*-"):
     if kind.endswith(BF16_MARK):
         kind = kind[:-1]
         one["precision"] = spec.activation_precision
+    # a windowed kind keeps the window in its one (first) layer, another has none
+    one["window_attn_skip_freq"] = None
+    if kind.endswith(WINDOW_MARK):
+        kind = kind[:-1]
+    else:
+        one["window_size"] = None
     if spec.hybrid_override_pattern is not None:
         return spec.model_copy(update={**one, "hybrid_override_pattern": kind})
     if kind == "*-":

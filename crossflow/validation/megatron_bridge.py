@@ -315,10 +315,17 @@ def _hybrid_case(r: dict[str, str]):
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 
+#: Sliding-window attention of the models that have it (model_architectures.csv's attention
+#: column), in Megatron-LM's keys: GPT-OSS alternates 128-token windows with full attention
+#: (Megatron-Bridge's GPT-OSS bridge: window_size (sliding_window - 1, 0),
+#: window_attn_skip_freq 2; src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py at 067f987df)
+WINDOWS = {"gpt_oss_120b": {"window_size": (127, 0), "window_attn_skip_freq": 2}}
+
+
 def _moe_case(r: dict[str, str], a: dict[str, str]):
     """(TransformerSpec, parallelism dict) of an MoE row: every layer MoE (the validated
     models' layout), SwiGLU experts (GPT-OSS's clamped gated activation priced as SwiGLU),
-    untied embeddings, RoPE; BF16 where the row says so, else FP8 like the dense rows;
+    untied embeddings, RoPE, the sliding windows of :data:`WINDOWS`; BF16 where the row says so, else FP8 like the dense rows;
     expert parallelism as printed (expert tensor parallelism 1)."""
     if r["model_key"] == "deepseek_v3":
         return _deepseek_case(r)
@@ -336,7 +343,7 @@ def _moe_case(r: dict[str, str], a: dict[str, str]):
         moe_shared_expert_intermediate_size=_int(a["shared_expert_ffn_size"], 0) or None,
         **({"moe_expert_capacity_factor": TOKENDROP_CAPACITY_FACTOR,
             "moe_pad_expert_input_to_capacity": TOKENDROP_PAD} if _tokendrop(r) else {}),
-        **_recipe_options(r))
+        **WINDOWS.get(r["model_key"], {}), **_recipe_options(r))
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 

@@ -12,9 +12,11 @@ elementwise elements, inputs, outputs,                ``ops.elementwise(...)``
 softmax     rows, cols                                ``ops.softmax(arch, rows, cols, ...)``
 layernorm   rows, cols                                ``ops.layernorm(arch, rows, cols, ...)``
 embedding   tokens, hidden, vocab (table rows)        ``ops.embedding(arch, tokens, hidden, ...)``
-attention   heads, seq, head_dim, gemms, causal       ``ops.fused_attention(...)``: a flash
-                                                      kernel (``gemms`` s×s×d products per
-                                                      head: 2 forward, 5 backward)
+attention   heads, seq, head_dim, gemms, causal,      ``ops.fused_attention(...)``: a flash
+            window                                    kernel (``gemms`` s×s×d products per
+                                                      head: 2 forward, 5 backward; the
+                                                      mask's and the sliding window's
+                                                      share, ``ops.score_share``)
 ========== ========================================== =========================================
 
 Other node attributes: ``name`` (e.g. ``"qkv.dW"``), ``phase`` (fwd / bwd / recompute /
@@ -47,7 +49,12 @@ from typing import Any
 import networkx as nx
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT
-from crossflow.kernels.ops import LAYERNORM_FLOPS_PER_ELEMENT, SOFTMAX_FLOPS_PER_ELEMENT
+from crossflow.kernels.ops import (
+    LAYERNORM_FLOPS_PER_ELEMENT,
+    NO_WINDOW,
+    SOFTMAX_FLOPS_PER_ELEMENT,
+    score_share,
+)
 
 OPS: tuple[str, ...] = ("gemm", "elementwise", "softmax", "layernorm", "embedding",
                         "attention")
@@ -59,7 +66,7 @@ SHAPE_KEYS: dict[str, tuple[str, ...]] = {
     "softmax": ("rows", "cols"),
     "layernorm": ("rows", "cols"),
     "embedding": ("tokens", "hidden", "vocab"),
-    "attention": ("heads", "seq", "head_dim", "gemms", "causal"),
+    "attention": ("heads", "seq", "head_dim", "gemms", "causal", "window"),
 }
 #: How pipeline parallelism cuts the units (``unit`` node attribute, 0..units-1):
 #: "megatron" — units 1..L are the blocks, cut into lp·vp equal chunks (lp·vp | L); unit 0
@@ -95,14 +102,17 @@ def node_flops(a: dict[str, Any]) -> float:
     if op == "layernorm":
         return float(a["rows"] * a["cols"] * LAYERNORM_FLOPS_PER_ELEMENT)
     if op == "attention":
-        return attention_flops(a["heads"], a["seq"], a["head_dim"], a["gemms"], a["causal"])
+        return attention_flops(a["heads"], a["seq"], a["head_dim"], a["gemms"], a["causal"],
+                               a["window"])
     return 0.0
 
 
-def attention_flops(heads: int, seq: int, head_dim: int, gemms: int, causal: int) -> float:
+def attention_flops(heads: int, seq: int, head_dim: int, gemms: int, causal: int,
+                    window: tuple[int, int] = NO_WINDOW) -> float:
     """FLOPs of a flash-attention kernel: ``gemms`` (seq × seq × head_dim) products per
-    head, half of them skipped under a causal mask (the kernel skips masked tiles)."""
-    return 2.0 * gemms * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    head, those a causal mask or a sliding window hides skipped (the kernel skips masked
+    tiles; :func:`~crossflow.kernels.ops.score_share`)."""
+    return 2.0 * gemms * heads * seq * seq * head_dim * score_share(seq, causal, window)
 
 
 def graph_flops(g: nx.DiGraph, *, ops: Iterable[str] | None = None,
@@ -165,9 +175,10 @@ class GraphBuilder:
         return self._add(node, "embedding", name, shape, batch="tokens", **kw)
 
     def attention(self, node: str, name: str, heads: int, seq: int, head_dim: int, *,
-                  gemms: int, causal: int, **kw: Any) -> str:
+                  gemms: int, causal: int, window: tuple[int, int] = NO_WINDOW,
+                  **kw: Any) -> str:
         shape = {"heads": heads, "seq": seq, "head_dim": head_dim, "gemms": gemms,
-                 "causal": causal}
+                 "causal": causal, "window": window}
         return self._add(node, "attention", name, shape, batch="heads", **kw)
 
     def edge(self, u: str, v: str, kind: str, nbytes: float | None = None) -> None:

@@ -55,8 +55,10 @@ from functools import lru_cache
 import networkx as nx
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT
+from crossflow.config.attention_window import window_layers
 from crossflow.config.workload import TransformerSpec
 from crossflow.errors import ConfigError
+from crossflow.kernels.ops import NO_WINDOW
 from crossflow.workloads.graph import GraphBuilder
 
 #: forward nodes of a block, in order (the defaults: GPT-3's block, unfused attention)
@@ -295,6 +297,9 @@ class _Block:
         self.cast = f"{spec.precision}_cast"
         self.norm_cast = spec.precision == "fp4"  # no layernorm kernel writes NVFP4
         self.causal = int(spec.causal)
+        #: the flash kernel's sliding window in this layer (an unfused core computes every
+        #: score and masks them: the window saves it nothing)
+        self.window = spec.window_size if window_layers(spec)[layer] else NO_WINDOW
         self.kind = spec.layer_kinds[layer]
         self.moe = "E" in self.kind
         #: whether the block has a mixer (attention or Mamba-2) before its feed-forward
@@ -369,7 +374,7 @@ class _Block:
                     g.edge(get("qkv"), n, act)
             elif op == "attn":
                 g.attention(n, op, b * a, s, self.d_fwd, gemms=2, causal=self.causal,
-                            tp="heads", precision=self.attn_precision)
+                            window=self.window, tp="heads", precision=self.attn_precision)
                 g.edge(qkv_out(), n, "act" if self.qkv_op in new else "stash",
                        t * qkv_n * self.bytes)
             elif op == "qk":
@@ -925,7 +930,8 @@ class _Block:
         if flash:
             # the fused backward recomputes the scores tile by tile: QKᵀ, dV, dP, dQ, dK
             da = g.attention(p + "attn.bwd", "attn.bwd", heads, s, self.d_bwd, gemms=5,
-                             causal=self.causal, tp="heads", precision=self.attn_precision)
+                             causal=self.causal, window=self.window, tp="heads",
+                             precision=self.attn_precision)
             g.edge(proj_dx, da, "grad")
             stash(qkv_src, da, t * qkv_n * nb)
             stash(src["attn"], da)
