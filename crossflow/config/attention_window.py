@@ -71,13 +71,13 @@ def check_window(spec) -> None:
 
 def check_window_under_cp(spec, cp: int) -> None:
     """Transformer Engine's context parallelism over a ring of point-to-point transfers
-    (``cp_comm_type: p2p``, Megatron's default and what CrossFlow prices) runs no
-    sliding-window attention (``get_attention_backend`` disables its fused kernel for it)."""
+    (``cp_comm_type: p2p``, Megatron's default and what CrossFlow prices) has no fused
+    (cuDNN) sliding-window attention: ``get_attention_backend`` disables the kernel for it."""
     if cp > 1 and any(window_layers(spec)):
         raise ConfigError(
-            "runs attention over a ring of context-parallel ranks, which Transformer Engine "
-            "does not do with a sliding window (window_size), and its all-to-all form is not "
-            "modelled", key="context_parallel", value=cp,
+            "runs attention over a ring of context-parallel ranks, where Transformer Engine's "
+            "fused attention does not run a sliding window (window_size), and its all-to-all "
+            "form is not modelled", key="context_parallel", value=cp,
             allowed="1 for a workload with sliding-window layers")
 
 
