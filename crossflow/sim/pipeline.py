@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from crossflow.errors import ConfigError
 from crossflow.sim.engine import After, Schedule, Task, simulate
@@ -246,66 +247,95 @@ def simulate_pipeline(
     return _fast(schedule, p, v, m, fwd_s, bwd_s, p2p_s, host)
 
 
-def _fast(schedule: str, p: int, v: int, m: int, fwd_s: Sequence[float],
-          bwd_s: Sequence[float], p2p_s: float, host: Host | None = None) -> PipelineResult:
-    """The event simulator's rules specialised to a pipeline: integer ids, flat lists."""
+#: The largest pipeline (passes) whose plan :func:`_plan` keeps: a search prices the same
+#: few (schedule, p, v, m) again and again; a huge one is rare and not worth the memory
+PLANS_KEPT_PASSES = 65_536
+
+
+def _plan(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """Every pass of the flush in an order that puts each after what it waits for — its
+    device's pass before it, its input's pass on the neighbouring chunk, a backward's own
+    forward — as (device, first on its device, phase, chunk, id, input's id or -1, own
+    forward's id or -1), ids indexing :func:`_fast`'s flat list of pass ends.  The order
+    depends on the schedule alone, not on any time, so it is worked out once; kept for
+    pipelines of up to :data:`PLANS_KEPT_PASSES` passes."""
+    if passes(p, v, m) <= PLANS_KEPT_PASSES:
+        return _kept_plan(schedule, p, v, m)
+    return _plan_of(schedule, p, v, m)
+
+
+def _plan_of(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, ...], ...]:
     chunks = p * v
-    last = chunks - 1
-    end = [-1.0] * (2 * m * chunks)  # id = (phase * m + i) * chunks + g
-    orders = [
-        [(ph, i, c * p + s, (ph * m + i) * chunks + c * p + s)
-         for ph, i, c in _device_order(schedule, p, v, m, s)]
-        for s in range(p)
-    ]
+    last, back = chunks - 1, m * chunks
+    orders = [[(ph, c * p + s, (ph * m + i) * chunks + c * p + s)
+               for ph, i, c in _device_order(schedule, p, v, m, s)] for s in range(p)]
+    done = [False] * (2 * back)
     position = [0] * p
-    free = [0.0] * p
-    host_free = [0.0] * p
+    plan = []
     work = list(range(p))
     while work:
         s = work.pop()
-        order, k, t = orders[s], position[s], free[s]
-        h = host_free[s]
-        progressed = False
+        order, k = orders[s], position[s]
+        start = k
         while k < len(order):
-            ph, i, g, op = order[k]
-            ready = 0.0  # when the pass's inputs have arrived
-            if ph == 0:
-                if g > 0:
-                    dep = end[op - 1]
-                    if dep < 0:
-                        break
-                    ready = dep + p2p_s
-                device_s = fwd_s[g]
-            else:
-                if g < last:
-                    dep = end[op + 1]
-                    if dep < 0:
-                        break
-                    ready = dep + p2p_s
-                ready = max(ready, end[op - m * chunks])  # its own forward (on this device)
-                device_s = bwd_s[g]
-            start = max(t, ready)
-            if host is not None:
-                if host.sync:
-                    h = max(h, ready, t if k else 0.0)
-                h += (host.fwd_s if ph == 0 else host.bwd_s)[g]
-                start = max(start, h + host.lag(ph, g, device_s))
-            t = start + device_s
-            end[op] = t
+            ph, g, op = order[k]
+            dep = (op - 1 if g > 0 else -1) if ph == 0 else (op + 1 if g < last else -1)
+            if dep >= 0 and not done[dep]:
+                break
+            plan.append((s, k == 0, ph, g, op, dep, op - back if ph else -1))
+            done[op] = True
             k += 1
-            progressed = True
-        position[s], free[s], host_free[s] = k, t, h
-        if progressed:  # neighbours may have been waiting on this device
-            if s > 0 and position[s - 1] < len(orders[s - 1]):
-                work.append(s - 1)
-            if s < p - 1 and position[s + 1] < len(orders[s + 1]):
-                work.append(s + 1)
-            if v > 1:  # chunk boundaries wrap from the last device to the first
-                for other in (0, p - 1):
-                    if position[other] < len(orders[other]):
-                        work.append(other)
-    if min(position[s] - len(orders[s]) for s in range(p)) < 0:
+        position[s] = k
+        if k > start:  # neighbours may have been waiting on this device
+            for other in (s - 1, s + 1) + ((0, p - 1) if v > 1 else ()):
+                if 0 <= other < p and position[other] < len(orders[other]):
+                    work.append(other)
+    if any(position[s] < len(orders[s]) for s in range(p)):
         raise ValueError("the pipeline order deadlocks")
+    return tuple(plan)
+
+
+_kept_plan = lru_cache(maxsize=64)(_plan_of)
+
+
+def _fast(schedule: str, p: int, v: int, m: int, fwd_s: Sequence[float],
+          bwd_s: Sequence[float], p2p_s: float, host: Host | None = None) -> PipelineResult:
+    """The event simulator's rules specialised to a pipeline: one pass over the flush in
+    :func:`_plan`'s order, integer ids, flat lists (``max`` as comparisons, the host's lags
+    per chunk worked out first: this is most of a warm transformer prediction)."""
+    chunks = p * v
+    end = [0.0] * (2 * m * chunks)  # id = (phase * m + i) * chunks + g
+    free = [0.0] * p
+    host_free = [0.0] * p
+    if host is not None:
+        # Host.lag of every pass, the same arithmetic in the same order
+        lags = ([host.launch_s + host.fwd_span_s[g] - host.fwd_s[g] - fwd_s[g]
+                 for g in range(chunks)],
+                [host.launch_s + host.bwd_span_s[g] - host.bwd_s[g] - bwd_s[g]
+                 for g in range(chunks)])
+        issue = (host.fwd_s, host.bwd_s)
+        sync = host.sync
+    times = (fwd_s, bwd_s)
+    for s, first, ph, g, op, dep, own in _plan(schedule, p, v, m):
+        t = free[s]
+        ready = end[dep] + p2p_s if dep >= 0 else 0.0  # when the pass's inputs have arrived
+        if ph and end[own] > ready:  # a backward waits for its own forward too
+            ready = end[own]
+        start = t if t >= ready else ready
+        if host is not None:
+            h = host_free[s]
+            if sync:
+                if ready > h:
+                    h = ready
+                if not first and t > h:
+                    h = t
+            h += issue[ph][g]
+            host_free[s] = h
+            after = h + lags[ph][g]
+            if after > start:
+                start = after
+        t = start + times[ph][g]
+        end[op] = free[s] = t
     busy = max(
         sum((fwd_s[c * p + s] + bwd_s[c * p + s]) * m for c in range(v)) for s in range(p)
     )
