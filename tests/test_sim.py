@@ -192,3 +192,44 @@ def test_span_is_the_longest_path_through_host_and_device():
     one = (sum(h for h, _ in ks), sum(d for _, d in ks), span(ks))
     assert chain([one] * 4) == pytest.approx((4 * one[0], 4 * one[1], span(ks * 4)))
     assert repeat(one, 4) == pytest.approx(chain([one] * 4))
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2), ("gpipe", 2)])
+def test_a_kept_plan_prices_other_times_as_the_event_simulator_does(schedule, v):
+    """The flush's pass order is worked out once per (schedule, p, v, m) and kept; a later
+    call with other times (and a host) takes it and still ends where the event simulator
+    does."""
+    import random
+
+    from crossflow.sim import pipeline
+    from crossflow.sim.pipeline import Host
+
+    p, m = 4, 8
+    pipeline._PLANS.plans.clear()
+    rng = random.Random(7)
+    for call in range(3):
+        fwd = [rng.uniform(0.1, 3.0) for _ in range(p * v)]
+        bwd = [rng.uniform(0.1, 3.0) for _ in range(p * v)]
+        host = None if call == 0 else Host.uniform(
+            [rng.uniform(0.1, 3.0) for _ in range(p * v)], [rng.uniform(0.1, 3.0)] * (p * v),
+            [5] * (p * v), [9] * (p * v), fwd, bwd, 0.2, call == 2)
+        kw = dict(stages=p, microbatches=m, fwd_s=fwd, bwd_s=bwd, p2p_s=0.1,
+                  schedule=schedule, virtual_stages=v, host=host)
+        fast, full = simulate_pipeline(**kw), simulate_pipeline(**kw, keep_schedule=True)
+        assert fast.makespan_s == pytest.approx(full.makespan_s, rel=1e-12)
+        assert list(pipeline._PLANS.plans) == [(schedule, p, v, m)]
+
+
+def test_the_kept_plans_hold_at_most_their_passes_dropping_the_least_recent():
+    from crossflow.sim import pipeline
+
+    plans = pipeline._Plans()
+    plans.PASSES = 100
+    for key, n in ((1, 40), (2, 40), (3, 40)):
+        plans.keep(key, ((0,),) * n)
+    assert list(plans.plans) == [2, 3] and plans.passes == 80
+    assert plans.get(2) is not None  # used: now the most recent
+    plans.keep(4, ((0,),) * 40)
+    assert list(plans.plans) == [2, 4] and plans.passes == 80
+    plans.keep(5, ((0,),) * 101)  # larger than all it may keep: not kept
+    assert 5 not in plans.plans

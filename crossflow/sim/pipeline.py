@@ -30,9 +30,9 @@ passes too.  The iteration is bounded by whichever stream is the critical path.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from crossflow.errors import ConfigError
 from crossflow.sim.engine import After, Schedule, Task, simulate
@@ -247,9 +247,34 @@ def simulate_pipeline(
     return _fast(schedule, p, v, m, fwd_s, bwd_s, p2p_s, host)
 
 
-#: The largest pipeline (passes) whose plan :func:`_plan` keeps: a search prices the same
-#: few (schedule, p, v, m) again and again; a huge one is rare and not worth the memory
-PLANS_KEPT_PASSES = 65_536
+class _Plans:
+    """The plans :func:`_plan` keeps, most recently used last: a search prices the same
+    (schedule, p, v, m) again and again, among a few hundred in a whole Megatron space
+    (GPT-3 175B on 1536 GPUs: ~300), so up to :attr:`PASSES` passes are kept (~180 bytes
+    each, ~50 MB at most), the least recently used dropped first."""
+
+    PASSES = 262_144
+
+    def __init__(self) -> None:
+        self.plans: OrderedDict[tuple, tuple[tuple[int, ...], ...]] = OrderedDict()
+        self.passes = 0
+
+    def get(self, key: tuple) -> tuple[tuple[int, ...], ...] | None:
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.plans.move_to_end(key)
+        return plan
+
+    def keep(self, key: tuple, plan: tuple[tuple[int, ...], ...]) -> None:
+        if len(plan) > self.PASSES or key in self.plans:
+            return
+        self.plans[key] = plan
+        self.passes += len(plan)
+        while self.passes > self.PASSES:
+            self.passes -= len(self.plans.popitem(last=False)[1])
+
+
+_PLANS = _Plans()
 
 
 def _plan(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, ...], ...]:
@@ -257,11 +282,14 @@ def _plan(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, ...], ...]:
     device's pass before it, its input's pass on the neighbouring chunk, a backward's own
     forward — as (device, first on its device, phase, chunk, id, input's id or -1, own
     forward's id or -1), ids indexing :func:`_fast`'s flat list of pass ends.  The order
-    depends on the schedule alone, not on any time, so it is worked out once; kept for
-    pipelines of up to :data:`PLANS_KEPT_PASSES` passes."""
-    if passes(p, v, m) <= PLANS_KEPT_PASSES:
-        return _kept_plan(schedule, p, v, m)
-    return _plan_of(schedule, p, v, m)
+    depends on the schedule alone, not on any time, so it is worked out once and kept
+    (:data:`_PLANS`)."""
+    key = (schedule, p, v, m)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan_of(schedule, p, v, m)
+        _PLANS.keep(key, plan)
+    return plan
 
 
 def _plan_of(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, ...], ...]:
@@ -269,33 +297,38 @@ def _plan_of(schedule: str, p: int, v: int, m: int) -> tuple[tuple[int, ...], ..
     last, back = chunks - 1, m * chunks
     orders = [[(ph, c * p + s, (ph * m + i) * chunks + c * p + s)
                for ph, i, c in _device_order(schedule, p, v, m, s)] for s in range(p)]
+    lengths = [len(order) for order in orders]
     done = [False] * (2 * back)
     position = [0] * p
     plan = []
+    add = plan.append
+    wrap = (0, p - 1) if v > 1 else ()  # chunk boundaries wrap from the last device to the first
     work = list(range(p))
     while work:
         s = work.pop()
-        order, k = orders[s], position[s]
+        order, k, n = orders[s], position[s], lengths[s]
         start = k
-        while k < len(order):
+        while k < n:
             ph, g, op = order[k]
-            dep = (op - 1 if g > 0 else -1) if ph == 0 else (op + 1 if g < last else -1)
+            if ph == 0:
+                dep = op - 1 if g > 0 else -1
+                own = -1
+            else:
+                dep = op + 1 if g < last else -1
+                own = op - back
             if dep >= 0 and not done[dep]:
                 break
-            plan.append((s, k == 0, ph, g, op, dep, op - back if ph else -1))
+            add((s, k == 0, ph, g, op, dep, own))
             done[op] = True
             k += 1
         position[s] = k
         if k > start:  # neighbours may have been waiting on this device
-            for other in (s - 1, s + 1) + ((0, p - 1) if v > 1 else ()):
-                if 0 <= other < p and position[other] < len(orders[other]):
+            for other in (s - 1, s + 1, *wrap):
+                if 0 <= other < p and position[other] < lengths[other]:
                     work.append(other)
-    if any(position[s] < len(orders[s]) for s in range(p)):
+    if position != lengths:
         raise ValueError("the pipeline order deadlocks")
     return tuple(plan)
-
-
-_kept_plan = lru_cache(maxsize=64)(_plan_of)
 
 
 def _fast(schedule: str, p: int, v: int, m: int, fwd_s: Sequence[float],
