@@ -94,6 +94,9 @@ class StructuredSampler(BaseSampler):
         self._batch: list[dict[str, Any]] = []
         self._canon_of: list[dict[str, Any]] | None = None   # the batch _canon is of
         self._canon: list[str] = []
+        #: trial number -> key of the point it holds (set once, with its slot): a claim looks
+        #: at every held slot of a batch, so each trial's key is made once, not per claim
+        self._held_keys: dict[int, str] = {}
         self._phase = ""
         self._base = 0           # plan index of the current batch's first point
         self._priced = 0         # plan index up to which the batch is priced ahead
@@ -103,7 +106,8 @@ class StructuredSampler(BaseSampler):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_gen", "_batch", "_points", "_handed", "_canon_of", "_canon"):
+        for key in ("_lock", "_gen", "_batch", "_points", "_handed", "_canon_of", "_canon",
+                    "_held_keys"):
             del state[key]
         return state
 
@@ -186,12 +190,13 @@ class StructuredSampler(BaseSampler):
         if not self._batch:
             return None
         batch = range(self._base, self._base + len(self._batch))
-        held = {j: self._holding(holders, j) for j in batch}
-        free = [j for j in batch if not held[j] and self._answer(known, j) is None]
-        # every point held: the oldest unanswered one again (its worker may be gone)
-        slot = free[0] if free else min(
-            (j for j in batch if _value(held[j]) is None and self._answer(known, j) is None),
-            key=lambda j: min(t.number for t in held[j]))
+        slot = next((j for j in batch if not self._holding(holders, j)
+                     and self._answer(known, j) is None), None)
+        if slot is None:  # every point held: the oldest unanswered one again (its worker
+            # may be gone)
+            slot = min((j for j in batch if _value(self._holding(holders, j)) is None
+                        and self._answer(known, j) is None),
+                       key=lambda j: min(t.number for t in self._holding(holders, j)))
         self._prefetch(slot)
         return slot, self._batch[slot - self._base], self._phase
 
@@ -201,12 +206,12 @@ class StructuredSampler(BaseSampler):
         if self._gen is None or self._study_key != study_key(study):
             self._start(study)
         while self._batch:
-            values = [_value(self._holding(holders, self._base + j))
-                      for j in range(len(self._batch))]
-            values = [self._answer(known, self._base + j) if v is None else v
-                      for j, v in enumerate(values)]
-            if any(v is None for v in values):
-                return
+            values = []
+            for j in range(self._base, self._base + len(self._batch)):
+                v = _value(self._holding(holders, j))
+                if v is None and (v := self._answer(known, j)) is None:
+                    return  # a point not yet answered: the batch waits for it
+                values.append(v)
             self._base += len(self._batch)
             try:
                 self._phase, self._batch = self._gen.send(values)
@@ -230,12 +235,22 @@ class StructuredSampler(BaseSampler):
         there.  A trial of another plan (a study begun with other ``sampler_options``, or
         by another version of the driver) holds the slot but not the point: it is neither
         waited for nor replayed, so the plan is never fed the value of another point."""
+        trials = holders.get(slot)
+        if not trials:
+            return []
         self._canonical()
         point = self._canon[slot - self._base]
-        return [t for t in holders.get(slot, []) if point_key(t.system_attrs.get(POINT)) == point]
+        return [t for t in trials if self._held_key(t) == point]
+
+    def _held_key(self, trial: FrozenTrial) -> str:
+        key = self._held_keys.get(trial.number)
+        if key is None:
+            key = self._held_keys[trial.number] = point_key(trial.system_attrs.get(POINT))
+        return key
 
     def _start(self, study: Study) -> None:
         self._study_key = study_key(study)
+        self._held_keys = {}
         if START not in study.user_attrs:
             study.set_user_attr(START, _incumbent(study))
         if SEED not in study.user_attrs:
