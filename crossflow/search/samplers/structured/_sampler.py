@@ -97,6 +97,9 @@ class StructuredSampler(BaseSampler):
         #: trial number -> key of the point it holds (set once, with its slot): a claim looks
         #: at every held slot of a batch, so each trial's key is made once, not per claim
         self._held_keys: dict[int, str] = {}
+        #: the values of the current batch's first points, all answered (the model is
+        #: deterministic: a point's value, once known, is its value)
+        self._answered: list[float] = []
         self._phase = ""
         self._base = 0           # plan index of the current batch's first point
         self._priced = 0         # plan index up to which the batch is priced ahead
@@ -107,7 +110,7 @@ class StructuredSampler(BaseSampler):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         for key in ("_lock", "_gen", "_batch", "_points", "_handed", "_canon_of", "_canon",
-                    "_held_keys"):
+                    "_held_keys", "_answered"):
             del state[key]
         return state
 
@@ -189,7 +192,8 @@ class StructuredSampler(BaseSampler):
         self._advance(study, holders, known)
         if not self._batch:
             return None
-        batch = range(self._base, self._base + len(self._batch))
+        # the answered points first in the batch are held or answered: none is free
+        batch = range(self._base + len(self._answered), self._base + len(self._batch))
         slot = next((j for j in batch if not self._holding(holders, j)
                      and self._answer(known, j) is None), None)
         if slot is None:  # every point held: the oldest unanswered one again (its worker
@@ -206,13 +210,14 @@ class StructuredSampler(BaseSampler):
         if self._gen is None or self._study_key != study_key(study):
             self._start(study)
         while self._batch:
-            values = []
-            for j in range(self._base, self._base + len(self._batch)):
+            values = self._answered
+            for j in range(self._base + len(values), self._base + len(self._batch)):
                 v = _value(self._holding(holders, j))
                 if v is None and (v := self._answer(known, j)) is None:
                     return  # a point not yet answered: the batch waits for it
                 values.append(v)
             self._base += len(self._batch)
+            self._answered = []
             try:
                 self._phase, self._batch = self._gen.send(values)
             except StopIteration:  # nothing continuous, screened: TPE from here on
@@ -250,7 +255,7 @@ class StructuredSampler(BaseSampler):
 
     def _start(self, study: Study) -> None:
         self._study_key = study_key(study)
-        self._held_keys = {}
+        self._held_keys, self._answered = {}, []
         if START not in study.user_attrs:
             study.set_user_attr(START, _incumbent(study))
         if SEED not in study.user_attrs:
