@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from crossflow.kernels.ops import NO_WINDOW
+from crossflow.kernels.ops import NO_WINDOW, attention_flops
 from crossflow.sim.ring_attention import ring_comm, ring_exposed, ring_nodes
-from crossflow.workloads.graph import attention_flops
 
 HEADS, SEQ, DIM = 32, 8192, 128
 

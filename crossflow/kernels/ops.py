@@ -49,6 +49,14 @@ def score_share(seq: int, causal: int, window: tuple[int, int] = NO_WINDOW) -> f
     return area / (seq * seq)
 
 
+def attention_flops(heads: int, seq: int, head_dim: int, gemms: int, causal: int,
+                    window: tuple[int, int] = NO_WINDOW) -> float:
+    """FLOPs of a flash-attention kernel: ``gemms`` (seq × seq × head_dim) products per
+    head, those a causal mask or a sliding window hides skipped (the kernel skips masked
+    tiles; :func:`score_share`)."""
+    return 2.0 * gemms * heads * seq * seq * head_dim * score_share(seq, causal, window)
+
+
 def vector_rate(arch: MicroArch) -> float:
     """FLOP/s of the non-tensor vector units, used by elementwise arithmetic."""
     rate = arch.peak_flops.get("fp32") or min(arch.peak_flops.values())
@@ -183,7 +191,7 @@ def fused_attention(arch: MicroArch, heads: int, seq: int, head_dim: int, gemms:
     """
     check_precision(arch, precision)
     b = BYTES_PER_ELEMENT[precision]
-    flops = 2.0 * gemms * heads * seq * seq * head_dim * score_share(seq, causal, window)
+    flops = attention_flops(heads, seq, head_dim, gemms, causal, window)
     forward = gemms <= 2
     kernel = arch.attention_kernel
     rows_time = 0.0

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from crossflow.kernels.ops import fused_attention
+from crossflow.kernels.ops import attention_flops, fused_attention
 from crossflow.predict import load_hardware
 from crossflow.validation.dataset import DataSet, Row, measurements_dir, read_preset_measurements
-from crossflow.workloads.graph import attention_flops
 
 #: Tolerances: the fit's own worst row is 13 % (six shapes per pass, two parameters).
 ATTENTION_MAX_MAPE, ATTENTION_MIN_SPEARMAN = 0.12, 0.9

@@ -53,7 +53,7 @@ from crossflow.kernels.ops import (
     LAYERNORM_FLOPS_PER_ELEMENT,
     NO_WINDOW,
     SOFTMAX_FLOPS_PER_ELEMENT,
-    score_share,
+    attention_flops,
 )
 
 OPS: tuple[str, ...] = ("gemm", "elementwise", "softmax", "layernorm", "embedding",
@@ -105,14 +105,6 @@ def node_flops(a: dict[str, Any]) -> float:
         return attention_flops(a["heads"], a["seq"], a["head_dim"], a["gemms"], a["causal"],
                                a["window"])
     return 0.0
-
-
-def attention_flops(heads: int, seq: int, head_dim: int, gemms: int, causal: int,
-                    window: tuple[int, int] = NO_WINDOW) -> float:
-    """FLOPs of a flash-attention kernel: ``gemms`` (seq × seq × head_dim) products per
-    head, those a causal mask or a sliding window hides skipped (the kernel skips masked
-    tiles; :func:`~crossflow.kernels.ops.score_share`)."""
-    return 2.0 * gemms * heads * seq * seq * head_dim * score_share(seq, causal, window)
 
 
 def graph_flops(g: nx.DiGraph, *, ops: Iterable[str] | None = None,
