@@ -30,6 +30,7 @@ passes too.  The iteration is bounded by whichever stream is the critical path.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -258,20 +259,23 @@ class _Plans:
     def __init__(self) -> None:
         self.plans: OrderedDict[tuple, tuple[tuple[int, ...], ...]] = OrderedDict()
         self.passes = 0
+        self._lock = threading.Lock()  # predictions may run in threads of one process
 
     def get(self, key: tuple) -> tuple[tuple[int, ...], ...] | None:
-        plan = self.plans.get(key)
-        if plan is not None:
-            self.plans.move_to_end(key)
-        return plan
+        with self._lock:
+            plan = self.plans.get(key)
+            if plan is not None:
+                self.plans.move_to_end(key)
+            return plan
 
     def keep(self, key: tuple, plan: tuple[tuple[int, ...], ...]) -> None:
-        if len(plan) > self.PASSES or key in self.plans:
-            return
-        self.plans[key] = plan
-        self.passes += len(plan)
-        while self.passes > self.PASSES:
-            self.passes -= len(self.plans.popitem(last=False)[1])
+        with self._lock:
+            if len(plan) > self.PASSES or key in self.plans:
+                return
+            self.plans[key] = plan
+            self.passes += len(plan)
+            while self.passes > self.PASSES:
+                self.passes -= len(self.plans.popitem(last=False)[1])
 
 
 _PLANS = _Plans()
