@@ -22,6 +22,7 @@ from typing import Any
 
 from crossflow.arch.hardware import load_hardware
 from crossflow.arch.microarch import MicroArch
+from crossflow.config.attention_window import window_details
 from crossflow.config.loader import load_spec
 from crossflow.config.megatron_options import check_context_parallel
 from crossflow.config.system import MAX_DEVICES, SWITCHED
@@ -531,7 +532,7 @@ def _transformer(spec, strategy, par, arch, network, devices, software=None) -> 
         details={"microbatches": r.microbatches, "micro_batch_size": spec.micro_batch_size,
                  "context_parallel": par.context_parallel if par else 1,
                  "activation_recompute": spec.activation_recompute,
-                 **_recompute_details(spec), **options_set(spec),
+                 **_recompute_details(spec), **options_set(spec), **window_details(spec),
                  **({"expert_parallel": par.expert_parallel,
                      "expert_tensor_parallel": par.expert_tensor_parallel}
                     if par and spec.moe else {}),

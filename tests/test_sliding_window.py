@@ -5,6 +5,8 @@ alternating layers."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -140,3 +142,18 @@ def test_context_parallelism_with_a_window_is_refused_before_anything_is_priced(
     assert "key 'context_parallel'" in err and "sliding window" in err
     # a window that limits nothing is no window: context parallelism runs
     assert _predict(_model(window_size=[-1, 0]), "t1-d8-c2").feasible
+
+
+def test_predict_says_which_layers_have_a_window(cli):
+    args = ("predict", "--workload", "gpt-oss-120b", "--system", "dgx-b200-megatron-core",
+            "--parallelism", "{strategy: t1-d64-e8, use_distributed_optimizer: true}")
+    code, out, _ = cli(*args)
+    assert code == 0
+    assert "  window        128 keys up to each query, on 18 of 36 layers" in out
+    code, out, _ = cli(*args, "--json")
+    doc = json.loads(out)
+    assert (doc["window_size"], doc["windowed_layers"], doc["num_layers"]) == ([127, 0], 18, 36)
+    # a model without a window says nothing of one
+    code, out, _ = cli("predict", "--workload", "llama3-8b", "--system",
+                       "dgx-h100-megatron-core", "--parallelism", "t4-d2-sp")
+    assert code == 0 and "window" not in out

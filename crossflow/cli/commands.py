@@ -203,6 +203,14 @@ def _execution_text(d: dict) -> str:
     return ", ".join(parts)
 
 
+def _window_text(d: dict) -> str:
+    """A sliding window in words: ``128 keys up to each query, on 18 of 36 layers``."""
+    left, right = d["window_size"]
+    keys = (f"{left + 1} keys up to each query" if right == 0 else
+            f"{left} keys before and {right} after each query")
+    return f"{keys}, on {d['windowed_layers']} of {d['num_layers']} layers"
+
+
 def _yaml_pairs(mapping: dict) -> str:
     """``key: value, ...`` as YAML reads them back (booleans lowercase)."""
     def text(v) -> str:
@@ -260,6 +268,8 @@ def _print_prediction(p) -> None:
         print(f"  recompute     {_recompute_text(d)}")
     if executes := _execution_text(d):
         print(f"  executes      {executes}")
+    if "window_size" in d:
+        print(f"  window        {_window_text(d)}")
     # the achieved rate counts the FLOPs the device runs, recomputed ones included; MFU
     # counts the model's FLOPs only (Megatron's convention), so the two differ by the
     # recomputation

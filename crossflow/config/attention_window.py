@@ -38,6 +38,14 @@ def window_layers(spec) -> tuple[bool, ...]:
     return tuple(m and "*" in kind for m, kind in zip(marked, spec.layer_kinds, strict=True))
 
 
+def window_details(spec) -> dict:
+    """What a prediction's details say of the window ({} without one): ``window_size`` and
+    how many of the ``num_layers`` layers have it (``windowed_layers``)."""
+    windowed = sum(window_layers(spec)) if spec.kind == "transformer" else 0
+    return ({"window_size": list(spec.window_size), "windowed_layers": windowed,
+             "num_layers": spec.num_layers} if windowed else {})
+
+
 def check_window(spec) -> None:
     """Raise a ConfigError naming the key unless the window fits the attention mask (TE's
     ``check_set_window_size``) and the layers (``window_attn_skip_freq``)."""
