@@ -26,6 +26,28 @@ def cli(capsys):
 
 
 @pytest.fixture
+def refuses(cli, tmp_path):
+    """``crossflow predict`` of a workload mapping (written to a file) must exit 2 with
+    nothing on stdout and one error naming where the bad value is (the workload's file, or
+    ``source``: "command line" for the parallelism), ``key`` and ``pattern``; returns the
+    error."""
+
+    def check(workload: dict, key: str, pattern: str, parallelism: str = "t1-d8",
+              system: str = "dgx-h100-megatron-core", source: str | None = None) -> str:
+        import yaml
+
+        path = tmp_path / "w.yaml"
+        path.write_text(yaml.safe_dump(workload))
+        code, out, err = cli("predict", "--workload", path, "--system", system,
+                             "--parallelism", parallelism)
+        assert code == 2 and not out
+        assert (source or str(path)) in err and f"key '{key}'" in err and pattern in err
+        return err
+
+    return check
+
+
+@pytest.fixture
 def cli_process():
     """Run ``python -m crossflow`` in a child process in its own session, with the test
     environment (:func:`crossflow.search.workers.child_env`): returns (exit status, stdout,

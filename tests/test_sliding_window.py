@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 import crossflow
 from crossflow.config.attention_window import window_layers
@@ -123,23 +122,14 @@ def test_the_gpt_oss_preset_alternates_128_token_windows_with_full_layers():
     ({"window_size": [127, 0], "window_attn_skip_freq": [0, 0, 0, 0]},
      "window_attn_skip_freq", "no layer with attention"),
 ])
-def test_a_window_transformer_engine_refuses_exits_2_naming_the_key(cli, tmp_path, update,
-                                                                   key, pattern):
-    path = tmp_path / "w.yaml"
-    path.write_text(yaml.safe_dump(_model(**update)))
-    code, out, err = cli("predict", "--workload", path, "--system", "dgx-h100-megatron-core",
-                         "--parallelism", "t1-d8")
-    assert code == 2 and not out
-    assert str(path) in err and f"key '{key}'" in err and pattern in err
+def test_a_window_transformer_engine_refuses_exits_2_naming_the_key(refuses, update, key,
+                                                                   pattern):
+    refuses(_model(**update), key, pattern)
 
 
-def test_context_parallelism_with_a_window_is_refused_before_anything_is_priced(cli, tmp_path):
-    path = tmp_path / "w.yaml"
-    path.write_text(yaml.safe_dump(_model(window_size=[127, 0])))
-    code, out, err = cli("predict", "--workload", path, "--system", "dgx-h100-megatron-core",
-                         "--parallelism", "t1-d8-c2")
-    assert code == 2 and not out
-    assert "key 'context_parallel'" in err and "sliding window" in err
+def test_context_parallelism_with_a_window_is_refused_before_anything_is_priced(refuses):
+    refuses(_model(window_size=[127, 0]), "context_parallel", "sliding window",
+            parallelism="t1-d8-c2", source="command line")
     # a window that limits nothing is no window: context parallelism runs
     assert _predict(_model(window_size=[-1, 0]), "t1-d8-c2").feasible
 
