@@ -71,13 +71,15 @@ def test_captured_experts_cost_what_their_kernels_cost(impl, modules, captured):
     only the router and the dispatcher's preprocessing (the Megatron-Bridge recipes the
     profile was fitted to)."""
     system = "dgx-h100-megatron-core"
-    time = _predict(_moe(cuda_graph_impl=impl, cuda_graph_modules=modules), system).time_s
-    launch = {"hardware": replace(load_hardware("h100-sxm5-80gb"), kernel_launch_s=0.0)} \
-        if impl == "full_iteration" else {}
-    fitted = _predict(_moe(), system, **launch).time_s
-    unfitted = _predict(_moe(), _software(system, moe_efficiency=1.0), **launch).time_s
-    assert unfitted < 0.9 * fitted
-    assert time == pytest.approx(unfitted if captured else fitted, rel=1e-12)
+    work = _moe(cuda_graph_impl=impl, cuda_graph_modules=modules)
+    time = _predict(work, system).time_s
+    # the same graphs on a profile without the shortfall
+    unfitted = _predict(work, _software(system, moe_efficiency=1.0)).time_s
+    assert unfitted < 0.9 * _predict(_moe(), system).time_s
+    if captured:
+        assert time == pytest.approx(unfitted, rel=1e-12)
+    else:
+        assert time > 1.1 * unfitted
 
 
 def test_overlapped_all_to_alls_hide_while_the_gemms_last():
@@ -183,3 +185,80 @@ def test_fp8_attention_without_a_flash_kernel_names_the_workload_file(cli, tmp_p
     code, out, err = cli("predict", "--workload", path, "--hardware", "h100-sxm5-80gb")
     assert code == 2 and not out
     assert f"{path}: key 'fp8_dot_product_attention'" in err and "unfused" in err
+
+
+def test_a_per_layer_graph_runs_its_kernels_without_their_launches():
+    """Whole-layer graphs (``cuda_graph_modules`` empty): the block's kernels cost what they
+    cost on a device without a launch cost, as a full-iteration graph's do; the embedding
+    and the head outside the layers keep theirs."""
+    work = _model(precision="bf16", num_layers=2, hidden_size=1024, seq_length=1024)
+    graphed = _predict({**work, "cuda_graph_impl": "transformer_engine"})
+    arch = replace(load_hardware("h100-sxm5-80gb"), kernel_launch_s=0.0)
+    free = _predict(work, hardware=arch)
+    eager = _predict(work)
+    for key in ("block_forward_s", "block_backward_s"):
+        for part in ("compute", "memory"):
+            assert graphed.details[key][part] == pytest.approx(free.details[key][part],
+                                                               rel=1e-12)
+            assert graphed.details[key][part] < eager.details[key][part]
+    assert free.time_s < graphed.time_s < eager.time_s
+
+
+def test_per_layer_graphs_issue_a_captured_run_of_kernels_as_one_op():
+    """On a profile whose host issues every op (Megatron-DeepSpeed on A100, per-op dispatch
+    fitted): capturing more of each layer saves more host time, and a full-iteration graph
+    (no dispatch at all, the device's launches gone) most."""
+    system = "dgx-a100-megatron-deepspeed"
+    work = _model(precision="bf16", num_layers=2, hidden_size=1024, seq_length=1024)
+    time = {mods: _predict({**work, "cuda_graph_impl": "local",
+                            "cuda_graph_modules": list(mods)}, system).time_s
+            for mods in (("attn",), ("mlp",), ())}
+    eager = _predict(work, system).time_s
+    full = _predict({**work, "cuda_graph_impl": "full_iteration"}, system).time_s
+    assert eager > time[("attn",)] > time[()] > full
+    assert eager > time[("mlp",)] > time[()]
+    assert time[("attn",)] < 0.9 * eager
+
+
+def test_the_router_graph_captures_the_moe_layer_up_to_its_router():
+    """``moe_router`` captures the norm, router and shared expert, not the experts (so the
+    fitted shortfall of the eager dropless experts stays); ``moe`` captures them all."""
+    from crossflow.sim.execution import graphed_ops
+
+    spec = load_spec(_moe(cuda_graph_impl="transformer_engine",
+                          cuda_graph_modules=["attn", "moe_router"]), "workloads")
+    graphed = graphed_ops(spec, "*E")
+    assert graphed("qkv") and graphed("router") and graphed("ln2")
+    assert not graphed("expert_fc1") and not graphed("permute")
+    eager, router, moe = (_predict(_moe(cuda_graph_impl=impl, cuda_graph_modules=mods))
+                          for impl, mods in (("none", []),
+                                             ("transformer_engine", ["moe_router"]),
+                                             ("transformer_engine", ["moe"])))
+    assert moe.time_s < router.time_s < eager.time_s
+    # a dense layer has no MoE module to capture
+    dense = load_spec(_model(cuda_graph_impl="local", cuda_graph_modules=["moe"]), "workloads")
+    assert graphed_ops(dense, "*-") is None
+
+
+def test_every_op_of_a_layer_is_on_the_side_megatron_captures_it_with():
+    """The mixer's ops (attention, MLA, Mamba-2: ``attn`` / ``mamba``) are exactly those of a
+    hybrid stack's attention and Mamba layers, none of its MLP and MoE layers' (``mlp`` /
+    ``moe``), for every precision and recomputation that adds ops of its own."""
+    from crossflow.sim.execution import MIXER_OPS
+    from crossflow.workloads.transformer import transformer_graph
+
+    for update in ({}, {"precision": "fp4", "activation_recompute": "full"},
+                   {"precision": "fp8", "activation_recompute": "selective",
+                    "recompute_modules": ("core_attn", "layernorm", "moe")}):
+        spec = load_spec("nemotron-3-super", "workloads").model_copy(update={
+            "num_layers": 4, "hybrid_override_pattern": "M*E-", "mtp_num_layers": None,
+            "mtp_hybrid_override_pattern": None, "global_batch_size": 8,
+            "attention_backend": "flash", **update})
+        ops = {}
+        for node, attrs in transformer_graph(spec).nodes(data=True):
+            if 0 <= attrs["layer"] < 4 and attrs["phase"] != "optimizer":
+                ops.setdefault(spec.layer_kinds[attrs["layer"]], set()).add(node.split(".")[1])
+        assert ops["M"] <= MIXER_OPS and ops["*"] <= MIXER_OPS
+        assert not ops["E"] & MIXER_OPS and not ops["-"] & MIXER_OPS
+    mla = load_spec("deepseek-v3", "workloads")
+    assert {"q_down", "kv_up"} <= MIXER_OPS and mla.multi_latent_attention

@@ -12,6 +12,10 @@ replaces the part of the profile it makes untrue, and nothing else:
 * a graph that captures the MoE layers' experts (:func:`experts_captured`) — the
   profile's ``moe_efficiency``, the shortfall of the eager dropless MoE layer's many
   small, host-synchronised kernels, does not apply: the layer costs what its kernels cost.
+* per-layer graphs (``cuda_graph_impl: local`` or ``transformer_engine``, of the
+  ``cuda_graph_modules`` or of whole layers, :func:`graphed_ops`) — the captured kernels
+  run without the device's per-kernel launch cost, and the host issues each captured run of
+  them as one replay: one op's dispatch, not one per kernel.
 * ``overlap_moe_expert_parallel_comm`` — Megatron-Core interleaves one micro-batch's forward
   with another's backward, each one's all-to-alls on a stream of their own beside the
   other's computation (with ``delay_wgrad_compute``, the weight gradients behind the
@@ -21,6 +25,7 @@ replaces the part of the profile it makes untrue, and nothing else:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 
@@ -44,7 +49,7 @@ def as_executed(arch, software, spec):
     themselves where the workload sets none of the options."""
     full = spec.cuda_graph_impl == "full_iteration"
     if full:
-        arch = _graph_replayed(arch)
+        arch = graph_replayed(arch)
     if software is None:
         return arch, None
     update = {}
@@ -59,7 +64,49 @@ def as_executed(arch, software, spec):
 
 
 @lru_cache(maxsize=64)
-def _graph_replayed(arch):
+def graph_replayed(arch):
     """The device without its per-kernel launch cost (one device per device, so kernel
     prices cached on it are shared by every prediction that replays a graph)."""
     return replace(arch, kernel_launch_s=0.0)
+
+
+#: A layer's ops on its mixer's side of the residual (attention, MLA, a Mamba-2 mixer), by
+#: the op a node's id names after its layer (``L0.qkv.dW``: ``qkv``); every other op of a
+#: layer is on its feed-forward side (a dense MLP or an MoE layer).  Megatron-Core's
+#: ``attn`` and ``mamba`` graphs capture the first side, ``mlp`` and ``moe`` the second
+#: (TransformerLayer._forward_attention / _forward_mlp)
+MIXER_OPS = frozenset({
+    "ln1", "ln1_cast", "qkv", "rope", "attn", "qk", "softmax", "attn_dropout", "av", "proj",
+    "proj_cast", "proj_residual", "q_proj", "q_down", "q_ln", "q_up", "kv_down", "kv_ln",
+    "kv_up", "in_proj", "conv1d", "ssd_chunk", "ssd_state", "mamba_norm", "out_cast",
+    "out_proj"})
+#: what ``moe_router`` captures of an MoE layer (up to the router: its norm, the router,
+#: the shared expert) and ``moe_preprocess`` (the dispatcher's preprocessing: the tokens'
+#: permutation into expert order)
+ROUTER_OPS = frozenset({"ln2", "ln2_cast", "router", "router_topk", "aux_loss", "shared_fc1",
+                        "shared_act", "shared_fc2"})
+PREPROCESS_OPS = frozenset({"permute"})
+
+
+def graphed_ops(spec, kind: str) -> Callable[[str], bool] | None:
+    """Whether a per-layer CUDA graph captures an op (:data:`MIXER_OPS`' names) of a layer
+    of ``kind`` (:attr:`~crossflow.config.workload.TransformerSpec.layer_kinds`' symbols);
+    None where it captures none of them (no per-layer graphs, or none of this layer's
+    modules; a full-iteration graph is :func:`as_executed`'s)."""
+    if spec.cuda_graph_impl not in ("local", "transformer_engine"):
+        return None
+    modules = set(spec.cuda_graph_modules)
+    mixer = "attn" if "*" in kind else "mamba" if "M" in kind else None
+    ffn = "moe" if "E" in kind else "mlp" if "-" in kind else None
+    whole = not modules
+    mixer_on = mixer is not None and (whole or mixer in modules)
+    ffn_on = ffn is not None and (whole or ffn in modules)
+    parts = (ROUTER_OPS if ffn == "moe" and "moe_router" in modules else frozenset()) | (
+        PREPROCESS_OPS if ffn == "moe" and "moe_preprocess" in modules else frozenset())
+    if not (mixer_on or ffn_on or parts):
+        return None
+
+    def graphed(op: str) -> bool:
+        return mixer_on if op in MIXER_OPS else ffn_on or op in parts
+
+    return graphed

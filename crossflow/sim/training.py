@@ -34,7 +34,7 @@ from crossflow.errors import ConfigError
 from crossflow.kernels import ops
 from crossflow.parallel import Strategy, shard_node
 from crossflow.parallel.spec import chunk_layers
-from crossflow.sim.execution import as_executed
+from crossflow.sim.execution import as_executed, graphed_ops
 from crossflow.sim.memory import check_capacity
 from crossflow.sim.model_flops import model_flops as model_flops
 from crossflow.sim.model_flops import moe_model_flops as moe_model_flops
@@ -601,8 +601,10 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
     graph = transformer_graph(spec)
     strategy = Strategy.megatron(tp=tp, sp=sp, dp=cp)
     experts = ep > 1 or etp > 1
+    # the block's ops a per-layer CUDA graph captures (by the op its node's id names)
+    graphed = graphed_ops(spec, spec.layer_kinds[0])
     groups: dict[tuple[int, bool], list[dict]] = {}
-    for _, attrs in graph.nodes(data=True):
+    for node, attrs in graph.nodes(data=True):
         if attrs["phase"] == "optimizer":
             continue  # priced below as mixed-precision Adam
         backward = attrs["phase"] != "fwd"
@@ -618,6 +620,8 @@ def _block_passes(arch: MicroArch, spec, tp: int, sp: bool, coll, cp: int, ep: i
             shard = expert_shard(shard, ep, etp)
         elif etp > 1 and attrs.get("expert_gathered"):
             shard = expert_gathered(shard, etp)
+        if graphed and attrs["layer"] == 0 and graphed(node.split(".")[1]):
+            shard["graphed"] = True
         groups.setdefault((attrs["layer"], backward), []).append(shard)
     tokens = spec.micro_batch_size * spec.seq_length // cp
     # the collectives of its sublayers: two (attention and MLP) in a block, one in a layer
@@ -670,7 +674,9 @@ def _host(software, block_f, block_b, ends, per_chunk: int, chunks: int, pp: int
     each pass's host time and its span through host and device (crossflow.sim.pipeline)."""
     if software is None or not software.has_host:
         return None
-    cost = (software.dispatch_s, software.backward_dispatch_s, software.collective_dispatch_s)
+    # forward, backward, collective, and a CUDA graph's kernel after its first (IN_GRAPH)
+    cost = (software.dispatch_s, software.backward_dispatch_s, software.collective_dispatch_s,
+            0.0)
 
     def segment(p) -> tuple[float, float, float]:
         kernels = [(cost[kind], t) for kind, t in p.trace]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from crossflow.arch.microarch import BYTES_PER_ELEMENT, MicroArch
+from crossflow.sim.execution import graph_replayed
 from crossflow.sim.pricing import node_cost
 from crossflow.workloads.graph import node_flops
 
@@ -81,6 +82,11 @@ def grad_accumulation_s(arch: MicroArch, elements: float, accum_bytes: float) ->
     return elements * accum_bytes / (dram.bandwidth_Bps * dram.efficiency)
 
 
+#: the kind of a trace entry (forward 0, backward 1, collective 2) for a kernel of a CUDA
+#: graph after its first: the host issues nothing for it
+IN_GRAPH = 3
+
+
 def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
                 collectives: int = 0, a2a: float = 0.0, moe_efficiency: float = 1.0,
                 accum_bytes: float = 0.0, *, gather: float = 0.0) -> PassTimes:
@@ -91,14 +97,22 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
     (none when 0: one expert-tensor-parallel rank).  An MoE
     layer's own kernels (nodes marked ``moe_op``) take 1 / ``moe_efficiency`` of their
     price.  ``accum_bytes`` > 0: each weight-gradient GEMM accumulates into the gradient
-    buffer (:func:`grad_accumulation_s`, counted as memory time)."""
+    buffer (:func:`grad_accumulation_s`, counted as memory time).  A node marked
+    ``graphed`` (a per-layer CUDA graph's, :func:`crossflow.sim.execution.graphed_ops`) runs
+    without the device's launch cost, and the host issues a run of them as one."""
     compute = memory = energy = attention = ep_comm = grad_accum = 0.0
     backward = 0
     trace = []
     a2a_count = 0
     expert_comm = ((a2a,) if a2a else ()) + ((gather,) if gather else ())
+    replayed = in_graph = False
     for attrs in nodes:
-        t, e = node_cost(arch, attrs)
+        graphed = attrs.get("graphed", False)
+        if graphed:  # a per-layer CUDA graph's kernel: no launch of its own
+            replayed = replayed or graph_replayed(arch)
+            t, e = node_cost(replayed, attrs)
+        else:
+            t, e = node_cost(arch, attrs)
         if moe_efficiency != 1.0 and attrs.get("moe_op"):
             t /= moe_efficiency
         energy += e
@@ -115,7 +129,9 @@ def price_nodes(arch: MicroArch, nodes: list[Mapping], tp_comm: float = 0.0,
             t += extra
         is_bwd = attrs["phase"] == "bwd"
         backward += is_bwd
-        trace.append((int(is_bwd), t))
+        # the host issues a captured run of kernels as one replay, an op's dispatch
+        trace.append((IN_GRAPH if graphed and in_graph else int(is_bwd), t))
+        in_graph = graphed
         if expert_comm and attrs["name"] in A2A_AFTER:
             for seconds in expert_comm:
                 trace.append((2, seconds))
