@@ -97,8 +97,8 @@ class StructuredSampler(BaseSampler):
         #: trial number -> key of the point it holds (set once, with its slot): a claim looks
         #: at every held slot of a batch, so each trial's key is made once, not per claim
         self._held_keys: dict[int, str] = {}
-        #: the values of the current batch's first points, all answered (the model is
-        #: deterministic: a point's value, once known, is its value)
+        #: the values of the current batch's first points, each from a complete trial (the
+        #: model is deterministic: a point's value, once known, is its value)
         self._answered: list[float] = []
         self._phase = ""
         self._base = 0           # plan index of the current batch's first point
@@ -210,11 +210,18 @@ class StructuredSampler(BaseSampler):
         if self._gen is None or self._study_key != study_key(study):
             self._start(study)
         while self._batch:
-            values = self._answered
+            values = list(self._answered)
             for j in range(self._base + len(values), self._base + len(self._batch)):
-                v = _value(self._holding(holders, j))
-                if v is None and (v := self._answer(known, j)) is None:
+                trials = self._holding(holders, j)
+                v = _value(trials)
+                final = v is not None and any(t.state == TrialState.COMPLETE for t in trials)
+                if v is None and (v := self._answer(known, j)) is not None:
+                    final = True  # a complete trial the plan did not place
+                if v is None:
                     return  # a point not yet answered: the batch waits for it
+                if final and len(self._answered) == len(values):
+                    # kept: a failed point's inf is not (a retry may still answer it)
+                    self._answered.append(v)
                 values.append(v)
             self._base += len(self._batch)
             self._answered = []
