@@ -41,7 +41,7 @@ def window_layers(spec) -> tuple[bool, ...]:
 def window_details(spec) -> dict:
     """What a prediction's details say of the window ({} without one): ``window_size`` and
     how many of the ``num_layers`` layers have it (``windowed_layers``)."""
-    windowed = sum(window_layers(spec)) if spec.kind == "transformer" else 0
+    windowed = sum(window_layers(spec))
     return ({"window_size": list(spec.window_size), "windowed_layers": windowed,
              "num_layers": spec.num_layers} if windowed else {})
 

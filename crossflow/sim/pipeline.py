@@ -345,11 +345,9 @@ def _fast(schedule: str, p: int, v: int, m: int, fwd_s: Sequence[float],
     free = [0.0] * p
     host_free = [0.0] * p
     if host is not None:
-        # Host.lag of every pass, the same arithmetic in the same order
-        lags = ([host.launch_s + host.fwd_span_s[g] - host.fwd_s[g] - fwd_s[g]
-                 for g in range(chunks)],
-                [host.launch_s + host.bwd_span_s[g] - host.bwd_s[g] - bwd_s[g]
-                 for g in range(chunks)])
+        # each pass's lag depends on its phase and chunk only: once per chunk, not per pass
+        lags = tuple([host.lag(ph, g, times[g]) for g in range(chunks)]
+                     for ph, times in enumerate((fwd_s, bwd_s)))
         issue = (host.fwd_s, host.bwd_s)
         sync = host.sync
     times = (fwd_s, bwd_s)
