@@ -91,6 +91,11 @@ class TransformerSpec(Spec):
     #: (Llama, Nemotron), or none (Mamba-based hybrids: the mixers carry the positions);
     #: Megatron's ``--position-embedding-type``
     position_embedding_type: Literal["learned_absolute", "rope", "none"] = "learned_absolute"
+    #: a norm on each head's queries and keys before the rotary embedding (Megatron's
+    #: ``--qk-layernorm``; Qwen3, OLMo 2, Gemma 3): Transformer Engine's norm kernel over
+    #: rows of one head's width, forward and backward, its input kept for the backward.
+    #: Multi-head latent attention always has its latent norms, and this adds nothing there
+    qk_layernorm: bool = False
     #: the attention kernel (Megatron's ``--attention-backend``): ``unfused`` (two batched
     #: GEMMs with the s×s scores in memory and a softmax kernel, Megatron-LM 2021-22) or
     #: ``flash`` (one fused, tiled kernel, FlashAttention / cuDNN: no s×s tensor in memory);
@@ -275,6 +280,15 @@ class TransformerSpec(Spec):
         if self.multi_latent_attention:
             return self.num_attention_heads * self.qk_dim + self.kv_width
         return (self.num_attention_heads + 2 * self.query_groups) * self.head_dim
+
+    @property
+    def qk_norm_width(self) -> int:
+        """Elements per token the query and key norms normalise (``qk_layernorm``): every
+        query head's and key group's head_dim; 0 without them, and under MLA, whose latent
+        norms are its own nodes."""
+        if not self.qk_layernorm or self.multi_latent_attention:
+            return 0
+        return (self.num_attention_heads + self.query_groups) * self.head_dim
 
     @property
     def attention_macs(self) -> int:

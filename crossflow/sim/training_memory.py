@@ -201,7 +201,8 @@ def _layer_activations(spec, *, tp: int, sp: bool, etp: int) -> float:
         quant_moe = k * etp * wide + (k * spec.moe_ffn + spec.shared_ffn) / h
         share = sum(spec.moe_layers) / L
         mlp = share * moe_mlp + (1 - share) * mlp
-    qkv = 2 * spec.qkv_width / h
+    # the attention keeps q, k and v; with query and key norms also their input
+    qkv = 2 * (spec.qkv_width + spec.qk_norm_width) / h
     if spec.multi_latent_attention:  # and the low-rank latents and their norms' outputs
         kvl, _, rope, _ = spec.mla_dims
         qkv += 2 * (2 * (spec.q_lora_rank or 0) + 2 * kvl + rope) / h

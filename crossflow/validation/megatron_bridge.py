@@ -325,7 +325,8 @@ WINDOWS = {"gpt_oss_120b": {"window_size": (127, 0), "window_attn_skip_freq": 2}
 def _moe_case(r: dict[str, str], a: dict[str, str]):
     """(TransformerSpec, parallelism dict) of an MoE row: every layer MoE (the validated
     models' layout), SwiGLU experts (GPT-OSS's clamped gated activation priced as SwiGLU),
-    untied embeddings, RoPE, the sliding windows of :data:`WINDOWS`; BF16 where the row says so, else FP8 like the dense rows;
+    untied embeddings, RoPE, query and key norms where the architecture file lists them
+    (Qwen3), the sliding windows of :data:`WINDOWS`; BF16 where the row says so, else FP8 like the dense rows;
     expert parallelism as printed (expert tensor parallelism 1)."""
     if r["model_key"] == "deepseek_v3":
         return _deepseek_case(r)
@@ -334,7 +335,8 @@ def _moe_case(r: dict[str, str], a: dict[str, str]):
         hidden_size=int(a["hidden_size"]), num_attention_heads=int(a["num_attention_heads"]),
         num_query_groups=int(a["num_query_groups"]), kv_channels=int(a["head_dim"]),
         gated_linear_unit=True, untie_embeddings_and_output_weights=True,
-        position_embedding_type="rope", seq_length=int(r["seq_length"]),
+        position_embedding_type="rope", qk_layernorm="QK-layernorm" in a["attention"],
+        seq_length=int(r["seq_length"]),
         vocab_size=int(a["vocab_size"]), global_batch_size=int(r["global_batch_size"]),
         micro_batch_size=int(r["micro_batch_size"]),
         precision=_precision(r), activation_recompute="none",

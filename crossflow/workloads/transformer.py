@@ -151,7 +151,8 @@ def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]
         if spec.multi_latent_attention:  # its decoupled rotary part is always there
             qkv = (MLA_OPS if spec.q_lora_rank else MLA_OPS_NO_Q_LORA) + ("rope",)
         else:
-            qkv = ("qkv",) + (("rope",) if spec.position_embedding_type == "rope" else ())
+            qkv = (("qkv",) + (("qk_ln",) if spec.qk_norm_width else ())
+                   + (("rope",) if spec.position_embedding_type == "rope" else ()))
         mixer = (("ln1",) + qkv + attention + (("proj_cast",) if quantized else ())
                  + ("proj", "proj_residual"))
     if "E" in kind:
@@ -205,7 +206,8 @@ def _attention_params(spec: TransformerSpec) -> int:
         kvl, nope, rope, v = spec.mla_dims
         query = (h * ql + ql + ql * a * (nope + rope)) if ql else h * a * (nope + rope)
         return query + h * (kvl + rope) + kvl + kvl * a * (nope + v) + q * h + 4 * h
-    return h * qkv + qkv + q * h + h + 4 * h
+    qk_norms = 4 * spec.head_dim if spec.qk_norm_width else 0
+    return h * qkv + qkv + q * h + h + 4 * h + qk_norms
 
 
 def moe_block_params(spec: TransformerSpec) -> tuple[int, int]:
@@ -343,8 +345,11 @@ class _Block:
         def get(op: str) -> str:
             return new.get(op) or self.src[op]
 
+        def qk_in() -> str:  # what the rotary embedding reads: q and k, normalised or not
+            return get("qk_ln") if "qk_ln" in self.ops else get("qkv")
+
         def qkv_out() -> str:  # rotary embedding rewrites q and k in place
-            return get("rope") if "rope" in self.ops else get("qkv")
+            return get("rope") if "rope" in self.ops else qk_in()
 
         act = "act"
 
@@ -360,6 +365,12 @@ class _Block:
             elif op == "qkv":
                 g.gemm(n, op, t, h, qkv_n, tp="n", params=(h * qkv_n + qkv_n) * own, **gp)
                 g.edge(get("ln1"), n, act)
+            elif op == "qk_ln":
+                # one norm kernel each for the queries and the keys, over rows of one head's
+                # width (Megatron-Core's TENorm of head_dim); its weight and bias, 2·d each
+                g.rowwise(n, "layernorm", op, t * self.spec.qk_norm_width // d, d, tp="rows",
+                          params=4 * d * own)
+                g.edge(get("qkv"), n, act)
             elif op == "rope":
                 if self.mla:  # each head's rotary query part and the one shared rotary key
                     rope = self.spec.mla_dims[2]
@@ -371,7 +382,7 @@ class _Block:
                     # q and k: (heads + query groups) · head_dim per token
                     g.elementwise(n, op, t * (q + self.spec.query_groups * d),
                                   flops_per_element=ROPE_FLOPS, tp="elements")
-                    g.edge(get("qkv"), n, act)
+                    g.edge(qk_in(), n, act)
             elif op == "attn":
                 g.attention(n, op, b * a, s, self.d_fwd, gemms=2, causal=self.causal,
                             window=self.window, tp="heads", precision=self.attn_precision)
@@ -924,7 +935,7 @@ class _Block:
         n = self._residual_backward(dy, "proj")
         proj_in = src["proj_cast"] if self.quantized else src["attn" if flash else "av"]
         proj_dx, proj_dw = gemm_bwd("proj", t, q, h, proj_in, n, "n", "m", h)
-        qkv_src = src["rope"] if "rope" in src else src["qkv"]
+        qkv_src = src.get("rope") or src.get("qk_ln") or src["qkv"]
         self._recompute(x, proj_dx, self._attention_recomputed(flash))
         heads = b * a
         if flash:
@@ -967,6 +978,14 @@ class _Block:
             for node in grads:
                 g.edge(node, r, "grad")
             grads = [r]
+        qk_norm = []
+        if "qk_ln" in src:  # reads the gradient, the norm's input and its statistics
+            n = g.elementwise(p + "qk_ln.bwd", "qk_ln.bwd", t * self.spec.qk_norm_width,
+                              inputs=3, flops_per_element=10.0, tp="elements", wgrad=4 * d)
+            for node in grads:
+                g.edge(node, n, "grad")
+            stash(src["qkv"], n, t * self.spec.qk_norm_width * nb)
+            grads = qk_norm = [n]
         if self.mla:
             qkv_dxs, qkv_dws = self._mla_backward(grads, stash, gemm_bwd)
         else:
@@ -981,7 +1000,7 @@ class _Block:
             g.edge(node, ln1, "grad")
         g.edge(dy, ln1, "grad")  # the residual branch
         stash(x, ln1)
-        return ln1, [proj_dw, *qkv_dws, ln1]
+        return ln1, [proj_dw, *qk_norm, *qkv_dws, ln1]
 
     def _mamba_backward(self, x: str, dy: str) -> tuple[str, list[str]]:
         """Backward of a Mamba-2 mixer from ``dy``: the output projection's, the gated
