@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from crossflow.config.base import Spec
 from crossflow.config.device import Precision
@@ -33,6 +33,12 @@ class GemmSpec(Spec):
 
 
 Recompute = Literal["none", "selective", "full"]
+
+#: Megatron-Core's other ``--attention-backend`` names (``AttnBackend``) as the kernels priced
+#: here: ``fused`` (Transformer Engine's cuDNN fused attention) is a fused tiled kernel like
+#: ``flash``; ``local`` (Megatron's own core) is unfused; ``auto`` (Transformer Engine picks)
+#: is what the system's software profile runs
+ATTENTION_BACKENDS = {"fused": "flash", "local": "unfused", "auto": None}
 
 
 def _divides(spec: Spec, part: str, whole: str, what: str = "") -> None:
@@ -91,6 +97,19 @@ class TransformerSpec(Spec):
     #: (Llama, Nemotron), or none (Mamba-based hybrids: the mixers carry the positions);
     #: Megatron's ``--position-embedding-type``
     position_embedding_type: Literal["learned_absolute", "rope", "none"] = "learned_absolute"
+    #: the norm layers (Megatron's ``--normalization``): ``LayerNorm`` (a weight and a bias
+    #: per norm) or ``RMSNorm`` (a weight; Llama, Qwen, DeepSeek, Mixtral).  Both kernels
+    #: read and write the same bytes and cost the same time; RMSNorm's hold half the weights
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    #: a bias in the attention's and the dense MLP's linear layers (Megatron's
+    #: ``add_bias_linear``, default true; ``--disable-bias-linear`` in Llama, Qwen, Mixtral):
+    #: the biases' weights and gradients.  MoE experts and MLA never have biases here
+    add_bias_linear: bool = True
+    #: dropout probabilities (Megatron's ``--hidden-dropout`` on the residual branches and
+    #: the embedding, ``--attention-dropout`` after the unfused core's softmax; default 0.1,
+    #: 0 in today's recipes): at 0 no dropout mask is kept and no dropout kernel runs
+    hidden_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    attention_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     #: a norm on each head's queries and keys before the rotary embedding (Megatron's
     #: ``--qk-layernorm``; Qwen3, OLMo 2, Gemma 3): Transformer Engine's norm kernel over
     #: rows of one head's width, forward and backward, its input kept for the backward.
@@ -99,8 +118,9 @@ class TransformerSpec(Spec):
     #: the attention kernel (Megatron's ``--attention-backend``): ``unfused`` (two batched
     #: GEMMs with the s×s scores in memory and a softmax kernel, Megatron-LM 2021-22) or
     #: ``flash`` (one fused, tiled kernel, FlashAttention / cuDNN: no s×s tensor in memory);
-    #: None: the system's software profile decides (``software.attention``), else unfused
-    attention_backend: Literal["unfused", "flash"] | None = None
+    #: None: the system's software profile decides (``software.attention``), else unfused.
+    #: Megatron's other names are read as these (:data:`ATTENTION_BACKENDS`)
+    attention_backend: Literal["unfused", "flash", "fused", "local", "auto"] | None = None
     #: causal (decoder) attention: a flash kernel skips the masked half of the scores
     causal: bool = True
     #: sliding-window attention (``--window-size``): the keys (left, right) of each query a
@@ -282,6 +302,16 @@ class TransformerSpec(Spec):
         return (self.num_attention_heads + 2 * self.query_groups) * self.head_dim
 
     @property
+    def norm_weights(self) -> int:
+        """Weights per normalised element of a norm: 2 (LayerNorm's weight and bias) or 1."""
+        return 2 if self.normalization == "LayerNorm" else 1
+
+    @property
+    def linear_bias(self) -> int:
+        """1 where the attention's and the dense MLP's linear layers have biases, else 0."""
+        return int(self.add_bias_linear)
+
+    @property
     def qk_norm_width(self) -> int:
         """Elements per token the query and key norms normalise (``qk_layernorm``): every
         query head's and key group's head_dim; 0 without them, and under MLA, whose latent
@@ -437,6 +467,11 @@ class TransformerSpec(Spec):
         if self.recompute_method == "block":
             return min(chunk, self.recompute_num_layers)
         return chunk
+
+    @field_validator("attention_backend")
+    @classmethod
+    def _megatron_backend(cls, value: str | None) -> str | None:
+        return ATTENTION_BACKENDS.get(value, value)
 
     @model_validator(mode="after")
     def _mtp_fits(self) -> TransformerSpec:

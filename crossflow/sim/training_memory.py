@@ -213,15 +213,20 @@ def _layer_activations(spec, *, tp: int, sp: bool, etp: int) -> float:
         per_layer = 2 * s * b * h / (tp if sp else 1)
     else:
         flash = (spec.attention_backend or "unfused") == "flash"
-        # the s×s scores, probabilities and dropout mask; none with a flash kernel (it keeps
+        # the s×s probabilities (2 bytes), the dropout mask (1) and its output (2); without
+        # attention dropout the probabilities alone; none with a flash kernel (it keeps
         # only the softmax statistics) or where selective recomputation reruns the core
         core = "core_attn" in spec.recomputed_modules
-        attention = 0.0 if core or flash else 5 * a * s / (h * tp)
-        if spec.hybrid_override_pattern is not None:  # one norm per layer, not two
+        scores = 5 if spec.attention_dropout else 2
+        attention = 0.0 if core or flash else scores * a * s / (h * tp)
+        # Korthikanti's 10 bytes that tensor parallelism does not split hold the two
+        # residual branches' dropout masks, 1 byte each; none without hidden dropout
+        unsplit = 10 if spec.hidden_dropout else 8
+        if spec.hybrid_override_pattern is not None:  # one norm (and branch) per layer
             attention *= spec.hybrid_override_pattern.count("*") / L
-            base = (5 + split) / tp if sp else 5 + split / tp
+            base = (unsplit / 2 + split) / tp if sp else unsplit / 2 + split / tp
         else:
-            base = (10 + split) / tp if sp else 10 + split / tp
+            base = (unsplit + split) / tp if sp else unsplit + split / tp
         if spec.quantized:
             # Transformer Engine saves the quantized copies of the GEMM inputs it made anyway
             # for the weight gradients: the qkv and fc1 inputs (layernorm outputs) and the

@@ -150,6 +150,27 @@ def _precision(r: dict[str, str]) -> str:
     return {"BF16": "bf16", "NVFP4": "fp4"}.get(r["precision"], "fp8")
 
 
+#: The norms, linear-layer biases and dropout each family's Megatron-Bridge provider sets
+#: (src/megatron/bridge/models/*/ at c0b9a0003, as the workload presets cite them): Llama's
+#: LlamaModelProvider and Qwen3's Qwen3MoEModelProvider RMSNorm without biases, Nemotron's
+#: NemotronModelProvider LayerNorm without biases, GPTOSSProvider RMSNorm with biases, and
+#: GPTProvider175B Megatron's defaults but dropout; every one without dropout.  GPT-3 5B and
+#: 20B keep Megatron's defaults (GPTProvider5B / 20B set none of these)
+NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+PROVIDER_KEYS = {
+    "llama": {"normalization": "RMSNorm", "add_bias_linear": False, **NO_DROPOUT},
+    "qwen3": {"normalization": "RMSNorm", "add_bias_linear": False, **NO_DROPOUT},
+    "nemotron3_": {"add_bias_linear": False, **NO_DROPOUT},
+    "nemotron4_": {"add_bias_linear": False, **NO_DROPOUT},
+    "gpt_oss": {"normalization": "RMSNorm", **NO_DROPOUT},
+    "gpt3_175b": NO_DROPOUT,
+}
+
+
+def _provider_keys(key: str) -> dict:
+    return next((keys for prefix, keys in PROVIDER_KEYS.items() if key.startswith(prefix)), {})
+
+
 def case(r: dict[str, str]):
     """(TransformerSpec, parallelism dict) of one row."""
     a = architectures()[r["model_key"]]
@@ -169,7 +190,7 @@ def case(r: dict[str, str]):
         seq_length=int(r["seq_length"]), vocab_size=_int(a["vocab_size"], DEFAULT_VOCAB),
         global_batch_size=int(r["global_batch_size"]),
         micro_batch_size=int(r["micro_batch_size"]), precision=_precision(r),
-        activation_recompute="none")
+        activation_recompute="none", **_provider_keys(key))
     par = _parallelism(r, spec.num_layers)
     return spec, par
 
@@ -345,7 +366,8 @@ def _moe_case(r: dict[str, str], a: dict[str, str]):
         moe_shared_expert_intermediate_size=_int(a["shared_expert_ffn_size"], 0) or None,
         **({"moe_expert_capacity_factor": TOKENDROP_CAPACITY_FACTOR,
             "moe_pad_expert_input_to_capacity": TOKENDROP_PAD} if _tokendrop(r) else {}),
-        **WINDOWS.get(r["model_key"], {}), **_recipe_options(r))
+        **WINDOWS.get(r["model_key"], {}), **_provider_keys(r["model_key"]),
+        **_recipe_options(r))
     return spec, _parallelism(r, spec.num_layers) | {"expert_parallel": int(r["ep"])}
 
 

@@ -147,7 +147,8 @@ def block_ops(spec: TransformerSpec, kind: str | bool = "*-") -> tuple[str, ...]
     mixer: tuple[str, ...] = ()
     if "*" in kind:
         attention = (("attn",) if attention_backend(spec) == "flash"
-                     else ("qk", "softmax", "attn_dropout", "av"))
+                     else ("qk", "softmax") + (("attn_dropout",) if spec.attention_dropout
+                                              else ()) + ("av",))
         if spec.multi_latent_attention:  # its decoupled rotary part is always there
             qkv = (MLA_OPS if spec.q_lora_rank else MLA_OPS_NO_Q_LORA) + ("rope",)
         else:
@@ -196,7 +197,7 @@ def block_params(spec: TransformerSpec) -> int:
     """Parameters of one dense block: QKV, projection and MLP weights with biases, two
     layernorms (12h² + 13h for GPT-3's block)."""
     h, f, f_in = spec.hidden_size, spec.ffn, spec.mlp_in_width
-    return _attention_params(spec) + h * f_in + f_in + f * h + h
+    return _attention_params(spec) + h * f_in + f * h + spec.linear_bias * (f_in + h)
 
 
 def _attention_params(spec: TransformerSpec) -> int:
@@ -205,9 +206,11 @@ def _attention_params(spec: TransformerSpec) -> int:
         a, ql = spec.num_attention_heads, spec.q_lora_rank
         kvl, nope, rope, v = spec.mla_dims
         query = (h * ql + ql + ql * a * (nope + rope)) if ql else h * a * (nope + rope)
-        return query + h * (kvl + rope) + kvl + kvl * a * (nope + v) + q * h + 4 * h
-    qk_norms = 4 * spec.head_dim if spec.qk_norm_width else 0
-    return h * qkv + qkv + q * h + h + 4 * h + qk_norms
+        return (query + h * (kvl + rope) + kvl + kvl * a * (nope + v) + q * h
+                + 2 * spec.norm_weights * h)
+    qk_norms = 2 * spec.norm_weights * spec.head_dim if spec.qk_norm_width else 0
+    return (h * qkv + q * h + spec.linear_bias * (qkv + h) + 2 * spec.norm_weights * h
+            + qk_norms)
 
 
 def moe_block_params(spec: TransformerSpec) -> tuple[int, int]:
@@ -230,7 +233,8 @@ def mamba_params(spec: TransformerSpec) -> int:
     convolution's weights and biases, dt's bias, A and D per head, the gated norm's weight
     and the output projection (no bias)."""
     h, di, heads = spec.hidden_size, spec.mamba_inner, spec.mamba_heads
-    return (2 * h + h * spec.mamba_in_width + (MAMBA_CONV_WIDTH + 1) * spec.mamba_conv_width
+    return (spec.norm_weights * h + h * spec.mamba_in_width
+            + (MAMBA_CONV_WIDTH + 1) * spec.mamba_conv_width
             + 3 * heads + di + di * h)
 
 
@@ -264,16 +268,16 @@ def mtp_params(spec: TransformerSpec) -> tuple[int, int]:
 
 def _hybrid_layer_params(spec: TransformerSpec, kind: str) -> tuple[int, int]:
     """A hybrid stack's layer of one symbol: its own sublayer and one norm (the block
-    counts of attention + MLP hold two norms, 2h each)."""
-    h = spec.hidden_size
+    counts of attention + MLP hold two norms)."""
+    norm = spec.norm_weights * spec.hidden_size
     if kind == "M":
         return mamba_params(spec), 0
     if kind == "*":
-        return _attention_params(spec) - 2 * h, 0
+        return _attention_params(spec) - norm, 0
     if kind == "-":
-        return block_params(spec) - _attention_params(spec) + 2 * h, 0
+        return block_params(spec) - _attention_params(spec) + norm, 0
     shared, experts = moe_block_params(spec)
-    return shared - _attention_params(spec) + 2 * h, experts
+    return shared - _attention_params(spec) + norm, experts
 
 
 class _Block:
@@ -325,6 +329,12 @@ class _Block:
         self.d_fwd = (self.dqk + self.d) / 2 if self.mla else self.d
         self.d_bwd = (3 * self.dqk + 2 * self.d) / 5 if self.mla else self.d
         self.prefix = f"L{layer}."
+        #: a norm's weights (2h for LayerNorm) and whether the linear layers have biases
+        self.norm, self.bias = spec.norm_weights * spec.hidden_size, spec.linear_bias
+        #: the unfused core's probabilities as the AV product reads them (after dropout, or
+        #: the softmax's own output without it); a residual add's FLOPs (with its dropout)
+        self.probs = "attn_dropout" if spec.attention_dropout else "softmax"
+        self.residual_flops = (DROPOUT_FLOPS if spec.hidden_dropout else 0.0) + 1
         self.src: dict[str, str] = {}  # op -> node holding its (latest) forward output
 
     def forward(self, x: str, phase: str, ops: tuple[str, ...] | None = None) -> str:
@@ -333,6 +343,7 @@ class _Block:
         d, q, qkv_n, f_in = self.d, self.q, self.qkv_n, self.f_in
         ops = ops or self.ops
         gp = {"precision": self.gemm_precision}
+        bias = self.bias
         suffix = "" if phase == "fwd" else ".re"
         own = phase == "fwd"
         g.context = {"phase": phase, "layer": self.layer, "unit": self.layer + 1}
@@ -359,17 +370,18 @@ class _Block:
         for op in ops:
             n = node(op)
             if op == "ln1":
-                g.rowwise(n, "layernorm", op, t, h, sp="rows", params=2 * h * own)
+                g.rowwise(n, "layernorm", op, t, h, sp="rows", params=self.norm * own)
                 g.edge(x, n, act if own else "stash")
                 n = self._norm_cast(n, node("ln1_cast"))
             elif op == "qkv":
-                g.gemm(n, op, t, h, qkv_n, tp="n", params=(h * qkv_n + qkv_n) * own, **gp)
+                g.gemm(n, op, t, h, qkv_n, tp="n", params=(h * qkv_n + bias * qkv_n) * own,
+                       **gp)
                 g.edge(get("ln1"), n, act)
             elif op == "qk_ln":
                 # one norm kernel each for the queries and the keys, over rows of one head's
-                # width (Megatron-Core's TENorm of head_dim); its weight and bias, 2·d each
+                # width (Megatron-Core's TENorm of head_dim)
                 g.rowwise(n, "layernorm", op, t * self.spec.qk_norm_width // d, d, tp="rows",
-                          params=4 * d * own)
+                          params=2 * self.spec.norm_weights * d * own)
                 g.edge(get("qkv"), n, act)
             elif op == "rope":
                 if self.mla:  # each head's rotary query part and the one shared rotary key
@@ -401,27 +413,27 @@ class _Block:
                 g.edge(get("softmax"), n, act)
             elif op == "av":
                 g.gemm(n, op, s, s, d, count=b * a, batch="count", tp="count")
-                g.edge(get("attn_dropout"), n, act)
+                g.edge(get(self.probs), n, act)
                 g.edge(qkv_out(), n, act, t * q * self.bytes)
             elif op == "proj_cast":
                 self._quantize(n, t * q, get("attn" if "attn" in self.ops else "av"),
                                tp="elements")
             elif op == "proj":
-                g.gemm(n, op, t, q, h, tp="k", params=(q * h + h) * own, **gp)
+                g.gemm(n, op, t, q, h, tp="k", params=(q * h + bias * h) * own, **gp)
                 g.edge(get("proj_cast" if self.quantized else
                            ("attn" if "attn" in self.ops else "av")), n, act)
             elif op == "proj_residual":
-                g.elementwise(n, op, t * h, inputs=2, flops_per_element=DROPOUT_FLOPS + 1,
+                g.elementwise(n, op, t * h, inputs=2, flops_per_element=self.residual_flops,
                               sp="elements")
                 g.edge(get("out_proj" if "M" in self.kind else "proj"), n, act)
                 g.edge(x, n, act if own else "stash")
             elif op == "ln2":
-                g.rowwise(n, "layernorm", op, t, h, sp="rows", params=2 * h * own)
+                g.rowwise(n, "layernorm", op, t, h, sp="rows", params=self.norm * own)
                 g.edge(ffn_input(), n, act)
                 if not self.moe:  # an MoE layer's router reads it in bf16
                     n = self._norm_cast(n, node("ln2_cast"))
             elif op == "mlp1":
-                g.gemm(n, op, t, h, f_in, tp="n", params=(h * f_in + f_in) * own, **gp)
+                g.gemm(n, op, t, h, f_in, tp="n", params=(h * f_in + bias * f_in) * own, **gp)
                 g.edge(get("ln2"), n, act)
             elif op == "gelu":
                 g.elementwise(n, op, t * f, flops_per_element=GELU_FLOPS, tp="elements")
@@ -431,14 +443,14 @@ class _Block:
                               tp="elements")
                 g.edge(get("mlp1"), n, act)
             elif op == "mlp2":
-                g.gemm(n, op, t, f, h, tp="k", params=(f * h + h) * own, **gp)
+                g.gemm(n, op, t, f, h, tp="k", params=(f * h + bias * h) * own, **gp)
                 g.edge(get("swiglu" if self.spec.gated_linear_unit else "gelu"), n, act)
             elif op in MLA_OPS or op in MLA_OPS_NO_Q_LORA:
                 self._mla_node(op, n, get, gp, own)
             elif op in MAMBA_OPS or op == "out_cast":
                 self._mamba_node(op, n, get, gp, own)
             elif op == "mlp_residual":
-                g.elementwise(n, op, t * h, inputs=2, flops_per_element=DROPOUT_FLOPS + 1,
+                g.elementwise(n, op, t * h, inputs=2, flops_per_element=self.residual_flops,
                               sp="elements")
                 if self.moe:
                     g.edge(get("latent_up" if self.spec.moe_latent_size else "unpermute"),
@@ -885,17 +897,15 @@ class _Block:
         its input, residual included, the weight-gradient nodes)."""
         g, t, h, f, p = self.g, self.t, self.h, self.f, self.prefix
         f_in, src, stash, gemm_bwd = self.f_in, self.src, self._stash, self._gemm_bwd
-        n = g.elementwise(p + "mlp_residual.bwd", "mlp_residual.bwd", t * h, inputs=2,
-                          flops_per_element=DROPOUT_FLOPS, sp="elements")
-        g.edge(dy, n, "grad")
-        stash(src["mlp_residual"], n)
+        n = self._dropout_backward(dy, "mlp_residual")
         if self.moe:
             mlp_grads, mlp_wgrads = self._moe_backward(n, stash, gemm_bwd)
         else:
             if self.quantized:
                 n = self._dy_cast("mlp2", t * h, n, "sp")
             act_op = "swiglu" if self.spec.gated_linear_unit else "gelu"
-            mlp2_dx, mlp2_dw = gemm_bwd("mlp2", t, f, h, src[act_op], n, "n", "m", h)
+            mlp2_dx, mlp2_dw = gemm_bwd("mlp2", t, f, h, src[act_op], n, "n", "m",
+                                        self.bias * h)
             if act_op == "swiglu":
                 n = g.elementwise(p + "swiglu.bwd", "swiglu.bwd", t * f, inputs=3,
                                   outputs=2, flops_per_element=2 * SWIGLU_FLOPS,
@@ -905,25 +915,34 @@ class _Block:
                                   flops_per_element=GELU_FLOPS, tp="elements")
             g.edge(mlp2_dx, n, "grad")
             stash(src["mlp1"], n)
-            mlp1_dx, mlp1_dw = gemm_bwd("mlp1", t, h, f_in, src["ln2"], n, "k", "n", f_in)
+            mlp1_dx, mlp1_dw = gemm_bwd("mlp1", t, h, f_in, src["ln2"], n, "k", "n",
+                                        self.bias * f_in)
             mlp_grads, mlp_wgrads = [mlp1_dx], [mlp2_dw, mlp1_dw]
         ln2 = g.elementwise(p + "ln2.bwd", "ln2.bwd", t * h, inputs=3,
-                            flops_per_element=10.0, sp="elements", wgrad=2 * h)
+                            flops_per_element=10.0, sp="elements", wgrad=self.norm)
         for node in mlp_grads:
             g.edge(node, ln2, "grad")
         g.edge(dy, ln2, "grad")  # the residual branch
         stash(src["proj_residual"] if self.mixer else x, ln2)
         return ln2, [*mlp_wgrads, ln2]
 
+    def _dropout_backward(self, dy: str, residual: str) -> str:
+        """The backward of a residual branch's dropout (the gradient times its mask), or
+        ``dy`` itself without dropout (the add's backward is no kernel)."""
+        if not self.spec.hidden_dropout:
+            return dy
+        g, p = self.g, self.prefix
+        n = g.elementwise(p + residual + ".bwd", residual + ".bwd", self.t * self.h, inputs=2,
+                          flops_per_element=DROPOUT_FLOPS, sp="elements")
+        g.edge(dy, n, "grad")
+        self._stash(self.src[residual], n)
+        return n
+
     def _residual_backward(self, dy: str, proj: str) -> str:
         """The mixer's residual add backward from ``dy``, and under FP8 the cast of that
         gradient which the output projection ``proj``'s dgrad and wgrad read."""
-        g, t, h, p = self.g, self.t, self.h, self.prefix
-        n = g.elementwise(p + "proj_residual.bwd", "proj_residual.bwd", t * h, inputs=2,
-                          flops_per_element=DROPOUT_FLOPS, sp="elements")
-        g.edge(dy, n, "grad")
-        self._stash(self.src["proj_residual"], n)
-        return self._dy_cast(proj, t * h, n, "sp") if self.quantized else n
+        n = self._dropout_backward(dy, "proj_residual")
+        return self._dy_cast(proj, self.t * self.h, n, "sp") if self.quantized else n
 
     def _attention_backward(self, x: str, dy: str) -> tuple[str, list[str]]:
         """Backward of the attention part from ``dy`` (the gradient of its output): (the
@@ -934,7 +953,7 @@ class _Block:
         flash = "attn" in self.ops
         n = self._residual_backward(dy, "proj")
         proj_in = src["proj_cast"] if self.quantized else src["attn" if flash else "av"]
-        proj_dx, proj_dw = gemm_bwd("proj", t, q, h, proj_in, n, "n", "m", h)
+        proj_dx, proj_dw = gemm_bwd("proj", t, q, h, proj_in, n, "n", "m", self.bias * h)
         qkv_src = src.get("rope") or src.get("qk_ln") or src["qkv"]
         self._recompute(x, proj_dx, self._attention_recomputed(flash))
         heads = b * a
@@ -955,11 +974,13 @@ class _Block:
             for node in (dp_, dv):
                 g.edge(proj_dx, node, "grad")
             stash(qkv_src, dp_, t * q * nb)
-            stash(src["attn_dropout"], dv)
-            n = g.elementwise(p + "attn_dropout.bwd", "attn_dropout.bwd", heads * s * s,
-                              inputs=2, flops_per_element=DROPOUT_FLOPS, tp="elements")
-            g.edge(dp_, n, "grad")
-            stash(src["attn_dropout"], n)
+            stash(src[self.probs], dv)
+            n = dp_
+            if self.probs == "attn_dropout":
+                n = g.elementwise(p + "attn_dropout.bwd", "attn_dropout.bwd", heads * s * s,
+                                  inputs=2, flops_per_element=DROPOUT_FLOPS, tp="elements")
+                g.edge(dp_, n, "grad")
+                stash(src["attn_dropout"], n)
             sm = g.elementwise(p + "softmax.bwd", "softmax.bwd", heads * s * s, inputs=2,
                                flops_per_element=3.0, tp="elements")
             g.edge(n, sm, "grad")
@@ -981,7 +1002,8 @@ class _Block:
         qk_norm = []
         if "qk_ln" in src:  # reads the gradient, the norm's input and its statistics
             n = g.elementwise(p + "qk_ln.bwd", "qk_ln.bwd", t * self.spec.qk_norm_width,
-                              inputs=3, flops_per_element=10.0, tp="elements", wgrad=4 * d)
+                              inputs=3, flops_per_element=10.0, tp="elements",
+                              wgrad=2 * self.spec.norm_weights * d)
             for node in grads:
                 g.edge(node, n, "grad")
             stash(src["qkv"], n, t * self.spec.qk_norm_width * nb)
@@ -992,10 +1014,10 @@ class _Block:
             if self.quantized:
                 grads = [self._dy_cast("qkv", t * qkv_n, grads[0], "tp")] + grads[1:]
             qkv_dx, qkv_dw = gemm_bwd("qkv", t, h, qkv_n, src["ln1"], grads, "k", "n",
-                                      qkv_n)
+                                      self.bias * qkv_n)
             qkv_dxs, qkv_dws = [qkv_dx], [qkv_dw]
         ln1 = g.elementwise(p + "ln1.bwd", "ln1.bwd", t * h, inputs=3,
-                            flops_per_element=10.0, sp="elements", wgrad=2 * h)
+                            flops_per_element=10.0, sp="elements", wgrad=self.norm)
         for node in qkv_dxs:
             g.edge(node, ln1, "grad")
         g.edge(dy, ln1, "grad")  # the residual branch
@@ -1039,7 +1061,7 @@ class _Block:
             grads = [self._dy_cast("in_proj", t * width, grads[0], "tp")] + grads[1:]
         in_dx, in_dw = gemm_bwd("in_proj", t, h, width, src["ln1"], grads, "k", "n", 0)
         ln1 = g.elementwise(p + "ln1.bwd", "ln1.bwd", t * h, inputs=3,
-                            flops_per_element=10.0, sp="elements", wgrad=2 * h)
+                            flops_per_element=10.0, sp="elements", wgrad=self.norm)
         g.edge(in_dx, ln1, "grad")
         g.edge(dy, ln1, "grad")  # the residual branch
         stash(x, ln1)
@@ -1118,7 +1140,8 @@ def _build(spec: TransformerSpec, b: int) -> nx.DiGraph:
         blocks.append(block)
     # head (unit L + 1)
     g.context = {"phase": "fwd", "layer": L, "unit": L + 1}
-    fln = g.rowwise("head.final_ln", "layernorm", "final_ln", t, h, sp="rows", params=2 * h)
+    norm = spec.norm_weights * h  # the final norm's weights
+    fln = g.rowwise("head.final_ln", "layernorm", "final_ln", t, h, sp="rows", params=norm)
     g.edge(x, fln, "act")
     logits = g.gemm("head.logits", "logits", t, h, v, tp="n",
                     params=0 if tied else v * h)
@@ -1135,12 +1158,12 @@ def _build(spec: TransformerSpec, b: int) -> nx.DiGraph:
         g.edge(dce, node, "grad")
     g.edge(fln, dlw, "stash")
     dfln = g.elementwise("head.final_ln.bwd", "final_ln.bwd", t * h, inputs=2,
-                         flops_per_element=10.0, sp="elements", wgrad=2 * h)
+                         flops_per_element=10.0, sp="elements", wgrad=norm)
     g.edge(dlx, dfln, "grad")
     g.edge(x, dfln, "stash")
     g.context = {"phase": "optimizer", "layer": L, "unit": L + 1}
-    hopt = _adam(g, "head.optimizer", 2 * h + (0 if tied else v * h))
-    g.edge(dfln, hopt, "wgrad", 2 * h * nb)
+    hopt = _adam(g, "head.optimizer", norm + (0 if tied else v * h))
+    g.edge(dfln, hopt, "wgrad", norm * nb)
     if not tied:  # the output layer's own weight
         g.edge(dlw, hopt, "wgrad", v * h * nb)
     if spec.mtp_num_layers:
