@@ -4,6 +4,11 @@ A GEMM is ``{kind: gemm, m, k, n, precision}``: C[m, n] = A[m, k] · B[k, n].  A
 uses Megatron-LM's names (num_layers, hidden_size, …), the LSTM the same names where they
 mean the same thing.  How a workload runs on many devices is a separate parallelism file
 (``kind: parallelism``, validated by the parallel layer).
+
+(Over 600 lines, one module on purpose: :class:`TransformerSpec`'s fields are Megatron-LM's
+arguments, each with the comment that says what the model does with it, and its properties
+derive the widths the graph and the memory model read from them; split, a key would live
+apart from what it means.)
 """
 
 from __future__ import annotations
