@@ -76,9 +76,9 @@ def graph_replayed(arch):
 #: ``attn`` and ``mamba`` graphs capture the first side, ``mlp`` and ``moe`` the second
 #: (TransformerLayer._forward_attention / _forward_mlp)
 MIXER_OPS = frozenset({
-    "ln1", "ln1_cast", "qkv", "qk_ln", "rope", "attn", "qk", "softmax", "attn_dropout", "av", "proj",
-    "proj_cast", "proj_residual", "q_proj", "q_down", "q_ln", "q_up", "kv_down", "kv_ln",
-    "kv_up", "in_proj", "conv1d", "ssd_chunk", "ssd_state", "mamba_norm", "out_cast",
+    "ln1", "ln1_cast", "qkv", "qk_ln", "rope", "attn", "qk", "softmax", "attn_dropout", "av",
+    "proj", "proj_cast", "proj_residual", "q_proj", "q_down", "q_ln", "q_up", "kv_down",
+    "kv_ln", "kv_up", "in_proj", "conv1d", "ssd_chunk", "ssd_state", "mamba_norm", "out_cast",
     "out_proj"})
 #: what ``moe_router`` captures of an MoE layer (up to the router: its norm, the router,
 #: the shared expert) and ``moe_preprocess`` (the dispatcher's preprocessing: the tokens'

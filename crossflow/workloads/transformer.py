@@ -194,8 +194,8 @@ def transformer_graph(spec: TransformerSpec, *, micro_batch_size: int | None = N
 
 
 def block_params(spec: TransformerSpec) -> int:
-    """Parameters of one dense block: QKV, projection and MLP weights with biases, two
-    layernorms (12h² + 13h for GPT-3's block)."""
+    """Parameters of one dense block: QKV, projection and MLP weights (with biases under
+    ``add_bias_linear``), two norms (12h² + 13h for GPT-3's block: LayerNorm, biases)."""
     h, f, f_in = spec.hidden_size, spec.ffn, spec.mlp_in_width
     return _attention_params(spec) + h * f_in + f * h + spec.linear_bias * (f_in + h)
 
