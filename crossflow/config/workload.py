@@ -306,10 +306,21 @@ class TransformerSpec(Spec):
             return self.num_attention_heads * self.qk_dim + self.kv_width
         return (self.num_attention_heads + 2 * self.query_groups) * self.head_dim
 
+    def _norm_params(self, width: int) -> int:
+        """Weights of one norm over ``width`` elements: LayerNorm's weight and bias, or
+        RMSNorm's weight."""
+        return (2 if self.normalization == "LayerNorm" else 1) * width
+
     @property
-    def norm_weights(self) -> int:
-        """Weights per normalised element of a norm: 2 (LayerNorm's weight and bias) or 1."""
-        return 2 if self.normalization == "LayerNorm" else 1
+    def norm_params(self) -> int:
+        """Weights of one norm over the hidden width."""
+        return self._norm_params(self.hidden_size)
+
+    @property
+    def qk_norm_params(self) -> int:
+        """Weights of the query norm and the key norm (``qk_layernorm``), each over one
+        head's width; 0 without them."""
+        return 2 * self._norm_params(self.head_dim) if self.qk_norm_width else 0
 
     @property
     def linear_bias(self) -> int:

@@ -207,10 +207,9 @@ def _attention_params(spec: TransformerSpec) -> int:
         kvl, nope, rope, v = spec.mla_dims
         query = (h * ql + ql + ql * a * (nope + rope)) if ql else h * a * (nope + rope)
         return (query + h * (kvl + rope) + kvl + kvl * a * (nope + v) + q * h
-                + 2 * spec.norm_weights * h)
-    qk_norms = 2 * spec.norm_weights * spec.head_dim if spec.qk_norm_width else 0
-    return (h * qkv + q * h + spec.linear_bias * (qkv + h) + 2 * spec.norm_weights * h
-            + qk_norms)
+                + 2 * spec.norm_params)
+    return (h * qkv + q * h + spec.linear_bias * (qkv + h) + 2 * spec.norm_params
+            + spec.qk_norm_params)
 
 
 def moe_block_params(spec: TransformerSpec) -> tuple[int, int]:
@@ -233,7 +232,7 @@ def mamba_params(spec: TransformerSpec) -> int:
     convolution's weights and biases, dt's bias, A and D per head, the gated norm's weight
     and the output projection (no bias)."""
     h, di, heads = spec.hidden_size, spec.mamba_inner, spec.mamba_heads
-    return (spec.norm_weights * h + h * spec.mamba_in_width
+    return (spec.norm_params + h * spec.mamba_in_width
             + (MAMBA_CONV_WIDTH + 1) * spec.mamba_conv_width
             + 3 * heads + di + di * h)
 
@@ -269,7 +268,7 @@ def mtp_params(spec: TransformerSpec) -> tuple[int, int]:
 def _hybrid_layer_params(spec: TransformerSpec, kind: str) -> tuple[int, int]:
     """A hybrid stack's layer of one symbol: its own sublayer and one norm (the block
     counts of attention + MLP hold two norms)."""
-    norm = spec.norm_weights * spec.hidden_size
+    norm = spec.norm_params
     if kind == "M":
         return mamba_params(spec), 0
     if kind == "*":
@@ -330,7 +329,7 @@ class _Block:
         self.d_bwd = (3 * self.dqk + 2 * self.d) / 5 if self.mla else self.d
         self.prefix = f"L{layer}."
         #: a norm's weights (2h for LayerNorm) and whether the linear layers have biases
-        self.norm, self.bias = spec.norm_weights * spec.hidden_size, spec.linear_bias
+        self.norm, self.bias = spec.norm_params, spec.linear_bias
         #: the unfused core's probabilities as the AV product reads them (after dropout, or
         #: the softmax's own output without it); a residual add's FLOPs (with its dropout)
         self.probs = "attn_dropout" if spec.attention_dropout else "softmax"
@@ -381,7 +380,7 @@ class _Block:
                 # one norm kernel each for the queries and the keys, over rows of one head's
                 # width (Megatron-Core's TENorm of head_dim)
                 g.rowwise(n, "layernorm", op, t * self.spec.qk_norm_width // d, d, tp="rows",
-                          params=2 * self.spec.norm_weights * d * own)
+                          params=self.spec.qk_norm_params * own)
                 g.edge(get("qkv"), n, act)
             elif op == "rope":
                 if self.mla:  # each head's rotary query part and the one shared rotary key
@@ -1003,7 +1002,7 @@ class _Block:
         if "qk_ln" in src:  # reads the gradient, the norm's input and its statistics
             n = g.elementwise(p + "qk_ln.bwd", "qk_ln.bwd", t * self.spec.qk_norm_width,
                               inputs=3, flops_per_element=10.0, tp="elements",
-                              wgrad=2 * self.spec.norm_weights * d)
+                              wgrad=self.spec.qk_norm_params)
             for node in grads:
                 g.edge(node, n, "grad")
             stash(src["qkv"], n, t * self.spec.qk_norm_width * nb)
@@ -1140,7 +1139,7 @@ def _build(spec: TransformerSpec, b: int) -> nx.DiGraph:
         blocks.append(block)
     # head (unit L + 1)
     g.context = {"phase": "fwd", "layer": L, "unit": L + 1}
-    norm = spec.norm_weights * h  # the final norm's weights
+    norm = spec.norm_params  # the final norm's weights
     fln = g.rowwise("head.final_ln", "layernorm", "final_ln", t, h, sp="rows", params=norm)
     g.edge(x, fln, "act")
     logits = g.gemm("head.logits", "logits", t, h, v, tp="n",
